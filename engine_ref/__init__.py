@@ -1,0 +1,1 @@
+"""engine_ref package."""
