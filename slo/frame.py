@@ -1,0 +1,90 @@
+"""Per-request metric arrays derived once from a run's tables, sliceable by a boolean mask."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pyarrow as pa
+
+from slo import metrics
+from slo.run_tables import float_column, string_column
+
+
+@dataclass(frozen=True, eq=False)
+class RequestMetrics:
+    """Raw facts and derived latencies for each request, aligned by index.
+
+    Times are ns relative to t0 (float64, NaN = never happened); latencies are ms (NaN =
+    undefined). `itl_by_request` maps request_id to its chunk gaps in ms and is shared, not
+    sliced, by `subset`.
+    """
+
+    request_id: np.ndarray
+    status: np.ndarray
+    error_class: np.ndarray
+    output_tokens_source: np.ndarray
+    t_scheduled_ns: np.ndarray
+    t_sent_ns: np.ndarray
+    t_first_token_ns: np.ndarray
+    t_last_token_ns: np.ndarray
+    t_done_ns: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+    e2e_ms: np.ndarray
+    itl_mean_ms: np.ndarray
+    itl_max_ms: np.ndarray
+    itl_by_request: dict
+
+    @classmethod
+    def from_tables(cls, requests: pa.Table, chunks: pa.Table) -> RequestMetrics:
+        """Build from a contract `requests` table and `chunks` table (may be empty)."""
+        request_id = string_column(requests, "request_id")
+        t = {name: float_column(requests, name) for name in (
+            "t_scheduled_ns", "t_sent_ns", "t_first_token_ns", "t_last_token_ns", "t_done_ns"
+        )}  # fmt: skip
+        output_tokens = float_column(requests, "output_tokens")
+        itl = metrics.itl_ms_by_request(chunks)
+        ids = list(request_id)
+        return cls(
+            request_id=request_id,
+            status=string_column(requests, "status"),
+            error_class=string_column(requests, "error_class"),
+            output_tokens_source=string_column(requests, "output_tokens_source"),
+            input_tokens=float_column(requests, "input_tokens"),
+            output_tokens=output_tokens,
+            ttft_ms=metrics.ttft_ms(t["t_sent_ns"], t["t_first_token_ns"]),
+            tpot_ms=metrics.tpot_ms(t["t_first_token_ns"], t["t_last_token_ns"], output_tokens),
+            e2e_ms=metrics.e2e_ms(t["t_sent_ns"], t["t_done_ns"]),
+            itl_mean_ms=metrics.per_request_itl_ms(itl, ids, "mean"),
+            itl_max_ms=metrics.per_request_itl_ms(itl, ids, "max"),
+            itl_by_request=itl,
+            **t,
+        )
+
+    def __len__(self) -> int:
+        return int(self.request_id.size)
+
+    @property
+    def is_ok(self) -> np.ndarray:
+        """True where the request finished with status `ok`."""
+        return self.status == "ok"
+
+    def subset(self, mask: np.ndarray) -> RequestMetrics:
+        """The requests where `mask` is true (a new object; arrays are copies)."""
+        values = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            values[f.name] = value if f.name == "itl_by_request" else value[mask]
+        return RequestMetrics(**values)
+
+    def pooled_itl_ms(self, mask: np.ndarray | None = None) -> np.ndarray:
+        """All chunk gaps (ms) of the requests selected by `mask` (default: all)."""
+        ids = self.request_id if mask is None else self.request_id[mask]
+        return metrics.pooled_itl_ms(self.itl_by_request, ids)
+
+    def window_s(self) -> float | None:
+        """The measured window: first send to last done over these requests, in s."""
+        return metrics.measured_window_s(self.t_sent_ns, self.t_done_ns)

@@ -1,0 +1,107 @@
+"""Builders for synthetic run directories that follow docs/CONTRACTS.md (imported by tests)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REQUESTS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("is_warmup", pa.bool_()),
+        ("t_scheduled_ns", pa.int64()),
+        ("t_sent_ns", pa.int64()),
+        ("t_first_byte_ns", pa.int64()),
+        ("t_first_token_ns", pa.int64()),
+        ("t_last_token_ns", pa.int64()),
+        ("t_done_ns", pa.int64()),
+        ("status", pa.string()),
+        ("http_status", pa.int32()),
+        ("error_class", pa.string()),
+        ("error_message", pa.string()),
+        ("finish_reason", pa.string()),
+        ("input_tokens", pa.int32()),
+        ("usage_prompt_tokens", pa.int32()),
+        ("usage_completion_tokens", pa.int32()),
+        ("client_output_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),
+        ("output_tokens_source", pa.string()),
+        ("output_chars", pa.int32()),
+        ("output_sha256", pa.string()),
+        ("num_chunks", pa.int32()),
+    ]
+)
+CHUNKS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("t_ns", pa.int64()),
+        ("n_tokens", pa.int32()),
+        ("n_chars", pa.int32()),
+    ]
+)
+
+
+def ms(value_ms: float | None) -> int | None:
+    """Milliseconds to integer nanoseconds (None stays None)."""
+    return None if value_ms is None else round(value_ms * 1_000_000)
+
+
+def requests_table(rows: list[dict]) -> pa.Table:
+    """A contract requests table; missing columns are null (is_warmup defaults to False)."""
+    filled = [{"is_warmup": False, **row} for row in rows]
+    return pa.Table.from_pylist(filled, schema=REQUESTS_SCHEMA)
+
+
+def chunks_table(rows: list[tuple]) -> pa.Table:
+    """A contract chunks table from (request_id, t_ns, n_tokens) tuples; n_chars = 4 * tokens."""
+    return pa.Table.from_pylist(
+        [{"request_id": r, "t_ns": t, "n_tokens": n, "n_chars": 4 * n} for r, t, n in rows],
+        schema=CHUNKS_SCHEMA,
+    )
+
+
+def write_run(
+    run_dir: Path, requests: list[dict], chunks: list[tuple], manifest: dict | None = None
+) -> Path:
+    """Write requests.parquet, chunks.parquet and manifest.json into `run_dir`; return it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pq.write_table(requests_table(requests), run_dir / "requests.parquet")
+    pq.write_table(chunks_table(chunks), run_dir / "chunks.parquet")
+    base = {"schema_version": 1, "t0_ns": 0, "complete": True, "slo": None}
+    (run_dir / "manifest.json").write_text(json.dumps({**base, **(manifest or {})}))
+    return run_dir
+
+
+def hand_requests() -> tuple[list[dict], list[tuple]]:
+    """Five requests whose metrics the tests work out by hand (times in ms).
+
+    r1 ok: sent 0, token chunks at 100 (1 tok), 150 (2), 250 (1); done 260; 4 out, 10 in.
+    r2 ok: scheduled 100, sent 102; role chunk at 150 (0 tok); tokens at 302, 422; done 430.
+    r3 ok: sent 200; one token chunk at 500; done 505; 1 out (client_count).
+    r4 error (http_5xx): scheduled 300, sent 330, done 400; no tokens.
+    r5 rejected (rejected_429): sent 400, done 401.
+    """
+    requests = [
+        dict(request_id="r1", t_scheduled_ns=ms(0), t_sent_ns=ms(0), t_first_token_ns=ms(100),
+             t_last_token_ns=ms(250), t_done_ns=ms(260), status="ok", input_tokens=10,
+             output_tokens=4, output_tokens_source="usage"),
+        dict(request_id="r2", t_scheduled_ns=ms(100), t_sent_ns=ms(102), t_first_token_ns=ms(302),
+             t_last_token_ns=ms(422), t_done_ns=ms(430), status="ok", input_tokens=20,
+             output_tokens=2, output_tokens_source="usage"),
+        dict(request_id="r3", t_scheduled_ns=ms(200), t_sent_ns=ms(200), t_first_token_ns=ms(500),
+             t_last_token_ns=ms(500), t_done_ns=ms(505), status="ok", input_tokens=30,
+             output_tokens=1, output_tokens_source="client_count"),
+        dict(request_id="r4", t_scheduled_ns=ms(300), t_sent_ns=ms(330), t_done_ns=ms(400),
+             status="error", http_status=500, error_class="http_5xx", input_tokens=40),
+        dict(request_id="r5", t_scheduled_ns=ms(400), t_sent_ns=ms(400), t_done_ns=ms(401),
+             status="rejected", http_status=429, error_class="rejected_429", input_tokens=50),
+    ]  # fmt: skip
+    chunks = [
+        ("r1", ms(100), 1), ("r1", ms(150), 2), ("r1", ms(250), 1),
+        ("r2", ms(150), 0), ("r2", ms(302), 1), ("r2", ms(422), 1),
+        ("r3", ms(500), 1),
+    ]  # fmt: skip
+    return requests, chunks

@@ -1,0 +1,151 @@
+"""Hand-worked summary of the five-request run in slo_runs.hand_requests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from slo_runs import ms, write_run
+
+import slo
+from slo import SLOError
+
+WINDOW_S = 0.505  # first send 0 ms, last done 505 ms (r3)
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-9, abs=1e-9)
+
+
+def test_counts_and_error_rate(hand_run):
+    s = slo.summarize(hand_run)
+    assert s["counts"]["total"] == 5
+    assert s["counts"]["by_status"] == {
+        "ok": 3, "error": 1, "timeout": 0, "cancelled": 0, "rejected": 1, "unknown": 0
+    }  # fmt: skip
+    assert s["counts"]["by_error_class"] == {"http_5xx": 1, "rejected_429": 1}
+    assert s["error_rate"] == approx(2 / 5)
+
+
+def test_window_and_throughput(hand_run):
+    s = slo.summarize(hand_run)
+    assert s["window_s"] == approx(WINDOW_S)
+    t = s["throughput"]
+    assert t["request_per_s"] == approx(3 / WINDOW_S)  # ok requests only
+    assert t["attempted_request_per_s"] == approx(5 / WINDOW_S)
+    assert t["input_tokens_per_s"] == approx((10 + 20 + 30) / WINDOW_S)
+    assert t["output_tokens_per_s"] == approx((4 + 2 + 1) / WINDOW_S)
+    assert t["total_tokens_per_s"] == approx(67 / WINDOW_S)
+
+
+def test_ttft_over_ok_requests(hand_run):
+    ttft = slo.summarize(hand_run)["latency_ms"]["ttft"]
+    # ok TTFTs: 100, 200, 300. p90 at h = 2 * 0.9 = 1.8 -> 200 + 0.8 * 100.
+    assert ttft == {
+        "mean": approx(200), "p50": approx(200), "p90": approx(280), "p95": approx(290),
+        "p99": approx(298), "max": approx(300), "n": 3,
+    }  # fmt: skip
+
+
+def test_tpot_skips_one_token_outputs(hand_run):
+    tpot = slo.summarize(hand_run)["latency_ms"]["tpot"]
+    # r1: (250 - 100) / 3 = 50; r2: (422 - 302) / 1 = 120; r3 has one token: undefined.
+    assert tpot["n"] == 2
+    assert tpot["mean"] == approx(85)
+    assert tpot["p50"] == approx(85)
+    assert tpot["p90"] == approx(50 + 0.9 * 70)
+    assert tpot["max"] == approx(120)
+
+
+def test_itl_pooled_and_per_request(hand_run):
+    lat = slo.summarize(hand_run)["latency_ms"]
+    # r1 gaps 50, 100 (the 2-token chunk is one gap); r2 gap 120 (role chunk skipped).
+    assert lat["itl"]["n"] == 3
+    assert lat["itl"]["mean"] == approx(90)
+    assert lat["itl"]["p50"] == approx(100)
+    assert lat["itl"]["p90"] == approx(116)  # h = 1.8 between 100 and 120
+    assert lat["itl"]["max"] == approx(120)
+    assert lat["itl_request_mean"]["n"] == 2
+    assert lat["itl_request_mean"]["mean"] == approx((75 + 120) / 2)
+    assert lat["itl_max"]["n"] == 2
+    assert lat["itl_max"]["p50"] == approx(110)
+
+
+def test_e2e_over_ok_requests(hand_run):
+    e2e = slo.summarize(hand_run)["latency_ms"]["e2e"]
+    # 260, 328, 305 -> sorted 260, 305, 328
+    assert e2e["n"] == 3
+    assert e2e["mean"] == approx((260 + 328 + 305) / 3)
+    assert e2e["p50"] == approx(305)
+    assert e2e["p90"] == approx(305 + 0.8 * 23)
+    assert e2e["max"] == approx(328)
+
+
+def test_dispatch_lag_and_client_bound(hand_run):
+    s = slo.summarize(hand_run)
+    # lags 0, 2, 0, 30, 0 -> sorted 0, 0, 0, 2, 30; p99 at h = 3.96.
+    assert s["dispatch_lag_ms"] == {
+        "p50": approx(0), "p99": approx(2 + 0.96 * 28), "max": approx(30), "n": 5
+    }  # fmt: skip
+    assert s["client_bound"] is True
+    assert slo.summarize(hand_run, client_bound_ms=30.0)["client_bound"] is False
+
+
+def test_output_tokens_source_recorded(hand_run):
+    s = slo.summarize(hand_run)
+    assert s["output_tokens_source"] == "mixed"
+    assert s["output_tokens_source_counts"] == {"client_count": 1, "usage": 2}
+
+
+def test_summary_is_json_serialisable(hand_run):
+    s = slo.summarize(hand_run)
+    assert json.loads(json.dumps(s, allow_nan=False)) == s
+
+
+def test_empty_run_has_undefined_metrics(tmp_path):
+    run = write_run(tmp_path / "empty", [], [])
+    s = slo.summarize(run)
+    assert s["counts"]["total"] == 0
+    assert s["window_s"] is None
+    assert s["throughput"]["request_per_s"] is None
+    assert s["latency_ms"]["ttft"] == {
+        "mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None, "n": 0
+    }  # fmt: skip
+    assert s["error_rate"] is None
+    assert s["client_bound"] is False
+
+
+def test_all_failed_run_keeps_failures_in_counts(tmp_path):
+    rows = [
+        dict(request_id=f"f{i}", t_scheduled_ns=ms(i), t_sent_ns=ms(i), t_done_ns=ms(i + 5),
+             status="timeout", error_class="timeout", input_tokens=8)
+        for i in range(4)
+    ]  # fmt: skip
+    s = slo.summarize(write_run(tmp_path / "failed", rows, []))
+    assert s["counts"]["by_status"]["timeout"] == 4
+    assert s["error_rate"] == 1.0
+    assert s["throughput"]["request_per_s"] == 0.0
+    assert s["throughput"]["attempted_request_per_s"] == approx(4 / 0.008)
+    assert s["latency_ms"]["e2e"]["n"] == 0
+
+
+def test_warmup_rows_are_excluded(tmp_path):
+    rows = [
+        dict(request_id="w", is_warmup=True, t_sent_ns=ms(0), t_done_ns=ms(1000), status="ok"),
+        dict(request_id="a", t_sent_ns=ms(10), t_done_ns=ms(20), status="ok"),
+    ]
+    s = slo.summarize(write_run(tmp_path / "warm", rows, []))
+    assert s["counts"]["total"] == 1
+    assert s["window_s"] == approx(0.010)
+
+
+def test_missing_run_dir_is_one_sentence(tmp_path):
+    with pytest.raises(SLOError, match="has no requests.parquet"):
+        slo.summarize(tmp_path / "nope")
+
+
+def test_one_token_tpot_is_nan_not_zero():
+    tpot = slo.metrics.tpot_ms([0.0, 0.0], [0.0, 4e6], [1, 3])
+    assert math.isnan(tpot[0])
+    assert tpot[1] == approx(2.0)
