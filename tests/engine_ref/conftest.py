@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gguf_writer_util import write_llama_gguf
 
 from engine_ref.model_files import ModelFileError, fetch_model
 from engine_ref.tiny_random import build_tiny_tokenizer
@@ -31,3 +32,9 @@ def tiny_model() -> LoadedModel:
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Tokenizer:
     return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf_path(tmp_path_factory, tiny_model) -> Path:
+    """tiny-random written as an F32 llama GGUF file (permuted Q/K, as llama.cpp would)."""
+    return write_llama_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", tiny_model)
