@@ -1,0 +1,138 @@
+"""`serve`: run the reference engine's OpenAI-compatible server (a thin click layer).
+
+Engine options are generated from `EngineConfig`'s fields, so their defaults live in the
+dataclass alone: an option left unset is not passed, and the dataclass default applies.
+`enable_*` booleans become `--enable-x/--disable-x`; `*_bytes` sizes accept suffixes
+(`512MiB`, `2GB`); everything else keeps its field name with dashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine_ref.engine_config import EngineConfig, EngineConfigError
+from engine_ref.engine_loop import ENGINE_LOOP_MODES, EngineLoopError
+from engine_ref.model_files import ModelFileError
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+}
+
+
+class ByteSize(click.ParamType):
+    """An integer number of bytes, optionally with a unit: 1073741824, 1GiB, 512MB."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _SIZE_UNITS:
+            self.fail(f"{value!r} is not a size such as 1073741824, 512MiB or 1GiB.", param, ctx)
+        return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def _engine_options(command: Any) -> Any:
+    """Decorate `command` with one option per EngineConfig field."""
+    hints = typing.get_type_hints(EngineConfig)
+    for f in reversed(dataclasses.fields(EngineConfig)):
+        kind = hints[f.name]
+        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+        flag = f.name.replace("_", "-")
+        help_text = f"EngineConfig.{f.name} (default: {f.default})"
+        if base is bool and f.name.startswith("enable_"):
+            rest = flag[len("enable-") :]
+            decls = [f"--enable-{rest}/--disable-{rest}", f.name]
+            option = click.option(*decls, default=None, help=help_text)
+        elif f.name.endswith("_bytes"):
+            decls = [f"--{flag}", f"--{flag[: -len('-bytes')]}", f.name]
+            option = click.option(*decls, type=ByteSize(), default=None, help=help_text)
+        else:
+            option = click.option(f"--{flag}", f.name, type=base, default=None, help=help_text)
+        command = option(command)
+    return command
+
+
+@click.command("serve")
+@_engine_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port; 0 picks a free one.")
+@click.option(
+    "--port-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the bound port to this file once listening.",
+)
+@click.option(
+    "--engine-loop",
+    type=click.Choice(ENGINE_LOOP_MODES),
+    default="thread",
+    show_default=True,
+    help="Run the engine in a thread or in a separate process.",
+)
+@click.option(
+    "--served-model-name", default=None, help="Model id clients must send (default: --model)."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning"]),
+    default="info",
+    show_default=True,
+)
+def serve(
+    host: str,
+    port: int,
+    port_file: Path | None,
+    engine_loop: str,
+    served_model_name: str | None,
+    log_level: str,
+    **engine_kwargs: Any,
+) -> None:
+    """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted.
+
+    Prints "listening on http://HOST:PORT" once the port is bound."""
+    from engine_ref.server import ServerConfig, ServerError
+    from engine_ref.server import serve as run_server
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        engine = EngineConfig(**{k: v for k, v in engine_kwargs.items() if v is not None})
+        config = ServerConfig(
+            engine=engine,
+            host=host,
+            port=port,
+            port_file=port_file,
+            engine_loop=engine_loop,
+            served_model_name=served_model_name,
+        )
+    except (EngineConfigError, ServerError) as exc:
+        raise click.UsageError(str(exc)) from None
+
+    def announce(url: str) -> None:
+        click.echo(f"listening on {url}")
+        sys.stdout.flush()
+
+    try:
+        asyncio.run(run_server(config, on_listening=announce))
+    except KeyboardInterrupt:
+        pass
+    except (ServerError, EngineLoopError, EngineConfigError, ModelFileError) as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)

@@ -1,0 +1,393 @@
+"""Running the engine's step loop off the HTTP event loop.
+
+Two modes share one async face (`EngineLoop`):
+- `ThreadEngineLoop`: the engine steps in a dedicated thread. Adds and aborts are handed over
+  through a deque guarded by a condition variable (the thread sleeps on it when idle); each
+  step's outputs go back to the event loop in one `call_soon_threadsafe` call, which routes
+  them to per-request asyncio queues.
+- `ProcessEngineLoop`: the engine lives in a child process (spawned, so torch starts clean);
+  commands and per-step output batches travel over two multiprocessing queues, and a reader
+  thread in the server process hands each batch to the event loop.
+
+Both keep the engine's latest `stats()` snapshot (taken after every step and after every batch
+of commands), so /metrics never touches the engine from the HTTP thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import multiprocessing
+import pickle
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+ENGINE_LOOP_MODES = ("thread", "process")
+
+
+class EngineLoopError(RuntimeError):
+    """The engine failed (a step raised, or its process died); the message says how."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server needs to know about the engine it fronts."""
+
+    tokenizer: Any
+    max_model_len: int
+    model_name: str
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: Any
+    priority: int
+
+
+@dataclass(frozen=True)
+class _StepBatch:
+    """What the engine side reports after one iteration: the outcome of each add (None or the
+    exception), the step's outputs, the ids failed by an engine error, and fresh stats."""
+
+    add_results: dict[str, BaseException | None]
+    outputs: list[Any]
+    failed_ids: tuple[str, ...]
+    error: str | None
+    stats: Any
+
+
+class _EngineDriver:
+    """The engine-side half shared by both modes: apply commands, step, report."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.live_ids: set[str] = set()
+
+    def run_iteration(self, commands: list[Any]) -> _StepBatch:
+        add_results: dict[str, BaseException | None] = {}
+        for command in commands:
+            if isinstance(command, _Add):
+                try:
+                    self.engine.add_request(
+                        command.request_id,
+                        list(command.prompt_token_ids),
+                        command.params,
+                        priority=command.priority,
+                    )
+                    self.live_ids.add(command.request_id)
+                    add_results[command.request_id] = None
+                except Exception as exc:
+                    add_results[command.request_id] = exc
+            else:  # an abort: the request id
+                self.engine.abort(command)
+                self.live_ids.discard(command)
+        outputs: list[Any] = []
+        failed: tuple[str, ...] = ()
+        error = None
+        if self.engine.has_unfinished():
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:
+                # The engine state of the running requests is unknown: fail them all and free
+                # their blocks, so the server keeps serving new requests.
+                error = f"engine step failed: {type(exc).__name__}: {exc}"
+                failed = tuple(self.live_ids)
+                for request_id in failed:
+                    try:
+                        self.engine.abort(request_id)
+                    except Exception:
+                        pass
+                self.live_ids.clear()
+        for output in outputs:
+            if output.finished:
+                self.live_ids.discard(output.request_id)
+        return _StepBatch(add_results, outputs, failed, error, self.engine.stats())
+
+
+class EngineLoop:
+    """Async face of an engine running elsewhere. Not thread-safe: call from the event loop.
+
+    `add_request` resolves once the engine accepted (or refused) the request; afterwards each
+    `RequestOutput` for it lands in the given asyncio queue, and an `EngineLoopError` instance
+    lands there instead if the engine fails. `abort` is fire-and-forget and idempotent.
+    """
+
+    def __init__(self) -> None:
+        self.info: EngineInfo | None = None
+        self.latest_stats: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sinks: dict[str, asyncio.Queue] = {}
+        self._pending_adds: dict[str, asyncio.Future] = {}
+        self._dead: str | None = None
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    def _submit(self, commands: list[Any]) -> None:
+        raise NotImplementedError
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._sinks)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine stopped serving, or None while it is healthy."""
+        return self._dead
+
+    async def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: tuple[int, ...],
+        params: Any,
+        sink: asyncio.Queue,
+        *,
+        priority: int = 0,
+    ) -> None:
+        """Hand a request to the engine; raises what `engine.add_request` raised (e.g.
+        `QueueFullError`), or `EngineLoopError` when the engine is gone."""
+        if self._dead is not None:
+            raise EngineLoopError(self._dead)
+        assert self._loop is not None, "start() first"
+        future = self._loop.create_future()
+        self._pending_adds[request_id] = future
+        self._sinks[request_id] = sink
+        self._submit([_Add(request_id, tuple(prompt_token_ids), params, priority)])
+        try:
+            await future
+        except BaseException:
+            # Refused, or cancelled while waiting (then `_on_batch` aborts it once accepted).
+            self._sinks.pop(request_id, None)
+            raise
+        finally:
+            self._pending_adds.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        if self._sinks.pop(request_id, None) is not None and self._dead is None:
+            self._submit([request_id])
+
+    def _on_batch(self, batch: _StepBatch) -> None:
+        """Runs on the event loop, once per engine iteration."""
+        self.latest_stats = batch.stats
+        for request_id, exc in batch.add_results.items():
+            future = self._pending_adds.get(request_id)
+            if future is None or future.done():
+                if exc is None and request_id not in self._sinks:
+                    self._submit([request_id])  # the caller gave up meanwhile
+                continue
+            if exc is None:
+                future.set_result(None)
+            else:
+                future.set_exception(exc)
+        for output in batch.outputs:
+            sink = self._sinks.get(output.request_id)
+            if sink is None:
+                continue
+            sink.put_nowait(output)
+            if output.finished:
+                del self._sinks[output.request_id]
+        for request_id in batch.failed_ids:
+            sink = self._sinks.pop(request_id, None)
+            if sink is not None:
+                sink.put_nowait(EngineLoopError(batch.error or "engine failed"))
+
+    def _on_dead(self, reason: str) -> None:
+        self._dead = reason
+        for future in self._pending_adds.values():
+            if not future.done():
+                future.set_exception(EngineLoopError(reason))
+        for sink in self._sinks.values():
+            sink.put_nowait(EngineLoopError(reason))
+        self._sinks.clear()
+
+
+def _engine_info(engine: Any) -> EngineInfo:
+    return EngineInfo(
+        tokenizer=engine.tokenizer,
+        max_model_len=engine.max_model_len,
+        model_name=engine.config.model,
+    )
+
+
+class ThreadEngineLoop(EngineLoop):
+    """The engine steps in a daemon thread of this process."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__()
+        self._driver = _EngineDriver(engine)
+        self.info = _engine_info(engine)
+        self.latest_stats = engine.stats()
+        self._commands: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    async def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
+
+    def _submit(self, commands: list[Any]) -> None:
+        with self._cond:
+            self._commands.extend(commands)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        engine = self._driver.engine
+        assert self._loop is not None
+        while True:
+            with self._cond:
+                while not (self._commands or self._stopping or engine.has_unfinished()):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                commands = list(self._commands)
+                self._commands.clear()
+            try:
+                batch = self._driver.run_iteration(commands)
+            except Exception as exc:  # a bug outside step(): report and stop serving
+                self._loop.call_soon_threadsafe(self._on_dead, f"engine loop crashed: {exc!r}")
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._on_batch, batch)
+            except RuntimeError:  # the event loop closed under us
+                return
+
+
+class ProcessEngineLoop(EngineLoop):
+    """The engine steps in a spawned child process built from an `EngineConfig`."""
+
+    def __init__(self, config: Any, *, startup_timeout_s: float = 600.0) -> None:
+        super().__init__()
+        self._config = config
+        self._startup_timeout_s = startup_timeout_s
+        context = multiprocessing.get_context("spawn")
+        self._to_child = context.Queue()
+        self._from_child = context.Queue()
+        self._process = context.Process(
+            target=_child_main,
+            args=(config, self._to_child, self._from_child),
+            name="engine-process",
+            daemon=True,
+        )
+        self._reader: threading.Thread | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._process.start()
+        kind, payload = await self._loop.run_in_executor(None, self._await_ready)
+        if kind != "ready":
+            self._process.join(5.0)
+            raise EngineLoopError(payload)
+        self.info, self.latest_stats = payload
+        self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
+        self._reader.start()
+
+    def _await_ready(self) -> tuple[str, Any]:
+        try:
+            return self._from_child.get(timeout=self._startup_timeout_s)
+        except queue.Empty:
+            self._process.kill()
+            return "failed", f"engine process did not start within {self._startup_timeout_s:.0f} s"
+
+    async def close(self) -> None:
+        if self._process.is_alive():
+            self._to_child.put(None)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._process.join, 30.0)
+        if self._process.is_alive():
+            self._process.kill()
+            await loop.run_in_executor(None, self._process.join, 5.0)
+        if self._reader is not None:
+            await loop.run_in_executor(None, self._reader.join, 5.0)
+        self._to_child.close()
+        self._from_child.close()
+
+    def _submit(self, commands: list[Any]) -> None:
+        self._to_child.put(commands)
+
+    def _read(self) -> None:
+        assert self._loop is not None
+        while True:
+            try:
+                message = self._from_child.get(timeout=1.0)
+            except queue.Empty:
+                if self._process.is_alive():
+                    continue
+                message = ("dead", f"engine process exited with code {self._process.exitcode}")
+            except (EOFError, OSError):
+                message = ("dead", "engine process connection closed")
+            kind, payload = message
+            try:
+                if kind == "batch":
+                    self._loop.call_soon_threadsafe(self._on_batch, payload)
+                    continue
+                if kind == "dead":
+                    self._loop.call_soon_threadsafe(self._on_dead, payload)
+            except RuntimeError:  # the event loop closed under us
+                pass
+            return  # "stopped" or "dead"
+
+
+def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
+    """Entry point of the engine process: build the engine, then serve command batches."""
+    from engine_ref import LLMEngine
+
+    try:
+        engine = LLMEngine(config)
+    except Exception as exc:
+        messages_out.put(("failed", str(exc) or repr(exc)))
+        return
+    messages_out.put(("ready", (_engine_info(engine), engine.stats())))
+    driver = _EngineDriver(engine)
+    while True:
+        if not engine.has_unfinished():
+            first = commands_in.get()  # idle: block until work arrives
+            rest = None if first is None else _drain(commands_in)
+            commands = None if rest is None else first + rest
+        else:
+            commands = _drain(commands_in)
+        if commands is None:
+            messages_out.put(("stopped", None))
+            return
+        batch = driver.run_iteration(commands)
+        messages_out.put(("batch", _picklable(batch)))
+
+
+def _drain(commands_in: Any) -> list[Any] | None:
+    """Every command batch already queued, flattened; None when a stop request is among them."""
+    commands: list[Any] = []
+    while True:
+        try:
+            batch = commands_in.get_nowait()
+        except queue.Empty:
+            return commands
+        if batch is None:
+            return None
+        commands.extend(batch)
+    return commands
+
+
+def _picklable(batch: _StepBatch) -> _StepBatch:
+    """Add errors cross the process boundary; replace any that would not pickle."""
+    results = {}
+    for request_id, exc in batch.add_results.items():
+        if exc is not None:
+            try:
+                pickle.dumps(exc)
+            except Exception:
+                exc = EngineLoopError(f"{type(exc).__name__}: {exc}")
+        results[request_id] = exc
+    return _StepBatch(results, batch.outputs, batch.failed_ids, batch.error, batch.stats)

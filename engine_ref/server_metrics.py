@@ -1,0 +1,225 @@
+"""Prometheus metrics of the reference server, named after vLLM's `vllm:*` metrics so scrapers
+written for vLLM read them unchanged.
+
+Every metric carries the label `model_name`. Engine gauges and counters are read from the
+engine loop's latest `EngineStats` snapshot at scrape time; latency histograms and request
+outcomes are observed by the server as requests stream. All metrics live in the
+`CollectorRegistry` owned by one `ServerMetrics` (one per app; no module globals).
+
+| metric | type | source |
+|---|---|---|
+| `vllm:num_requests_running`, `vllm:num_requests_waiting` | gauge | engine |
+| `vllm:kv_cache_usage_perc` (fraction 0..1) | gauge | engine |
+| `vllm:kv_cache_blocks_used`, `_free`, `_cached` (engine_ref extension) | gauge | engine |
+| `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total` (tokens) | counter | engine |
+| `vllm:num_preemptions_total` | counter | engine |
+| `vllm:prompt_tokens_total`, `vllm:generation_tokens_total` | counter | engine |
+| `vllm:time_to_first_token_seconds` | histogram | server: arrival to first token out |
+| `vllm:inter_token_latency_seconds` | histogram | server: gap between token-bearing outputs |
+| `vllm:e2e_request_latency_seconds` | histogram | server: arrival to finish |
+| `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort |
+| `vllm:request_rejected_total` (engine_ref extension) | counter | server: 429 answers |
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+PREFIX = "vllm:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+_ITL_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    80.0,
+)
+_E2E_BUCKETS_S = (
+    0.01,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+)
+
+# (metric suffix, EngineStats attribute, help)
+_GAUGES = (
+    ("num_requests_running", "num_running", "Number of requests in the running batch."),
+    ("num_requests_waiting", "num_waiting", "Number of requests waiting to be scheduled."),
+    ("kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV-cache blocks in use (0 to 1)."),
+    ("kv_cache_blocks_used", "num_blocks_used", "KV-cache blocks held by requests."),
+    ("kv_cache_blocks_free", "num_blocks_free", "KV-cache blocks free (including cached ones)."),
+    ("kv_cache_blocks_cached", "num_blocks_cached", "Free KV-cache blocks kept for prefix reuse."),
+)
+_COUNTERS = (
+    (
+        "prefix_cache_queries",
+        "prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache.",
+    ),
+    ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    ("num_preemptions", "num_preemptions", "Requests preempted (recomputed) so far."),
+    ("prompt_tokens", "prompt_tokens_total", "Prompt tokens prefilled so far."),
+    ("generation_tokens", "generation_tokens_total", "Tokens generated so far."),
+)
+
+
+class _EngineStatsCollector(Collector):
+    def __init__(self, model_name: str, get_stats: Any) -> None:
+        self._model_name = model_name
+        self._get_stats = get_stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._get_stats()
+        if stats is None:
+            return
+        for suffix, attribute, help_text in _GAUGES:
+            family = GaugeMetricFamily(PREFIX + suffix, help_text, labels=["model_name"])
+            family.add_metric([self._model_name], float(getattr(stats, attribute)))
+            yield family
+        for suffix, attribute, help_text in _COUNTERS:
+            family = CounterMetricFamily(PREFIX + suffix, help_text, labels=["model_name"])
+            family.add_metric([self._model_name], float(getattr(stats, attribute)))
+            yield family
+
+
+class ServerMetrics:
+    """The server's metrics registry; `get_stats` returns the latest EngineStats or None."""
+
+    def __init__(self, model_name: str, get_stats: Any) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_EngineStatsCollector(model_name, get_stats))
+        labels = ["model_name"]
+        self.ttft_s = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Time from request arrival to its first output token.",
+            labels,
+            registry=self.registry,
+            buckets=_TTFT_BUCKETS_S,
+        ).labels(model_name)
+        self.itl_s = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Time between successive token-bearing outputs of one request.",
+            labels,
+            registry=self.registry,
+            buckets=_ITL_BUCKETS_S,
+        ).labels(model_name)
+        self.e2e_s = Histogram(
+            PREFIX + "e2e_request_latency_seconds",
+            "Time from request arrival to its last output.",
+            labels,
+            registry=self.registry,
+            buckets=_E2E_BUCKETS_S,
+        ).labels(model_name)
+        self._success = Counter(
+            PREFIX + "request_success",
+            "Finished requests by finish reason (abort: client gone or engine failure).",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        for reason in ("stop", "length", "abort"):
+            self._success.labels(model_name, reason)
+        self._rejected = Counter(
+            PREFIX + "request_rejected",
+            "Requests refused with HTTP 429 because the waiting queue was full.",
+            labels,
+            registry=self.registry,
+        ).labels(model_name)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    def request_finished(self, finished_reason: str) -> None:
+        self._success.labels(self.model_name, finished_reason).inc()
+
+    def request_rejected(self) -> None:
+        self._rejected.inc()
+
+    def tracker(self) -> RequestTimer:
+        return RequestTimer(self)
+
+
+class RequestTimer:
+    """Latency bookkeeping for one engine request (times from `time.perf_counter`)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+        self.t_arrival_s = time.perf_counter()
+        self._t_last_token_s: float | None = None
+
+    def tokens_out(self, num_tokens: int) -> None:
+        """Call once per output that carried `num_tokens` > 0 new tokens."""
+        if num_tokens <= 0:
+            return
+        now = time.perf_counter()
+        if self._t_last_token_s is None:
+            self._metrics.ttft_s.observe(now - self.t_arrival_s)
+        else:
+            self._metrics.itl_s.observe(now - self._t_last_token_s)
+        self._t_last_token_s = now
+
+    def finished(self, finished_reason: str) -> None:
+        self._metrics.e2e_s.observe(time.perf_counter() - self.t_arrival_s)
+        self._metrics.request_finished(finished_reason)

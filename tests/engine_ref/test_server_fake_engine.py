@@ -1,0 +1,316 @@
+"""The server against a scripted fake engine with the `LLMEngine` API: wire shapes, engine
+failures (500, server stays up), disconnects and admission control, deterministic and fast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import aiohttp
+
+from engine_ref.detokenizer import IncrementalDetokenizer
+from engine_ref.engine_config import SamplingParams
+from engine_ref.engine_loop import ThreadEngineLoop
+from engine_ref.scheduler import QueueFullError
+from engine_ref.server import ServerConfig, running_server
+from engine_ref.tiny_random import build_tiny_tokenizer
+
+SCRIPT_TEXT = "Hello 東京 😀 world! "
+
+
+@dataclass
+class _Completion:
+    index: int
+    new_token_ids: list[int]
+    new_text: str
+    finish_reason: str | None
+    num_output_tokens: int
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class _Output:
+    request_id: str
+    outputs: list[_Completion]
+    finished: bool
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class _FakeRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    detoks: list[IncrementalDetokenizer]
+    produced: list[int] = field(default_factory=list)
+
+
+class FakeEngine:
+    """Emits the tokens of SCRIPT_TEXT in a cycle, one per step per sample, until max_tokens.
+    At most `max_running` requests run; `max_waiting` more may wait. `fail_next_step` makes
+    the next step raise. Each running sample holds one KV "block"."""
+
+    def __init__(self, *, max_running: int = 64, max_waiting: int = 64, step_s: float = 0.0):
+        self.tokenizer = build_tiny_tokenizer()
+        self.config = SimpleNamespace(model="fake-model")
+        self.max_model_len = 128
+        self.script = self.tokenizer.encode(SCRIPT_TEXT)
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.step_s = step_s
+        self.fail_next_step = False
+        self.running: dict[str, _FakeRequest] = {}
+        self.waiting: dict[str, _FakeRequest] = {}
+        self.aborted: list[str] = []
+        self.total_blocks = 256
+
+    def add_request(self, request_id, prompt_token_ids, params, *, priority=0):
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFullError("waiting queue full")
+        detoks = [
+            IncrementalDetokenizer(self.tokenizer.decode, prompt_token_ids) for _ in range(params.n)
+        ]
+        self.waiting[request_id] = _FakeRequest(request_id, prompt_token_ids, params, detoks)
+
+    def abort(self, request_id):
+        if self.running.pop(request_id, None) or self.waiting.pop(request_id, None):
+            self.aborted.append(request_id)
+
+    def has_unfinished(self):
+        return bool(self.running or self.waiting)
+
+    def step(self):
+        time.sleep(self.step_s)
+        if self.fail_next_step:
+            self.fail_next_step = False
+            raise RuntimeError("injected failure")
+        while self.waiting and len(self.running) < self.max_running:
+            request_id = next(iter(self.waiting))
+            self.running[request_id] = self.waiting.pop(request_id)
+        outputs = []
+        for request in list(self.running.values()):
+            token = self.script[len(request.produced) % len(self.script)]
+            request.produced.append(token)
+            done = len(request.produced) >= request.params.max_tokens
+            completions = []
+            for index, detok in enumerate(request.detoks):
+                text = detok.add([token]) + (detok.flush() if done else "")
+                logprobs = None
+                if request.params.logprobs is not None:
+                    logprobs = [{token: -0.5, (token + 1) % 512: -1.5, (token + 2) % 512: -2.5}]
+                completions.append(
+                    _Completion(
+                        index,
+                        [token],
+                        text,
+                        "length" if done else None,
+                        len(request.produced),
+                        logprobs,
+                    )
+                )
+            outputs.append(_Output(request.request_id, completions, done, len(request.prompt)))
+            if done:
+                del self.running[request.request_id]
+        return outputs
+
+    def stats(self):
+        used = sum(r.params.n for r in self.running.values())
+        return SimpleNamespace(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=used / self.total_blocks,
+            num_blocks_used=used,
+            num_blocks_free=self.total_blocks - used,
+            num_blocks_cached=0,
+            prefix_cache_queries=0,
+            prefix_cache_hits=0,
+            num_preemptions=0,
+            prompt_tokens_total=0,
+            generation_tokens_total=0,
+        )
+
+
+def _serve(engine: FakeEngine, **config):
+    return running_server(ServerConfig(port=0, **config), engine_loop=ThreadEngineLoop(engine))
+
+
+async def _sse_events(response: aiohttp.ClientResponse) -> list:
+    """Every `data:` payload of an SSE stream, JSON-decoded except the final "[DONE]"."""
+    events = []
+    async for line in response.content:
+        line = line.strip()
+        if not line:
+            continue
+        assert line.startswith(b"data: "), line
+        payload = line[len(b"data: ") :]
+        events.append(payload.decode() if payload == b"[DONE]" else json.loads(payload))
+    return events
+
+
+async def _post(url: str, path: str, body: dict) -> tuple[int, dict, object]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + path, json=body) as response:
+            if body.get("stream") and response.status == 200:
+                return response.status, dict(response.headers), await _sse_events(response)
+            return response.status, dict(response.headers), await response.json()
+
+
+def test_script_contains_split_characters():
+    # The stream tests below only prove UTF-8 safety if some script token is a partial character.
+    engine = FakeEngine()
+    assert any("\ufffd" in engine.tokenizer.decode([t]) for t in engine.script)
+
+
+def test_streamed_completion_has_openai_shapes_and_whole_characters():
+    engine = FakeEngine()
+    prompt = "The capital of France"
+    max_tokens = len(engine.script) + 3
+    body = {
+        "model": "fake-model",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "n": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with _serve(engine) as url:
+        status, headers, events = asyncio.run(_post(url, "/v1/completions", body))
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    assert events[-1] == "[DONE]"
+    usage_chunk, chunks = events[-2], events[:-2]
+    expected_ids = [engine.script[i % len(engine.script)] for i in range(max_tokens)]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"] == {
+        "prompt_tokens": len(engine.tokenizer.encode(prompt)),
+        "completion_tokens": 2 * max_tokens,
+        "total_tokens": len(engine.tokenizer.encode(prompt)) + 2 * max_tokens,
+    }
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert all(c["object"] == "text_completion" and c["usage"] is None for c in chunks)
+        assert all("\ufffd" not in c["text"] for c in mine)
+        assert "".join(c["text"] for c in mine) == engine.tokenizer.decode(expected_ids)
+        assert [c["finish_reason"] for c in mine].count("length") == 1
+        assert mine[-1]["finish_reason"] == "length"
+
+
+def test_streamed_chat_opens_with_role_then_content():
+    engine = FakeEngine()
+    body = {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    with _serve(engine) as url:
+        status, _, events = asyncio.run(_post(url, "/v1/chat/completions", body))
+    assert status == 200 and events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    first = chunks[0]["choices"][0]
+    assert first["delta"] == {"role": "assistant", "content": ""} and first["finish_reason"] is None
+    rest = [c["choices"][0] for c in chunks[1:]]
+    assert all("role" not in c["delta"] for c in rest)
+    assert "".join(c["delta"].get("content", "") for c in rest) == engine.tokenizer.decode(
+        engine.script[:4]
+    )
+    assert sum((c["token_ids"] for c in rest), []) == engine.script[:4]
+    assert rest[-1]["finish_reason"] == "length"
+
+
+def test_non_streaming_bodies_with_logprobs():
+    engine = FakeEngine()
+    with _serve(engine) as url:
+        status, _, completion = asyncio.run(
+            _post(url, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3, "logprobs": 1})
+        )
+        _, _, chat = asyncio.run(
+            _post(
+                url,
+                "/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "max_completion_tokens": 2,
+                    "logprobs": True,
+                    "top_logprobs": 2,
+                },
+            )
+        )
+    assert status == 200 and completion["object"] == "text_completion"
+    choice = completion["choices"][0]
+    assert choice["text"] == engine.tokenizer.decode(engine.script[:3])
+    assert choice["finish_reason"] == "length"
+    assert choice["logprobs"]["token_logprobs"] == [-0.5, -0.5, -0.5]
+    assert all(len(top) == 1 for top in choice["logprobs"]["top_logprobs"])
+    assert completion["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert chat["object"] == "chat.completion"
+    message_choice = chat["choices"][0]
+    assert message_choice["message"]["role"] == "assistant"
+    entry = message_choice["logprobs"]["content"][0]
+    assert entry["logprob"] == -0.5
+    assert [t["logprob"] for t in entry["top_logprobs"]] == [-0.5, -1.5]
+
+
+def test_engine_failure_answers_500_and_server_keeps_serving():
+    engine = FakeEngine()
+    engine.fail_next_step = True
+    body = {"prompt": "Hello", "max_tokens": 3}
+    with _serve(engine) as url:
+        status, _, failed = asyncio.run(_post(url, "/v1/completions", body))
+        status_after, _, ok = asyncio.run(_post(url, "/v1/completions", body))
+    assert status == 500
+    assert (
+        failed["error"]["type"] == "server_error"
+        and "injected failure" in failed["error"]["message"]
+    )
+    assert status_after == 200 and ok["choices"][0]["finish_reason"] == "length"
+    assert not engine.has_unfinished()
+
+
+async def _hang_up_after(url: str, num_chunks: int) -> None:
+    body = {"prompt": "Hello", "max_tokens": 100, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json=body) as response:
+            seen = 0
+            async for line in response.content:
+                seen += line.startswith(b"data: ")
+                if seen >= num_chunks:
+                    break  # leaving the block closes the connection mid-stream
+
+
+def test_client_disconnect_aborts_in_engine():
+    engine = FakeEngine(step_s=0.01)
+    with _serve(engine) as url:
+
+        async def burst():
+            await asyncio.gather(*(_hang_up_after(url, 3) for _ in range(5)))
+
+        asyncio.run(burst())
+        deadline = time.monotonic() + 10
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not engine.has_unfinished()
+    assert len(engine.aborted) == 5
+
+
+def test_full_queue_answers_429_with_retry_after():
+    engine = FakeEngine(max_running=1, max_waiting=2, step_s=0.02)
+    body = {"prompt": "Hello", "max_tokens": 5}
+
+    async def burst(url):
+        return await asyncio.gather(*(_post(url, "/v1/completions", body) for _ in range(12)))
+
+    with _serve(engine, retry_after_s=3) as url:
+        results = asyncio.run(burst(url))
+        after = asyncio.run(_post(url, "/v1/completions", body))
+    statuses = [status for status, _, _ in results]
+    assert set(statuses) == {200, 429}
+    for status, headers, body_out in results:
+        if status == 429:
+            assert headers["Retry-After"] == "3"
+            assert body_out["error"]["code"] == "rate_limit_exceeded"
+    assert after[0] == 200
