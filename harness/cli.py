@@ -1,0 +1,256 @@
+"""The `bench` command line: a thin layer over the library; defaults live in the config dataclasses."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+
+from harness.errors import HarnessError
+
+EXAMPLES = """
+\b
+Examples:
+  bench run --workload sharegpt --slo p99.yaml            # reference engine, started for you
+  bench run --url http://127.0.0.1:8000/v1 --workload random \\
+            --input-len 128 --output-len 128 --num-requests 64 --request-rate inf
+  bench run --url http://127.0.0.1:8000/v1 --concurrency 16 --num-requests 200   # closed loop
+  bench mock-server --port 8001 --ttft-ms 50 --itl-ms 10
+  bench workload list
+  bench report runs/A runs/B -o card.html
+  bench compare runs/base runs/cand --gate
+"""
+
+# Subcommands other packages own: (module, attribute, one-line help). They are imported only
+# when used, so `bench --help` stays fast (no torch import).
+LAZY_COMMANDS = {
+    "workload": ("workloads.cli", "workload", "List, show and build workloads."),
+    "serve": (
+        "engine_ref.cli_serve",
+        "serve",
+        "Serve the reference engine over an OpenAI-compatible API.",
+    ),
+    "model": ("engine_ref.cli_model", "model", "Fetch, list and export reference-engine models."),
+    "report": ("reports.cli", "report", "Write a report card (HTML/JSON) for one or more runs."),
+    "compare": (
+        "reports.cli",
+        "compare",
+        "Compare a candidate run with a baseline; --gate for CI.",
+    ),
+    "capacity": (
+        "harness.cli_capacity",
+        "capacity",
+        "Find the highest request rate that meets an SLO.",
+    ),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
+
+    def get_command(self, ctx, name):
+        if name in LAZY_COMMANDS:
+            module, attr, _ = LAZY_COMMANDS[name]
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        rows = [
+            (name, self.commands[name].get_short_help_str(60))
+            for name in super().list_commands(ctx)
+        ]
+        rows += [(name, entry[2]) for name, entry in LAZY_COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(sorted(rows))
+
+
+@click.group(
+    cls=LazyGroup, epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.version_option(package_name="llm-bench-harness")
+def bench() -> None:
+    """Benchmark and reliability harness for LLM serving engines."""
+
+
+def _drop_none(**kwargs) -> dict:
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+@bench.command(epilog=EXAMPLES)
+@click.option(
+    "--url",
+    help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1. Without it, the reference engine is started on loopback.",
+)
+@click.option(
+    "--model",
+    help="Model name to request (default: the target's first model; for the managed engine, smollm2-135m).",
+)
+@click.option(
+    "--endpoint",
+    type=click.Choice(["completions", "chat"]),
+    help="API to drive (default completions).",
+)
+@click.option(
+    "--workload",
+    help="Built-in workload name or a workload file (YAML spec or built .parquet). Default: random.",
+)
+@click.option(
+    "--dataset-path",
+    help="Dataset or trace file for workloads that read one (e.g. a ShareGPT JSON).",
+)
+@click.option("--num-requests", type=int, help="Number of measured requests.")
+@click.option(
+    "--duration",
+    "duration_s",
+    type=float,
+    help="Stop dispatching after this many seconds, then drain.",
+)
+@click.option("--request-rate", type=float, help="Requests per second; inf sends all at once.")
+@click.option("--burstiness", type=float, help="Gamma shape of inter-arrival gaps (1 = Poisson).")
+@click.option(
+    "--concurrency",
+    type=int,
+    help="Closed loop with this many users; with --request-rate, a cap on in-flight requests.",
+)
+@click.option("--input-len", type=int, help="Prompt tokens per request (fixed-length workloads).")
+@click.option("--output-len", type=int, help="Output tokens per request (max_tokens).")
+@click.option(
+    "--range-ratio",
+    type=float,
+    help="Uniform length spread around --input-len/--output-len, as vLLM's --random-range-ratio.",
+)
+@click.option(
+    "--ignore-eos/--no-ignore-eos",
+    default=None,
+    help="Ask the server to generate exactly max_tokens.",
+)
+@click.option("--seed", type=int, help="Seed for lengths, arrivals and prompts (default 0).")
+@click.option(
+    "--warmup", type=int, help="Requests sent before the measured phase, excluded from metrics."
+)
+@click.option("--timeout", "timeout_s", type=float, help="Per-request timeout in seconds.")
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Run directory (default runs/<time>-<workload>)."
+)
+@click.option("--slo", help="SLO spec: built-in name (p99, interactive) or a YAML file.")
+@click.option(
+    "--tokenizer",
+    help="Tokenizer for token counts: reference model name, GGUF path or HF directory.",
+)
+@click.option("--no-stream", is_flag=True, help="Use non-streaming requests.")
+@click.option(
+    "--server-arg",
+    "server_args",
+    multiple=True,
+    help="Extra argument for the managed reference server (repeatable).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar or summary table (for CI).")
+def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
+    """Drive a target with a workload, record every request and chunk, and summarise."""
+    from rich.console import Console
+
+    from harness.config import RunConfig
+    from harness.run import run_benchmark
+
+    config = RunConfig(stream=not no_stream, server_args=server_args, **_drop_none(**kwargs))
+    console = Console(stderr=False)
+    outcome = run_benchmark(config, console=console, quiet=quiet)
+    if not quiet:
+        _render(outcome.summary, outcome.run_dir, console)
+    if outcome.complete:
+        click.echo(f"run directory: {outcome.run_dir}")
+    else:
+        click.echo(
+            f"run stopped early ({outcome.interrupted_reason}); what was recorded is in {outcome.run_dir}, marked incomplete.",
+            err=True,
+        )
+        sys.exit(130)
+
+
+def _render(summary: dict, run_dir: Path, console) -> None:
+    try:
+        from reports.console import render_summary
+    except ImportError:
+        console.print_json(data={k: summary.get(k) for k in ("counts", "throughput", "latency_ms")})
+        return
+    render_summary(summary, console, run_dir=run_dir)
+
+
+@bench.command("mock-server")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=0, show_default=True, help="0 picks a free port.")
+@click.option("--ttft-ms", type=float)
+@click.option("--itl-ms", type=float)
+@click.option("--jitter-sigma", type=float, help="Lognormal sigma applied to TTFT and each ITL.")
+@click.option("--output-len", type=int, help="Fixed output length (default: honour max_tokens).")
+@click.option(
+    "--max-concurrency",
+    type=int,
+    help="Service slots; the server saturates at slots / service time.",
+)
+@click.option("--error-rate", type=float)
+@click.option("--reject-rate", type=float)
+@click.option("--reset-rate", type=float)
+@click.option("--incomplete-rate", type=float)
+@click.option("--malformed-sse-rate", type=float)
+@click.option("--malformed-json-rate", type=float)
+@click.option("--stall-rate", type=float)
+@click.option("--stall-s", type=float)
+@click.option("--seed", type=int)
+@click.option("--model")
+def mock_server(host: str, port: int, **kwargs) -> None:
+    """Serve a mock OpenAI-compatible engine with configurable latency and failures."""
+    import asyncio
+
+    from harness.mock_server import MockConfig, start_mock
+
+    try:
+        config = MockConfig(**_drop_none(**kwargs))
+    except ValueError as exc:
+        raise HarnessError(f"{exc}.") from exc
+
+    async def serve() -> None:
+        runner, url = await start_mock(config, host, port)
+        click.echo(f"listening on {url.removesuffix('/v1')}", err=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+def main() -> None:
+    """Entry point: user errors end in one sentence and exit code 2, never a traceback."""
+    user_errors: list[type[BaseException]] = [HarnessError]
+    for module, name in (
+        ("workloads", "WorkloadError"),
+        ("slo", "SLOError"),
+        ("reports", "ReportError"),
+        ("engine_ref.model_files", "ModelFileError"),
+    ):
+        try:
+            user_errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            pass
+    try:
+        bench.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted.", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+    except tuple(user_errors) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The OpenAI-compatible HTTP client: one aiohttp session, one request path for every endpoint.
+
+The hot path only stamps and stores socket reads; `sse.py` parses them after the request is
+done. Every failure is classified here into the run table's `status` and `error_class`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+ENDPOINT_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+
+
+@dataclass(slots=True)
+class RequestPayload:
+    """One request as the client sends it: what the workload asked for, already in wire form."""
+
+    request_id: str
+    body: bytes
+    is_warmup: bool = False
+
+
+@dataclass(slots=True)
+class RawResult:
+    """Raw facts about one request; nanosecond times are `perf_counter_ns()` values (absolute)."""
+
+    request_id: str
+    is_warmup: bool
+    t_scheduled_ns: int
+    t_sent_ns: int | None = None
+    t_first_byte_ns: int | None = None
+    t_done_ns: int | None = None
+    http_status: int | None = None
+    reads: list[tuple[int, bytes]] = field(default_factory=list)
+    body: bytes | None = None
+    status: str | None = None  # set only when the transport already decided the outcome
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """How to talk to the target."""
+
+    base_url: str
+    model: str
+    endpoint: str = "completions"
+    stream: bool = True
+    timeout_s: float = 600.0
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ENDPOINT_PATHS:
+            raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}")
+        if self.timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + ENDPOINT_PATHS[self.endpoint]
+
+    @property
+    def is_chat(self) -> bool:
+        return self.endpoint == "chat"
+
+
+def build_body(options: ClientOptions, spec: dict) -> bytes:
+    """Encode one RequestSpec row (a dict) as the JSON body for the chosen endpoint."""
+    body: dict = {"model": options.model, "max_tokens": int(spec["max_output_tokens"])}
+    if options.is_chat:
+        body["messages"] = [{"role": "user", "content": spec["prompt"]}]
+    else:
+        body["prompt"] = spec["prompt"]
+    if options.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if spec.get("ignore_eos"):
+        body["ignore_eos"] = True
+    for key in ("temperature", "top_p", "seed"):
+        if spec.get(key) is not None:
+            body[key] = spec[key]
+    return orjson.dumps(body)
+
+
+def make_session(options: ClientOptions, *, max_connections: int) -> aiohttp.ClientSession:
+    """One session for the whole run, its connection pool sized to the concurrency."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=None)
+    headers = {"Content-Type": "application/json"}
+    if options.api_key:
+        headers["Authorization"] = f"Bearer {options.api_key}"
+    return aiohttp.ClientSession(
+        connector=connector,
+        headers=headers,
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent",),
+    )
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    options: ClientOptions,
+    payload: RequestPayload,
+    result: RawResult,
+) -> None:
+    """Send one request, filling `result` with its raw timeline.
+
+    A failed request is recorded in `result`, never raised; only cancellation propagates (after
+    `result` says `cancelled`), so the caller always has a record to keep.
+    """
+    clock = time.perf_counter_ns
+    try:
+        async with asyncio.timeout(options.timeout_s):
+            result.t_sent_ns = clock()
+            async with session.post(options.url, data=payload.body) as response:
+                result.t_first_byte_ns = clock()
+                result.http_status = response.status
+                if response.status != 200:
+                    result.body = await response.read()
+                    _classify_http(result)
+                elif options.stream:
+                    reads = result.reads
+                    readany = response.content.readany
+                    while data := await readany():
+                        reads.append((clock(), data))
+                else:
+                    result.body = await response.read()
+                result.t_done_ns = clock()
+    except TimeoutError:
+        _set_error(
+            result, "timeout", "timeout", f"no complete response within {options.timeout_s:g} s"
+        )
+    except asyncio.CancelledError:
+        _set_error(result, "cancelled", None, "the run stopped while the request was in flight")
+        raise
+    except aiohttp.ClientConnectorError as exc:
+        refused = exc.os_error is not None and exc.os_error.errno == errno.ECONNREFUSED
+        error_class = "connection_refused" if refused else "connection_error"
+        _set_error(result, "error", error_class, _one_line(exc))
+    except (
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientPayloadError,
+        ConnectionResetError,
+    ) as exc:
+        _set_error(result, "error", "connection_reset", _one_line(exc))
+    except aiohttp.ClientOSError as exc:
+        reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
+        _set_error(result, "error", "connection_reset" if reset else "client_error", _one_line(exc))
+    except aiohttp.ClientError as exc:
+        _set_error(result, "error", "client_error", _one_line(exc))
+    finally:
+        if result.t_done_ns is None:
+            result.t_done_ns = clock()
+
+
+def _classify_http(result: RawResult) -> None:
+    status = result.http_status or 0
+    message = _error_message(result.body or b"")
+    if status == 429:
+        _set_error(result, "rejected", "rejected_429", message)
+    elif 400 <= status < 500:
+        _set_error(result, "error", "http_4xx", message)
+    else:
+        _set_error(result, "error", "http_5xx", message)
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        obj = orjson.loads(body)
+        error = obj.get("error", obj) if isinstance(obj, dict) else obj
+        if isinstance(error, dict):
+            return str(error.get("message", error))[:300]
+        return str(error)[:300]
+    except (orjson.JSONDecodeError, AttributeError):
+        return body[:300].decode("utf-8", "replace")
+
+
+def _set_error(result: RawResult, status: str, error_class: str | None, message: str) -> None:
+    result.status = status
+    result.error_class = error_class
+    result.error_message = message
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}".splitlines()[0][:300]

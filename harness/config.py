@@ -1,0 +1,94 @@
+"""The run configuration: built once (from the CLI or a library caller) and passed down."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.client import ENDPOINT_PATHS
+from harness.errors import HarnessError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything `bench run` needs. `None` for a workload field means the workload's default.
+
+    - `url`: OpenAI-compatible base URL (`http://host:port/v1`); `None` starts the reference
+      engine on loopback with `model` (default `smollm2-135m`).
+    - `request_rate`: requests/s (`inf`: all at once); with `concurrency` alone the run is
+      closed loop with that many users; with both, `concurrency` caps in-flight requests.
+    - `warmup`: requests sent before the measured phase and excluded from its metrics.
+    - `timeout_s`: per-request limit; a request past it is recorded as `timeout`.
+    - `client_bound_ms`: dispatch-lag p99 above this marks the run `client_bound`.
+    - `tokenizer`: counts prompt tokens and, where the server reports no usage, output tokens;
+      a reference-engine model name, GGUF path or HF directory (default: the target model when
+      the reference engine is managed, otherwise `smollm2-135m`).
+    """
+
+    workload: str = "random"
+    url: str | None = None
+    model: str | None = None
+    endpoint: str = "completions"
+    stream: bool = True
+    num_requests: int | None = None
+    duration_s: float | None = None
+    request_rate: float | None = None
+    burstiness: float | None = None
+    concurrency: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    range_ratio: float | None = None
+    ignore_eos: bool | None = None
+    dataset_path: str | None = None
+    seed: int = 0
+    warmup: int = 0
+    timeout_s: float = 600.0
+    out: Path | None = None
+    slo: str | None = None
+    tokenizer: str | None = None
+    client_bound_ms: float = 10.0
+    flush_interval_s: float = 5.0
+    server_args: tuple[str, ...] = field(default_factory=tuple)
+    startup_timeout_s: float = 600.0
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value, *, integer: bool = False) -> None:
+            if value is None:
+                return
+            if integer and (isinstance(value, bool) or int(value) != value):
+                raise HarnessError(
+                    f"--{name.replace('_', '-')} must be a whole number, got {value!r}."
+                )
+            if not value > 0 or (isinstance(value, float) and math.isnan(value)):
+                raise HarnessError(
+                    f"--{name.replace('_', '-')} must be greater than zero, got {value!r}."
+                )
+
+        for name in ("num_requests", "concurrency", "input_len", "output_len"):
+            positive(name, getattr(self, name), integer=True)
+        for name in ("duration_s", "request_rate", "burstiness", "timeout_s", "client_bound_ms"):
+            positive(name, getattr(self, name))
+        if self.warmup < 0:
+            raise HarnessError(f"--warmup must be zero or more, got {self.warmup!r}.")
+        if self.endpoint not in ENDPOINT_PATHS:
+            raise HarnessError(
+                f"--endpoint must be one of {', '.join(sorted(ENDPOINT_PATHS))}, got {self.endpoint!r}."
+            )
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise HarnessError(f"--url must start with http:// or https://, got {self.url!r}.")
+        if self.burstiness is not None and self.request_rate in (None, math.inf):
+            raise HarnessError("--burstiness needs a finite --request-rate to shape.")
+
+    @property
+    def is_closed_loop(self) -> bool:
+        return self.request_rate is None and self.concurrency is not None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["out"] = str(self.out) if self.out else None
+        d["request_rate"] = "inf" if self.request_rate == math.inf else self.request_rate
+        d["server_args"] = list(self.server_args)
+        d.pop("api_key")
+        return d

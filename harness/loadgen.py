@@ -1,0 +1,186 @@
+"""The load generator: schedules, sends and records. It computes nothing about latency.
+
+Open loop: every request has a fixed arrival offset, decided before the run; an optional
+concurrency cap holds requests back (the hold shows up as dispatch lag). Closed loop: N users,
+each sending its next request as soon as its previous one is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+
+from harness.client import ClientOptions, RawResult, RequestPayload, send
+
+
+class LoadObserver(Protocol):
+    """Told about every send and completion (the progress display is one)."""
+
+    def on_sent(self, raw: RawResult) -> None: ...
+
+    def on_done(self, raw: RawResult) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """What to send and when.
+
+    `arrival_s[i]` is request i's offset from the start of the measured phase; `None` means
+    closed loop with `concurrency` users. `concurrency` caps in-flight requests in open loop.
+    `duration_s` stops dispatching new requests after that many seconds. Warm-up requests are
+    sent first, all at once under the same cap, and are recorded as warm-up.
+    """
+
+    payloads: Sequence[RequestPayload]
+    arrival_s: Sequence[float] | None
+    concurrency: int | None = None
+    duration_s: float | None = None
+    warmup: Sequence[RequestPayload] = ()
+
+    def __post_init__(self) -> None:
+        if self.arrival_s is None and not self.concurrency:
+            raise ValueError("a closed-loop plan needs a concurrency (number of users)")
+        if self.arrival_s is not None and len(self.arrival_s) != len(self.payloads):
+            raise ValueError("arrival_s and payloads differ in length")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+
+
+@dataclass
+class LoadResult:
+    """Facts about the load phase itself (the requests are with the recorder)."""
+
+    t_start_ns: int = 0
+    t_end_ns: int = 0
+    num_scheduled: int = 0
+    num_warmup: int = 0
+    stopped_by_duration: bool = False
+    in_flight_at_stop: int = 0
+    results: list[RawResult] = field(default_factory=list)
+
+
+async def run_load(
+    session: aiohttp.ClientSession,
+    options: ClientOptions,
+    plan: LoadPlan,
+    on_result: Callable[[RawResult], None],
+    observer: LoadObserver | None = None,
+    *,
+    start_callback: Callable[[int], None] | None = None,
+) -> LoadResult:
+    """Run warm-up, then the measured phase; call `on_result` once for every request sent.
+
+    `start_callback(t0_ns)` is called when the measured phase starts; all of that phase's
+    scheduled times are `t0_ns + arrival_s * 1e9`. Cancelling this coroutine cancels every
+    in-flight request, each of which is still handed to `on_result` as `cancelled`.
+    """
+    outcome = LoadResult()
+    clock = time.perf_counter_ns
+    tasks: set[asyncio.Task] = set()
+    limit = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
+
+    async def one(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> None:
+        raw = RawResult(payload.request_id, payload.is_warmup, t_scheduled_ns)
+        try:
+            if observer is not None:
+                observer.on_sent(raw)
+            await send(session, options, payload, raw)
+        finally:
+            if acquired:
+                limit.release()
+            on_result(raw)
+            if observer is not None:
+                observer.on_done(raw)
+
+    def launch(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> None:
+        task = asyncio.create_task(one(payload, t_scheduled_ns, acquired))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    try:
+        if plan.warmup:
+            now = clock()
+            for payload in plan.warmup:
+                if limit is not None:
+                    await limit.acquire()
+                launch(payload, now, limit is not None)
+            outcome.num_warmup = len(plan.warmup)
+            await asyncio.gather(*list(tasks))
+
+        t0 = clock()
+        outcome.t_start_ns = t0
+        if start_callback is not None:
+            start_callback(t0)
+        deadline_ns = t0 + int(plan.duration_s * 1e9) if plan.duration_s else None
+        if plan.arrival_s is not None:
+            outcome.num_scheduled, outcome.stopped_by_duration = await _open_loop(
+                plan, t0, deadline_ns, limit, launch
+            )
+        else:
+            outcome.num_scheduled, outcome.stopped_by_duration = await _closed_loop(
+                plan, t0, deadline_ns, session, options, on_result, observer
+            )
+        if tasks:
+            await asyncio.gather(*list(tasks))
+    finally:
+        outcome.in_flight_at_stop = len(tasks)
+        for task in list(tasks):
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*list(tasks), return_exceptions=True)
+        outcome.t_end_ns = clock()
+    return outcome
+
+
+async def _open_loop(plan, t0, deadline_ns, limit, launch) -> tuple[int, bool]:
+    clock = time.perf_counter_ns
+    sent = 0
+    for payload, offset_s in zip(plan.payloads, plan.arrival_s, strict=True):
+        t_scheduled = t0 + int(offset_s * 1e9)
+        if deadline_ns is not None and t_scheduled >= deadline_ns:
+            return sent, True
+        delay_ns = t_scheduled - clock()
+        if delay_ns > 0:
+            await asyncio.sleep(delay_ns / 1e9)
+        if limit is not None:
+            await limit.acquire()
+        launch(payload, t_scheduled, limit is not None)
+        sent += 1
+    return sent, False
+
+
+async def _closed_loop(
+    plan, t0, deadline_ns, session, options, on_result, observer
+) -> tuple[int, bool]:
+    clock = time.perf_counter_ns
+    queue = iter(plan.payloads)
+    counters = {"sent": 0, "stopped": False}
+
+    async def user() -> None:
+        t_ready = t0
+        while True:
+            if deadline_ns is not None and clock() >= deadline_ns:
+                counters["stopped"] = True
+                return
+            payload = next(queue, None)
+            if payload is None:
+                return
+            counters["sent"] += 1
+            raw = RawResult(payload.request_id, payload.is_warmup, t_ready)
+            try:
+                if observer is not None:
+                    observer.on_sent(raw)
+                await send(session, options, payload, raw)
+            finally:
+                on_result(raw)
+                if observer is not None:
+                    observer.on_done(raw)
+            t_ready = clock()
+
+    await asyncio.gather(*(user() for _ in range(plan.concurrency)))
+    return counters["sent"], counters["stopped"]

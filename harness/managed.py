@@ -1,0 +1,101 @@
+"""Managed targets: start the reference engine server on a free loopback port, stop it always."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+
+@dataclass(frozen=True)
+class ManagedServerConfig:
+    """How to launch `python -m engine_ref.server`; `extra_args` are passed through verbatim."""
+
+    model: str = "smollm2-135m"
+    startup_timeout_s: float = 300.0
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.startup_timeout_s <= 0:
+            raise ValueError("startup_timeout_s must be positive")
+
+
+@dataclass(frozen=True)
+class ManagedServer:
+    base_url: str
+    pid: int
+    log_path: Path
+
+
+@contextlib.contextmanager
+def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
+    """Run the reference engine server for the duration of the `with` block.
+
+    The server binds 127.0.0.1 on a port it picks and writes to a port file; we wait for
+    `/health`. On failure the server's log tail is in the error; the process is stopped on every
+    exit path (terminate, then kill after 10 s).
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    port_file = workdir / "port"
+    log_path = workdir / "server.log"
+    cmd = [
+        sys.executable, "-m", "engine_ref.server",
+        "--model", config.model, "--host", "127.0.0.1", "--port", "0",
+        "--port-file", str(port_file), *config.extra_args,
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        base_url = _wait_ready(proc, port_file, log_path, config.startup_timeout_s)
+        yield ManagedServer(base_url=base_url, pid=proc.pid, log_path=log_path)
+    finally:
+        _stop(proc)
+
+
+def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise HarnessError(
+                f"the reference engine server exited with code {proc.returncode} before it was ready; its log ends:\n{_tail(log_path)}"
+            )
+        if port_file.exists() and port_file.read_text().strip():
+            port = int(port_file.read_text().strip())
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return f"http://127.0.0.1:{port}/v1"
+            except (urllib.error.URLError, OSError):
+                pass
+        time.sleep(0.2)
+    raise HarnessError(
+        f"the reference engine server was not healthy within {timeout_s:g} s; its log ends:\n{_tail(log_path)}"
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,228 @@
+"""A mock OpenAI-compatible engine: configurable latency, output lengths, failures and capacity.
+
+It is the fixture for the harness's own tests. Latency is scheduled against absolute times
+(first token at `ttft`, token i at `ttft + i * itl` after service starts), so timing error does
+not accumulate. With `max_concurrency`, requests queue for a slot: the server then saturates at
+`max_concurrency / service_time` requests per second, like a real engine at capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, fields
+
+from aiohttp import web
+
+FAULT_KINDS = ("error", "reject", "reset", "incomplete", "malformed_sse", "malformed_json", "stall")
+
+
+@dataclass(frozen=True)
+class MockConfig:
+    """Behaviour of the mock server. Times in milliseconds, rates are per-request probabilities."""
+
+    ttft_ms: float = 50.0
+    itl_ms: float = 10.0
+    jitter_sigma: float = 0.0  # lognormal sigma applied to TTFT and each ITL; 0 = exact
+    output_len: int | None = None  # None: honour max_tokens
+    max_concurrency: int | None = None  # slots; None = unlimited
+    error_rate: float = 0.0  # HTTP 500
+    reject_rate: float = 0.0  # HTTP 429 with Retry-After
+    reset_rate: float = 0.0  # connection aborted mid-stream
+    incomplete_rate: float = 0.0  # stream ends without [DONE]
+    malformed_sse_rate: float = 0.0
+    malformed_json_rate: float = 0.0
+    stall_rate: float = 0.0  # stream pauses for stall_s mid-way
+    stall_s: float = 5.0
+    seed: int = 0
+    model: str = "mock"
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms < 0 or self.itl_ms < 0:
+            raise ValueError("ttft_ms and itl_ms must be >= 0")
+        rates = [getattr(self, f"{k}_rate") for k in FAULT_KINDS]
+        if any(r < 0 for r in rates) or sum(rates) > 1:
+            raise ValueError("fault rates must be >= 0 and sum to at most 1")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
+        if self.output_len is not None and self.output_len < 1:
+            raise ValueError("output_len must be at least 1")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+class MockEngine:
+    """The request handlers, with their seeded random state (one instance per server)."""
+
+    def __init__(self, config: MockConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+        self.requests_seen = 0
+
+    def _draw_fault(self) -> str | None:
+        u = self.rng.random()
+        for kind in FAULT_KINDS:
+            u -= getattr(self.config, f"{kind}_rate")
+            if u < 0:
+                return kind
+        return None
+
+    def _jitter(self) -> float:
+        sigma = self.config.jitter_sigma
+        return math.exp(self.rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": self.config.model, "object": "model"}]}
+        )
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        self.requests_seen += 1
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return _error(400, "the request body is not JSON")
+        chat = request.path.endswith("/chat/completions")
+        n_out = self.config.output_len or int(
+            body.get("max_tokens") or body.get("max_completion_tokens") or 16
+        )
+        fault = self._draw_fault()
+        if fault == "reject":
+            return _error(429, "the mock's queue is full", headers={"Retry-After": "1"})
+        if fault == "error":
+            return _error(500, "the mock failed this request on purpose")
+        if self.slots is None:
+            return await self._serve(request, body, chat, n_out, fault)
+        async with self.slots:
+            return await self._serve(request, body, chat, n_out, fault)
+
+    async def _serve(self, request, body, chat, n_out, fault) -> web.StreamResponse:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        ttft_s = cfg.ttft_ms / 1e3 * self._jitter()
+        offsets = [ttft_s]
+        for _ in range(n_out - 1):
+            offsets.append(offsets[-1] + cfg.itl_ms / 1e3 * self._jitter())
+        prompt = body.get("prompt") or " ".join(
+            str(m.get("content", "")) for m in body.get("messages", [])
+        )
+        usage = {
+            "prompt_tokens": len(str(prompt).split()),
+            "completion_tokens": n_out,
+            "total_tokens": 0,
+        }
+        usage["total_tokens"] = usage["prompt_tokens"] + n_out
+        if not body.get("stream"):
+            await asyncio.sleep(max(0.0, start + offsets[-1] - loop.time()))
+            text = "".join(f" t{i}" for i in range(n_out))
+            choice = {"index": 0, "finish_reason": "length"}
+            choice.update(
+                {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+            )
+            return web.json_response(
+                {"id": "mock", "object": "completion", "choices": [choice], "usage": usage}
+            )
+
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        break_at = max(1, n_out // 2)
+        created = int(time.time())
+        if chat:
+            await response.write(_event(_chunk(cfg.model, created, chat, None, role=True)))
+        for i, offset in enumerate(offsets):
+            delay = start + offset - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if i == break_at and fault is not None:
+                if fault == "reset":
+                    request.transport.abort()
+                    return response
+                if fault == "incomplete":
+                    await response.write_eof()
+                    return response
+                if fault == "malformed_sse":
+                    await response.write(b"this line is not server-sent events\n\n")
+                if fault == "malformed_json":
+                    await response.write(b"data: {not json\n\n")
+                if fault == "stall":
+                    await asyncio.sleep(cfg.stall_s)
+                    start += cfg.stall_s
+            reason = "length" if i == n_out - 1 else None
+            await response.write(
+                _event(_chunk(cfg.model, created, chat, f" t{i}", finish_reason=reason))
+            )
+        if (body.get("stream_options") or {}).get("include_usage"):
+            final = {
+                "id": "mock",
+                "object": "chunk",
+                "created": created,
+                "model": cfg.model,
+                "choices": [],
+                "usage": usage,
+            }
+            await response.write(_event(final))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _chunk(model, created, chat, text, *, finish_reason=None, role=False) -> dict:
+    if chat:
+        delta = {"role": "assistant", "content": ""} if role else {"content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason}
+        kind = "text_completion"
+    return {"id": "mock", "object": kind, "created": created, "model": model, "choices": [choice]}
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
+    kind = (
+        "rate_limit_error"
+        if status == 429
+        else ("server_error" if status >= 500 else "invalid_request_error")
+    )
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+ENGINE_KEY = web.AppKey("engine", MockEngine)
+
+
+def make_app(config: MockConfig) -> web.Application:
+    """The aiohttp application; the handlers' state lives in a `MockEngine` stored on the app."""
+    engine = MockEngine(config)
+    app = web.Application()
+    app[ENGINE_KEY] = engine
+    app.router.add_get("/v1/models", engine.models)
+    app.router.add_get("/health", engine.health)
+    app.router.add_post("/v1/completions", engine.generate)
+    app.router.add_post("/v1/chat/completions", engine.generate)
+    return app
+
+
+async def start_mock(
+    config: MockConfig, host: str = "127.0.0.1", port: int = 0
+) -> tuple[web.AppRunner, str]:
+    """Start the mock on `host:port` (0 = a free port) inside the running loop; returns (runner, base_url)."""
+    runner = web.AppRunner(make_app(config), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_port = site._server.sockets[0].getsockname()[1]
+    return runner, f"http://{host}:{bound_port}/v1"

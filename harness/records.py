@@ -1,0 +1,129 @@
+"""Turn a request's raw timeline into its `requests.parquet` row and `chunks.parquet` rows."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from harness.client import RawResult
+from harness.sse import ParsedStream, parse_body, parse_stream
+
+REQUESTS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("t_scheduled_ns", pa.int64()),
+        ("t_sent_ns", pa.int64()),
+        ("t_first_byte_ns", pa.int64()),
+        ("t_first_token_ns", pa.int64()),
+        ("t_last_token_ns", pa.int64()),
+        ("t_done_ns", pa.int64()),
+        ("status", pa.string()),
+        ("http_status", pa.int32()),
+        ("error_class", pa.string()),
+        ("error_message", pa.string()),
+        ("finish_reason", pa.string()),
+        ("input_tokens", pa.int32()),
+        ("usage_prompt_tokens", pa.int32()),
+        ("usage_completion_tokens", pa.int32()),
+        ("client_output_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),
+        ("output_tokens_source", pa.string()),
+        ("output_chars", pa.int32()),
+        ("output_sha256", pa.string()),
+        ("num_chunks", pa.int32()),
+        ("is_warmup", pa.bool_()),
+    ]
+)
+
+CHUNKS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("t_ns", pa.int64()),
+        ("n_tokens", pa.int32()),
+        ("n_chars", pa.int32()),
+    ]
+)
+
+TokenCounter = Callable[[str], int]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordContext:
+    """What turning raw results into rows needs besides the results themselves."""
+
+    t0_ns: int
+    is_chat: bool
+    count_tokens: TokenCounter | None = None
+
+
+def _rel(t_ns: int | None, t0_ns: int) -> int | None:
+    return None if t_ns is None else t_ns - t0_ns
+
+
+def to_rows(
+    raw: RawResult, input_tokens: int | None, ctx: RecordContext
+) -> tuple[dict, list[tuple]]:
+    """Build the request row (a dict) and its chunk rows `(request_id, t_ns, n_tokens, n_chars)`."""
+    parsed: ParsedStream | None = None
+    status, error_class, error_message = raw.status, raw.error_class, raw.error_message
+    if status is None:
+        if raw.body is not None:
+            parsed = parse_body(raw.body, chat=ctx.is_chat)
+            parsed.chunks.append((raw.t_done_ns, 1 if parsed.text else 0, len(parsed.text)))
+        else:
+            parsed = parse_stream(raw.reads, chat=ctx.is_chat)
+        if parsed.error_class is None:
+            status = "ok"
+        else:
+            status, error_class, error_message = "error", parsed.error_class, parsed.error_message
+    elif raw.reads:  # failed mid-stream: keep what arrived
+        parsed = parse_stream(raw.reads, chat=ctx.is_chat)
+
+    token_times = [t for t, n, _ in parsed.chunks if n > 0] if parsed else []
+    text = parsed.text if parsed else ""
+    usage = (parsed.usage if parsed else None) or {}
+    client_tokens = sum(n for _, n, _ in parsed.chunks) if parsed else 0
+    usage_completion = usage.get("completion_tokens")
+    if usage_completion is not None:
+        output_tokens, source = int(usage_completion), "usage"
+    elif ctx.count_tokens is not None and text:
+        output_tokens, source = ctx.count_tokens(text), "tokenizer"
+    else:
+        output_tokens, source = client_tokens, "chunk_count"
+    if raw.body is not None and parsed is not None and parsed.chunks:
+        # A non-streamed response is one chunk holding every token.
+        t, _, n_chars = parsed.chunks[-1]
+        parsed.chunks[-1] = (t, output_tokens, n_chars)
+        client_tokens = output_tokens
+
+    t0 = ctx.t0_ns
+    row = {
+        "request_id": raw.request_id,
+        "t_scheduled_ns": _rel(raw.t_scheduled_ns, t0),
+        "t_sent_ns": _rel(raw.t_sent_ns, t0),
+        "t_first_byte_ns": _rel(raw.t_first_byte_ns, t0),
+        "t_first_token_ns": _rel(token_times[0], t0) if token_times else None,
+        "t_last_token_ns": _rel(token_times[-1], t0) if token_times else None,
+        "t_done_ns": _rel(raw.t_done_ns, t0),
+        "status": status,
+        "http_status": raw.http_status,
+        "error_class": error_class,
+        "error_message": error_message,
+        "finish_reason": parsed.finish_reason if parsed else None,
+        "input_tokens": input_tokens,
+        "usage_prompt_tokens": usage.get("prompt_tokens"),
+        "usage_completion_tokens": usage_completion,
+        "client_output_tokens": client_tokens,
+        "output_tokens": output_tokens,
+        "output_tokens_source": source,
+        "output_chars": len(text),
+        "output_sha256": hashlib.sha256(text.encode()).hexdigest() if parsed else None,
+        "num_chunks": len(parsed.chunks) if parsed else 0,
+        "is_warmup": raw.is_warmup,
+    }
+    rid = raw.request_id
+    chunks = [(rid, t - t0, n, c) for t, n, c in parsed.chunks] if parsed else []
+    return row, chunks

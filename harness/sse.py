@@ -1,0 +1,186 @@
+"""The one server-sent-events parser: raw timestamped socket reads in, parsed stream out.
+
+The load loop only stores `(t_ns, bytes)` for every socket read (see `client.py`); this module
+splits those reads into SSE events and decodes their JSON afterwards, so no JSON decoding sits
+between the socket and the timestamp. An event's time is the arrival time of the read that
+completed it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+_SSE_FIELDS = (b"data", b"event", b"id", b"retry")
+DONE = b"[DONE]"
+
+
+@dataclass(slots=True)
+class ParsedStream:
+    """What one OpenAI-style SSE stream said, with a timestamp per data event.
+
+    `chunks` holds one `(t_ns, n_tokens, n_chars)` per data event other than `[DONE]`; an event
+    that carries text counts as one token (OpenAI-compatible servers send one detokenised step
+    per event), role-only and usage-only events count zero.
+    """
+
+    chunks: list[tuple[int, int, int]] = field(default_factory=list)
+    text_parts: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict | None = None
+    saw_done: bool = False
+    error_class: str | None = None
+    error_message: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+def split_events(
+    reads: list[tuple[int, bytes]],
+) -> tuple[list[tuple[int, bytes]], bytes, str | None]:
+    """Split timestamped reads into `(t_ns, data_payload)` events.
+
+    Returns the events, any trailing bytes that did not form a complete event, and an error
+    message when a line is not valid SSE (neither a comment nor one of the SSE fields).
+    Both `\\n\\n` and `\\r\\n\\r\\n` end an event; multi-line `data:` fields are joined by `\\n`.
+    """
+    events: list[tuple[int, bytes]] = []
+    buffer = b""
+    for t_ns, data in reads:
+        buffer = buffer + data if buffer else data
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        if b"\n\n" not in buffer:
+            continue
+        *complete, buffer = buffer.split(b"\n\n")
+        for block in complete:
+            if not block:
+                continue
+            payload, problem = _event_data(block)
+            if problem is not None:
+                return events, buffer, problem
+            if payload is not None:
+                events.append((t_ns, payload))
+    return events, buffer, None
+
+
+def _event_data(block: bytes) -> tuple[bytes | None, str | None]:
+    if block.startswith(b"data: ") and b"\n" not in block:
+        return block[6:], None  # the common case: one data line
+    data_lines = []
+    for line in block.split(b"\n"):
+        if not line or line.startswith(b":"):
+            continue
+        name, _, value = line.partition(b":")
+        if name not in _SSE_FIELDS:
+            return None, f"the stream has a line that is not SSE: {line[:60]!r}"
+        if name == b"data":
+            data_lines.append(value[1:] if value.startswith(b" ") else value)
+    return (b"\n".join(data_lines) if data_lines else None), None
+
+
+def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
+    """Parse a whole streamed response of `/v1/completions` (`chat=False`) or chat completions."""
+    out = ParsedStream()
+    events, trailing, problem = split_events(reads)
+    for t_ns, payload in events:
+        if payload == DONE:
+            out.saw_done = True
+            continue
+        if out.saw_done:
+            return _fail(out, "malformed_sse", "the stream sent data after [DONE]")
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return _fail(out, "malformed_json", f"an event is not JSON: {payload[:60]!r}")
+        if not isinstance(obj, dict):
+            return _fail(out, "malformed_json", "an event is JSON but not an object")
+        if "error" in obj:
+            return _fail(out, "stream_error", _error_text(obj["error"]))
+        if obj.get("usage"):
+            out.usage = obj["usage"]
+        text = _choice_text(obj, chat=chat)
+        if text is _BAD:
+            return _fail(out, "malformed_json", "an event lacks the expected choices structure")
+        if text:
+            out.text_parts.append(text)
+            out.chunks.append((t_ns, 1, len(text)))
+        else:
+            out.chunks.append((t_ns, 0, 0))
+        reason = _finish_reason(obj)
+        if reason:
+            out.finish_reason = reason
+    if problem is not None:
+        return _fail(out, "malformed_sse", problem)
+    if trailing.strip():
+        return _fail(out, "incomplete_stream", "the stream ended inside an event")
+    if not out.saw_done:
+        return _fail(out, "incomplete_stream", "the stream ended before [DONE]")
+    return out
+
+
+_BAD = object()
+
+
+def _choice_text(obj: dict, *, chat: bool):
+    choices = obj.get("choices")
+    if choices is None:
+        return ""
+    if not isinstance(choices, list):
+        return _BAD
+    if not choices:
+        return ""
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return _BAD
+    if chat:
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            return _BAD
+        text = delta.get("content")
+    else:
+        text = choice.get("text")
+    if text is None:
+        return ""
+    return text if isinstance(text, str) else _BAD
+
+
+def _finish_reason(obj: dict) -> str | None:
+    choices = obj.get("choices")
+    if choices and isinstance(choices[0], dict):
+        return choices[0].get("finish_reason")
+    return None
+
+
+def _error_text(error) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error)[:300]
+    return str(error)[:300]
+
+
+def _fail(out: ParsedStream, error_class: str, message: str) -> ParsedStream:
+    out.error_class = error_class
+    out.error_message = message
+    return out
+
+
+def parse_body(body: bytes, *, chat: bool) -> ParsedStream:
+    """Parse a non-streamed JSON response into the same shape (its text is one chunk)."""
+    out = ParsedStream(saw_done=True)
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _fail(out, "malformed_json", f"the response is not JSON: {body[:60]!r}")
+    if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list) or not obj["choices"]:
+        return _fail(out, "malformed_json", "the response lacks a choices list")
+    choice = obj["choices"][0]
+    text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+    if text is not None and not isinstance(text, str):
+        return _fail(out, "malformed_json", "the response's text is not a string")
+    out.text_parts.append(text or "")
+    out.finish_reason = choice.get("finish_reason")
+    out.usage = obj.get("usage")
+    return out
