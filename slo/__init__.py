@@ -1,10 +1,50 @@
 """slo: metric definitions, SLO specs and verdicts, goodput, capacity search.
 
 Entry point: `summarize(run_dir, slo_spec=None) -> dict`, the content of `summary.json`.
+All fields of that dict (latencies in ms, rates per second, None where undefined):
+
+- `schema_version` (1), `definitions` (name -> one-line definition of each metric).
+- `counts`: `{total, by_status: {ok, error, timeout, cancelled, rejected, unknown},
+  by_error_class: {class: n}}`; `error_rate`: not-ok / all.
+- `window_s`: first send to last done; `throughput`: `request_per_s` (ok requests),
+  `attempted_request_per_s` (all), `input_tokens_per_s`, `output_tokens_per_s`,
+  `total_tokens_per_s` (tokens of ok requests).
+- `latency_ms`: `ttft`, `tpot`, `itl` (pooled chunk gaps), `e2e`, `itl_request_mean`,
+  `itl_max` (longest stall per request), each `{mean, p50, p90, p95, p99, max, n}` over
+  ok requests (linear-interpolated percentiles).
+- `dispatch_lag_ms`: `{p50, p99, max, n}`; `client_bound` (p99 lag > bound) and
+  `client_bound_threshold_ms`.
+- `output_tokens_source` (`usage` | `client_count` | `mixed` | None) and
+  `output_tokens_source_counts`; `run_complete` (manifest `complete`).
+- `little_law`: see `slo.consistency.littles_law`.
+- `slices`: `{input_tokens, output_tokens, phase}` lists, see `slo.slices.slices_summary`.
+- `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`).
+- `goodput`: None, or see `slo.goodput.goodput_summary`.
+- `conventions` (only with `conventions="all"`): see `slo.conventions`.
 """
 
-from slo import metrics
+from slo import capacity, metrics
 from slo.errors import SLOError
+from slo.spec import (
+    PercentileObjective,
+    PerRequestObjectives,
+    SliceOverride,
+    SLOSpec,
+    builtin_names,
+    load_slo,
+)
 from slo.summary import summarize, summarize_tables
 
-__all__ = ["SLOError", "metrics", "summarize", "summarize_tables"]
+__all__ = [
+    "PerRequestObjectives",
+    "PercentileObjective",
+    "SLOError",
+    "SLOSpec",
+    "SliceOverride",
+    "builtin_names",
+    "capacity",
+    "load_slo",
+    "metrics",
+    "summarize",
+    "summarize_tables",
+]

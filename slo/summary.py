@@ -7,8 +7,15 @@ from pathlib import Path
 import numpy as np
 
 from slo import metrics
+from slo.consistency import littles_law
+from slo.conventions import conventions_summary
+from slo.errors import SLOError
 from slo.frame import RequestMetrics
+from slo.goodput import goodput_summary
 from slo.run_tables import RunTables, load_run
+from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_NUM_PHASES, DEFAULT_OUTPUT_EDGES, slices_summary
+from slo.spec import SLOSpec, as_spec
+from slo.verdicts import evaluate
 
 SUMMARY_SCHEMA_VERSION = 1
 DEFAULT_CLIENT_BOUND_MS = 10.0
@@ -102,28 +109,72 @@ def core_summary(rm: RequestMetrics, *, client_bound_ms: float = DEFAULT_CLIENT_
     }
 
 
+def _resolve_spec(slo_spec, manifest: dict) -> SLOSpec | None:
+    if slo_spec is not None:
+        return as_spec(slo_spec)
+    recorded = manifest.get("slo")
+    return as_spec(recorded) if isinstance(recorded, dict) else None
+
+
 def summarize_tables(
     tables: RunTables,
-    slo_spec: dict | None = None,
+    slo_spec: SLOSpec | dict | str | None = None,
     *,
+    seed: int = 0,
+    conventions: str | None = None,
     client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
+    input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
+    output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
+    num_phases: int = DEFAULT_NUM_PHASES,
 ) -> dict:
-    """`summarize` over tables already in memory (the harness may call this before writing)."""
+    """`summarize` over tables already in memory; same arguments and result."""
+    if conventions not in (None, "all"):
+        raise SLOError(f"conventions must be 'all' or omitted, not {conventions!r}.")
+    spec = _resolve_spec(slo_spec, tables.manifest)
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
     summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "definitions": DEFINITIONS}
     summary.update(core_summary(rm, client_bound_ms=client_bound_ms))
     summary["run_complete"] = tables.manifest.get("complete")
+    summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
+    summary["slices"] = slices_summary(
+        rm, spec, input_edges=input_edges, output_edges=output_edges, num_phases=num_phases
+    )
+    summary["slo"] = None
+    summary["goodput"] = None
+    if spec is not None:
+        summary["slo"] = evaluate(rm, spec, rng=np.random.default_rng(seed))
+        summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
+    if conventions == "all":
+        summary["conventions"] = conventions_summary(rm, tables.chunks)
     return summary
 
 
 def summarize(
     run_dir: Path | str,
-    slo_spec: dict | None = None,
+    slo_spec: SLOSpec | dict | str | None = None,
     *,
+    seed: int = 0,
+    conventions: str | None = None,
     client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
+    input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
+    output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
+    num_phases: int = DEFAULT_NUM_PHASES,
 ) -> dict:
     """Read the run directory `run_dir` and return its JSON-serialisable summary dict.
 
-    Raises `SLOError` when the directory has no readable `requests.parquet`.
+    `slo_spec`: an `SLOSpec`, its dict form, or a name/path for `load_slo`; None uses the
+    spec recorded in manifest.json (`slo`), if any. `seed` seeds the bootstrap intervals.
+    `conventions="all"` adds other tools' TPOT/ITL definitions. `client_bound_ms` is the
+    p99 dispatch-lag bound. The edges and `num_phases` shape the slices. Raises `SLOError`
+    for a missing or unreadable run directory and for a bad SLO spec.
     """
-    return summarize_tables(load_run(run_dir), slo_spec, client_bound_ms=client_bound_ms)
+    return summarize_tables(
+        load_run(run_dir),
+        slo_spec,
+        seed=seed,
+        conventions=conventions,
+        client_bound_ms=client_bound_ms,
+        input_edges=input_edges,
+        output_edges=output_edges,
+        num_phases=num_phases,
+    )

@@ -1,0 +1,155 @@
+"""SLO verdicts: each objective gets a measured value, a seeded bootstrap interval and
+pass, fail or inconclusive.
+
+The verdict comes from the binomial rule in `slo.stats.binomial_verdict` (MLPerf's early
+stopping, at the spec's `early_stopping_confidence`), so a small sample cannot pass a
+p99 claim: with no sample over the limit, p99 at 99% confidence needs 459 samples. The
+bootstrap interval (at `confidence`) is reported alongside to show the spread. Fewer
+samples than the spec's `min_samples` is inconclusive whatever the counts say.
+
+Percentile objectives are judged over ok requests (their latency distribution; `n` says
+how many); attainment and error-rate objectives over all requests, failures counted as
+misses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slo import metrics
+from slo.frame import RequestMetrics
+from slo.goodput import good_mask
+from slo.spec import PercentileObjective, SLOSpec
+from slo.stats import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    binomial_verdict,
+    bootstrap_proportion_ci,
+    bootstrap_quantile_ci,
+)
+
+
+def metric_values_ms(rm: RequestMetrics, metric: str) -> np.ndarray:
+    """The sample a percentile objective on `metric` is judged over (ok requests, ms)."""
+    ok = rm.is_ok
+    if metric == "itl_ms":
+        return rm.pooled_itl_ms(ok)
+    attr = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms",
+            "max_itl_ms": "itl_max_ms"}[metric]  # fmt: skip
+    values = getattr(rm, attr)[ok]
+    return values[~np.isnan(values)]
+
+
+def _ci(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else [interval[0], interval[1]]
+
+
+def _gate_min_samples(verdict: str, n: int, spec: SLOSpec) -> tuple[str, str | None]:
+    if n < spec.min_samples:
+        return INCONCLUSIVE, f"{n} samples, fewer than min_samples {spec.min_samples}"
+    return verdict, None
+
+
+def percentile_verdict(
+    rm: RequestMetrics, objective: PercentileObjective, spec: SLOSpec, rng: np.random.Generator
+) -> dict:
+    """Judge one percentile objective; see the module docstring."""
+    values = metric_values_ms(rm, objective.metric)
+    n = int(values.size)
+    n_over = int((values > objective.max_ms).sum())
+    allowed = 1 - objective.percentile / 100
+    verdict = binomial_verdict(n_over, n, allowed, spec.early_stopping_confidence)
+    verdict, reason = _gate_min_samples(verdict, n, spec)
+    ci = bootstrap_quantile_ci(values, objective.percentile, rng=rng, confidence=spec.confidence)
+    return {
+        "name": objective.name,
+        "kind": "percentile",
+        "metric": objective.metric,
+        "percentile": objective.percentile,
+        "threshold": objective.max_ms,
+        "measured": metrics.percentile(values, objective.percentile),
+        "ci": _ci(ci),
+        "n": n,
+        "n_bad": n_over,
+        "allowed_bad_fraction": allowed,
+        "verdict": verdict,
+        "reason": reason or _reason(verdict, n_over, n, allowed),
+    }
+
+
+def _reason(verdict: str, n_bad: int, n: int, allowed: float) -> str:
+    if n == 0:
+        return "no samples"
+    what = f"{n_bad} of {n} bad, {allowed:.4g} allowed"
+    if verdict == INCONCLUSIVE:
+        return f"{what}: too few samples to decide at the early-stopping confidence"
+    return what
+
+
+def rate_verdict(
+    *, name: str, kind: str, bad: np.ndarray, allowed: float, measured_good: bool,
+    spec: SLOSpec, rng: np.random.Generator,
+) -> dict:  # fmt: skip
+    """Judge "fraction of `bad` requests <= allowed" (attainment and error-rate objectives).
+
+    `measured` is the good fraction when `measured_good`, else the bad fraction.
+    """
+    n = int(bad.size)
+    n_bad = int(bad.sum())
+    verdict = binomial_verdict(n_bad, n, allowed, spec.early_stopping_confidence)
+    verdict, reason = _gate_min_samples(verdict, n, spec)
+    flags = ~bad if measured_good else bad
+    ci = bootstrap_proportion_ci(flags, rng=rng, confidence=spec.confidence)
+    return {
+        "name": name,
+        "kind": kind,
+        "threshold": 1 - allowed if measured_good else allowed,
+        "measured": float(flags.mean()) if n else None,
+        "ci": _ci(ci),
+        "n": n,
+        "n_bad": n_bad,
+        "allowed_bad_fraction": allowed,
+        "verdict": verdict,
+        "reason": reason or _reason(verdict, n_bad, n, allowed),
+    }
+
+
+def overall_verdict(verdicts: list[str]) -> str:
+    """fail if any objective fails, else inconclusive if any is, else pass (pass if none)."""
+    if FAIL in verdicts:
+        return FAIL
+    if INCONCLUSIVE in verdicts:
+        return INCONCLUSIVE
+    return PASS
+
+
+def evaluate(rm: RequestMetrics, spec: SLOSpec, *, rng: np.random.Generator) -> dict:
+    """The `slo` block of the summary: `{spec, verdict, objectives: [...]}`.
+
+    Each objective: `name`, `kind` (percentile | attainment | error_rate), `threshold`,
+    `measured`, `ci` ([low, high] or None), `n`, `n_bad`, `allowed_bad_fraction`,
+    `verdict`, `reason`; percentile objectives add `metric` and `percentile`.
+    """
+    objectives = [percentile_verdict(rm, p, spec, rng) for p in spec.percentiles]
+    if spec.attainment_min is not None:
+        objectives.append(
+            rate_verdict(
+                name=f"attainment >= {spec.attainment_min:g}", kind="attainment",
+                bad=~good_mask(rm, spec), allowed=1 - spec.attainment_min,
+                measured_good=True, spec=spec, rng=rng,
+            )
+        )  # fmt: skip
+    if spec.error_rate_max is not None:
+        objectives.append(
+            rate_verdict(
+                name=f"error_rate <= {spec.error_rate_max:g}", kind="error_rate",
+                bad=~rm.is_ok, allowed=spec.error_rate_max, measured_good=False,
+                spec=spec, rng=rng,
+            )
+        )  # fmt: skip
+    return {
+        "spec": spec.to_dict(),
+        "verdict": overall_verdict([o["verdict"] for o in objectives]),
+        "objectives": objectives,
+    }
