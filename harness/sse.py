@@ -86,33 +86,45 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     """Parse a whole streamed response of `/v1/completions` (`chat=False`) or chat completions."""
     out = ParsedStream()
     events, trailing, problem = split_events(reads)
-    for t_ns, payload in events:
-        if payload == DONE:
-            out.saw_done = True
-            continue
-        if out.saw_done:
+    done_at = next((i for i, (_, payload) in enumerate(events) if payload == DONE), None)
+    if done_at is not None:
+        out.saw_done = True
+        if done_at != len(events) - 1:
             return _fail(out, "malformed_sse", "the stream sent data after [DONE]")
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return _fail(out, "malformed_json", f"an event is not JSON: {payload[:60]!r}")
-        if not isinstance(obj, dict):
+        events = events[:done_at]
+    objects = _decode_all([payload for _, payload in events])
+    if isinstance(objects, str):
+        return _fail(out, "malformed_json", objects)
+    chunks, parts = out.chunks, out.text_parts
+    for (t_ns, _), obj in zip(events, objects, strict=True):
+        if type(obj) is not dict:
             return _fail(out, "malformed_json", "an event is JSON but not an object")
+        choices = obj.get("choices")
         if "error" in obj:
             return _fail(out, "stream_error", _error_text(obj["error"]))
         if obj.get("usage"):
             out.usage = obj["usage"]
-        text = _choice_text(obj, chat=chat)
-        if text is _BAD:
+        text = None
+        if choices:
+            choice = choices[0] if type(choices) is list else None
+            if type(choice) is not dict:
+                return _fail(out, "malformed_json", "an event lacks the expected choices structure")
+            if chat:
+                delta = choice.get("delta")
+                text = delta.get("content") if type(delta) is dict else None
+            else:
+                text = choice.get("text")
+            if choice.get("finish_reason"):
+                out.finish_reason = choice["finish_reason"]
+        elif choices is not None and type(choices) is not list:
             return _fail(out, "malformed_json", "an event lacks the expected choices structure")
         if text:
-            out.text_parts.append(text)
-            out.chunks.append((t_ns, 1, len(text)))
+            if type(text) is not str:
+                return _fail(out, "malformed_json", "an event's text is not a string")
+            parts.append(text)
+            chunks.append((t_ns, 1, len(text)))
         else:
-            out.chunks.append((t_ns, 0, 0))
-        reason = _finish_reason(obj)
-        if reason:
-            out.finish_reason = reason
+            chunks.append((t_ns, 0, 0))
     if problem is not None:
         return _fail(out, "malformed_sse", problem)
     if trailing.strip():
@@ -122,37 +134,23 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     return out
 
 
-_BAD = object()
-
-
-def _choice_text(obj: dict, *, chat: bool):
-    choices = obj.get("choices")
-    if choices is None:
-        return ""
-    if not isinstance(choices, list):
-        return _BAD
-    if not choices:
-        return ""
-    choice = choices[0]
-    if not isinstance(choice, dict):
-        return _BAD
-    if chat:
-        delta = choice.get("delta") or {}
-        if not isinstance(delta, dict):
-            return _BAD
-        text = delta.get("content")
-    else:
-        text = choice.get("text")
-    if text is None:
-        return ""
-    return text if isinstance(text, str) else _BAD
-
-
-def _finish_reason(obj: dict) -> str | None:
-    choices = obj.get("choices")
-    if choices and isinstance(choices[0], dict):
-        return choices[0].get("finish_reason")
-    return None
+def _decode_all(payloads: list[bytes]) -> list | str:
+    """Decode every event's JSON in one call (one array); on failure find the bad event."""
+    if not payloads:
+        return []
+    try:
+        objects = orjson.loads(b"[" + b",".join(payloads) + b"]")
+        if len(objects) == len(payloads):
+            return objects
+    except orjson.JSONDecodeError:
+        pass
+    objects = []
+    for payload in payloads:
+        try:
+            objects.append(orjson.loads(payload))
+        except orjson.JSONDecodeError:
+            return f"an event is not JSON: {payload[:60]!r}"
+    return objects
 
 
 def _error_text(error) -> str:
