@@ -1,0 +1,461 @@
+"""Materialise a spec plus overrides into a `Workload` (table + manifest)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from workloads import arrivals as arr
+from workloads.assemble import PromptCheck, block_prompts, plain_prompts, prefixed_prompts
+from workloads.lengths import Fixed, LengthDist, Uniform, length_from_spec, uniform_bounds
+from workloads.loaders import ShareGPTRules, load_sharegpt, load_trace
+from workloads.options import WorkloadOptions
+from workloads.prompts import Prompt, PromptSynthesizer
+from workloads.schema import REQUEST_SCHEMA, Workload, WorkloadError, table_sha256
+from workloads.spec import WorkloadSpec
+
+FORMAT_VERSION = 1
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Short sha256 over the ids of a probe text: tells apart tokenizers sharing a name."""
+    probe = "The quick brown fox, 1234 tokens; naïve café — déjà vu!\n\tdef f(x): return x"
+    ids = list(tokenizer.encode(probe))
+    return hashlib.sha256(repr(ids).encode()).hexdigest()[:16]
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "inf" if value > 0 else ("-inf" if value < 0 else "nan")
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return _json_safe(float(value))
+    return value
+
+
+def _override_length(dist: LengthDist, value: int | None, ratio: float | None) -> LengthDist:
+    if value is not None:
+        if ratio:
+            low, high = uniform_bounds(value, ratio)
+            return Uniform(low=low, high=high)
+        return Fixed(value=value)
+    if ratio is not None:
+        if not isinstance(dist, Fixed):
+            raise WorkloadError(
+                "range_ratio applies to fixed lengths; also give input_len/output_len."
+            )
+        low, high = uniform_bounds(dist.value, ratio)
+        return Uniform(low=low, high=high, min=dist.min, max=dist.max)
+    return dist
+
+
+def _arrival_process(spec: dict[str, Any], opts: WorkloadOptions) -> arr.ArrivalProcess | None:
+    """The spec's process with overrides applied; None means trace timestamps."""
+    raw = dict(spec.get("arrivals", {"process": "all_at_once"}))
+    if opts.concurrency is not None:
+        if opts.request_rate is not None or opts.burstiness is not None:
+            raise WorkloadError(
+                "Give either concurrency (closed loop) or request_rate/burstiness, not both."
+            )
+        return arr.ClosedLoop(concurrency=opts.concurrency)
+    if opts.request_rate is not None and math.isinf(opts.request_rate):
+        if opts.burstiness is not None:
+            raise WorkloadError("burstiness needs a finite request_rate.")
+        return arr.AllAtOnce()
+    kind = raw["process"]
+    if opts.request_rate is None and opts.burstiness is None:
+        return None if kind == "trace" else arr.arrivals_from_spec(raw)
+    rate = opts.request_rate if opts.request_rate is not None else raw.get("rate")
+    if rate is None:
+        raise WorkloadError(
+            f"burstiness needs a request rate; the {kind!r} arrivals have none, so give request_rate."
+        )
+    if opts.burstiness is not None:
+        shape = opts.burstiness
+    elif kind == "gamma":
+        shape = float(raw["burstiness"])
+    elif kind == "constant":
+        shape = math.inf
+    else:
+        shape = 1.0
+    return arr.GammaProcess(
+        rate=float(rate), burstiness=shape, normalize_total=bool(raw.get("normalize_total", True))
+    )
+
+
+def _interleave(weights: list[float], n: int, mode: str, rng: np.random.Generator) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64) / sum(weights)
+    if mode == "random":
+        return rng.choice(len(w), size=n, p=w)
+    counts = np.zeros(len(w))
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):  # smooth weighted round robin: exact proportions, evenly spread
+        k = int(np.argmax(w * (i + 1) - counts))
+        out[i] = k
+        counts[k] += 1
+    return out
+
+
+class _Builder:
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        opts: WorkloadOptions,
+        tokenizer: Any,
+        synth: PromptSynthesizer | None,
+    ):
+        self.spec, self.opts, self.tok = spec, opts, tokenizer
+        self.data = spec.data
+        self.source = dict(self.data.get("source", {"kind": "synthetic"}))
+        self.seed = opts.seed if opts.seed is not None else int(self.data.get("seed", 0))
+        streams = np.random.SeedSequence(self.seed).spawn(4)
+        self.rng_len, self.rng_arr, self.rng_prompt, self.rng_mix = (
+            np.random.default_rng(s) for s in streams
+        )
+        self._synth = synth
+        self.check = PromptCheck()
+        self.info: dict[str, Any] = {}
+        self.synthetic = True
+        self.source_text = ""
+
+    @property
+    def synth(self) -> PromptSynthesizer:
+        if self._synth is None:
+            self._synth = PromptSynthesizer(self.tok)
+        return self._synth
+
+    def dist(self, value: Any, where: str) -> LengthDist:
+        return length_from_spec(
+            value, base_dir=self.spec.base_dir, where=f"{self.spec.origin}: {where}"
+        )
+
+    def path(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        p = Path(value)
+        return (
+            p
+            if p.is_absolute() or self.spec.base_dir is None or p.exists()
+            else self.spec.base_dir / p
+        )
+
+    # -- lengths by source kind -----------------------------------------------------------
+
+    def synthetic_lengths(
+        self, n: int, input_spec: Any, output_spec: Any, where: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        d_in = _override_length(
+            self.dist(input_spec, f"{where}.input"), self.opts.input_len, self.opts.range_ratio
+        )
+        d_out = _override_length(
+            self.dist(output_spec, f"{where}.output"), self.opts.output_len, self.opts.range_ratio
+        )
+        self.info["input_lengths"], self.info["output_lengths"] = d_in.describe(), d_out.describe()
+        return d_in.sample(n, self.rng_len), d_out.sample(n, self.rng_len)
+
+    def mix_lengths(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        comps = self.source["components"]
+        which = _interleave(
+            [float(c.get("weight", 1)) for c in comps],
+            n,
+            self.source.get("interleave", "alternate"),
+            self.rng_mix,
+        )
+        ins, outs = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        described = []
+        for k, comp in enumerate(comps):
+            mask = which == k
+            i, o = self.synthetic_lengths(
+                int(mask.sum()), comp["input"], comp["output"], f"source.components[{k}]"
+            )
+            ins[mask], outs[mask] = i, o
+            described.append(
+                {
+                    "name": comp.get("name", f"component{k}"),
+                    "weight": comp.get("weight", 1),
+                    "input": self.info.pop("input_lengths"),
+                    "output": self.info.pop("output_lengths"),
+                }
+            )
+        self.info["components"] = described
+        return ins, outs, which
+
+    # -- main -----------------------------------------------------------------------------
+
+    def build(self) -> Workload:
+        opts, data, kind = self.opts, self.data, self.source["kind"]
+        if opts.dataset_path is not None and kind not in ("sharegpt", "trace"):
+            raise WorkloadError(f"Workload {self.spec.name!r} reads no dataset; drop dataset_path.")
+        n_spec = (
+            opts.num_requests if opts.num_requests is not None else data.get("num_requests", 100)
+        )
+        duration_s = opts.duration_s if opts.duration_s is not None else data.get("duration_s")
+        if opts.duration_s is not None and opts.num_requests is None:
+            n_spec = None  # the duration decides
+        proc = _arrival_process(data, opts)
+        prompts: list[Prompt] | None = None
+        groups_col: list[str | None] | None = None
+        times: np.ndarray | None
+        if kind == "trace":
+            times, ins, outs, prompts, groups_col = self.trace(proc, n_spec, duration_s)
+        else:
+            if proc is None:
+                raise WorkloadError("trace arrivals need a trace source.")
+            times = proc.times(n_spec, duration_s, self.rng_arr)
+            n = len(times) if times is not None else int(n_spec or data.get("num_requests") or 100)
+            if n == 0:
+                raise WorkloadError(
+                    "The arrival process produced no requests; raise duration_s or the rate."
+                )
+            if kind == "synthetic":
+                ins, outs = self.synthetic_lengths(
+                    n, self.source["input"], self.source["output"], "source"
+                )
+            elif kind == "mix":
+                ins, outs, which = self.mix_lengths(n)
+                names = [
+                    c.get("name", f"component{k}") for k, c in enumerate(self.source["components"])
+                ]
+                self.info["component_of_request"] = (
+                    "see per-component lengths; order " + self.source.get("interleave", "alternate")
+                )
+                self.info["component_counts"] = {
+                    names[k]: int((which == k).sum()) for k in range(len(names))
+                }
+            else:
+                ins, outs, prompts = self.sharegpt(n)
+        self.info["arrivals"] = proc.describe() if proc is not None else self.info.get("arrivals")
+        if prompts is None:
+            prompts, groups_col, ins = self.make_prompts(ins)
+        return self.finish(times, ins, outs, prompts, groups_col, proc, duration_s)
+
+    def make_prompts(
+        self, ins: np.ndarray
+    ) -> tuple[list[Prompt], list[str | None] | None, np.ndarray]:
+        prefix = self.data.get("prefix")
+        if prefix is None:
+            return plain_prompts(self.synth, ins, self.rng_prompt, self.check), None, ins
+        n, g, plen = len(ins), int(prefix["groups"]), int(prefix["prefix_len"])
+        if prefix.get("assign", "round_robin") == "random":
+            groups = self.rng_mix.integers(0, g, size=n)
+        else:
+            groups = np.arange(n) % g
+        prompts = prefixed_prompts(self.synth, ins, groups, plen, self.rng_prompt, self.check)
+        self.info["prefix"] = {
+            "groups": g,
+            "prefix_len": plen,
+            "assign": prefix.get("assign", "round_robin"),
+            "note": "input length = prefix_len + sampled suffix length",
+        }
+        return prompts, [f"group-{k}" for k in groups.tolist()], ins + plen
+
+    def sharegpt(self, n: int) -> tuple[np.ndarray, np.ndarray, list[Prompt] | None]:
+        path = self.path(self.opts.dataset_path or self.source.get("path"))
+        rules = ShareGPTRules(
+            **{
+                k: self.source[k]
+                for k in (
+                    "min_prompt_tokens",
+                    "max_prompt_tokens",
+                    "min_output_tokens",
+                    "max_total_tokens",
+                    "shuffle",
+                )
+                if k in self.source
+            }
+        )
+        if path is None:
+            fb = self.source.get("fallback")
+            if fb is None:
+                raise WorkloadError(
+                    f"Workload {self.spec.name!r} needs dataset_path (a ShareGPT JSON file)."
+                )
+            ins, outs = self.synthetic_lengths(n, fb["input"], fb["output"], "source.fallback")
+            self.source_text = fb.get("description", "synthetic lengths standing in for ShareGPT")
+            self.info["sharegpt_file"] = None
+            return ins, outs, None
+        if self.opts.input_len is not None:
+            raise WorkloadError(
+                "ShareGPT prompts keep their own lengths; drop input_len (output_len may be set)."
+            )
+        sample = load_sharegpt(
+            path,
+            tokenizer=self.tok,
+            num_requests=n,
+            seed=self.seed,
+            rules=rules,
+            output_len=self.opts.output_len,
+            skip_malformed=bool(self.source.get("skip_malformed", False)),
+        )
+        self.synthetic = False
+        self.source_text = f"ShareGPT conversations from {path} (vLLM sampling rules)"
+        self.info["sharegpt_file"] = {
+            "path": str(path),
+            "rules": rules.__dict__,
+            "considered": sample.considered,
+            "filtered_out": sample.filtered_out,
+            "oversampled": sample.oversampled,
+            "skipped_rows": sample.skipped_rows,
+        }
+        prompts = [
+            Prompt(t, ids) for t, ids in zip(sample.prompts, sample.prompt_token_ids, strict=True)
+        ]
+        ins = np.asarray([len(p.token_ids) for p in prompts], dtype=np.int64)
+        return ins, np.asarray(sample.output_tokens, dtype=np.int64), prompts
+
+    def trace(self, proc, n_spec, duration_s):
+        path = self.path(self.opts.dataset_path or self.source.get("path"))
+        if path is None:
+            raise WorkloadError(
+                f"Workload {self.spec.name!r} needs dataset_path (a {self.source['format']} trace file)."
+            )
+        if self.opts.input_len is not None:
+            raise WorkloadError(
+                "Trace requests keep their recorded prompt lengths; drop input_len."
+            )
+        rec = load_trace(
+            self.source["format"],
+            path,
+            skip_malformed=bool(self.source.get("skip_malformed", False)),
+        )
+        if len(rec) == 0:
+            raise WorkloadError(f"Trace {path} holds no usable request.")
+        self.synthetic = False
+        self.source_text = (
+            f"{self.source['format']} trace {path} (recorded token counts; prompts synthesised)"
+        )
+        self.info["trace"] = {
+            "format": self.source["format"],
+            "path": str(path),
+            "rows": len(rec),
+            "skipped_rows": rec.skipped_rows,
+            "dropped_failed": rec.dropped_failed,
+        }
+        if proc is None:  # recorded timestamps, rows in time order
+            a = dict(self.data["arrivals"])
+            tt = arr.TraceTimes(
+                timestamps_s=tuple(rec.timestamps_s.tolist()),
+                speedup=float(a.get("speedup", 1.0)),
+                jitter_s=float(a.get("jitter_s", 0.0)),
+                source=str(path),
+            )
+            self.info["arrivals"] = tt.describe()
+            all_times = tt.times(None, None, self.rng_arr)
+            order = np.argsort(all_times, kind="stable")
+            keep = order
+            if duration_s is not None:
+                keep = keep[all_times[keep] <= duration_s]
+            if n_spec is not None:
+                keep = keep[:n_spec]
+            times = all_times[keep]
+        else:
+            n = n_spec if n_spec is not None else len(rec)
+            times = proc.times(n, duration_s, self.rng_arr)
+            count = len(times) if times is not None else n
+            if self.source.get("sample", "sequential") == "bootstrap":
+                keep = self.rng_len.integers(0, len(rec), size=count)
+            else:
+                keep = np.arange(count) % len(rec)
+        ins = rec.input_tokens[keep].astype(np.int64)
+        outs = rec.output_tokens[keep].astype(np.int64)
+        if self.opts.output_len is not None:
+            outs = np.full(len(keep), self.opts.output_len, dtype=np.int64)
+        prompts, groups = None, None
+        if rec.hash_ids is not None:
+            hashes = [rec.hash_ids[int(i)] for i in keep]
+            prompts = block_prompts(self.synth, ins, hashes, self.rng_prompt, self.check)
+            groups = [f"hash-{h[0]}" for h in hashes]
+        return times, ins, outs, prompts, groups
+
+    def finish(self, times, ins, outs, prompts, groups_col, proc, duration_s) -> Workload:
+        data, opts = self.data, self.opts
+        n = len(prompts)
+        closed = proc.concurrency if isinstance(proc, arr.ClosedLoop) else None
+        ignore_eos = (
+            opts.ignore_eos if opts.ignore_eos is not None else bool(data.get("ignore_eos", True))
+        )
+        endpoint = opts.endpoint or data.get("endpoint", "completions")
+        width = max(6, len(str(n - 1)))
+        lengths = [len(p.token_ids) for p in prompts]
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter(
+            (t for p in prompts for t in p.token_ids), dtype=np.int32, count=int(offsets[-1])
+        )
+        ids_col = pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()), pa.array(flat, pa.int32())
+        )
+        temperature, top_p = data.get("temperature"), data.get("top_p")
+        columns = {
+            "request_id": pa.array([f"req-{i:0{width}d}" for i in range(n)], pa.string()),
+            "arrival_s": pa.nulls(n, pa.float64())
+            if times is None
+            else pa.array(np.asarray(times, dtype=np.float64), pa.float64()),
+            "prompt": pa.array([p.text for p in prompts], pa.string()),
+            "prompt_token_ids": ids_col,
+            "input_tokens": pa.array(np.asarray(lengths, dtype=np.int32), pa.int32()),
+            "max_output_tokens": pa.array(
+                np.maximum(np.asarray(outs), 1).astype(np.int32), pa.int32()
+            ),
+            "ignore_eos": pa.array(np.full(n, ignore_eos), pa.bool_()),
+            "temperature": pa.array([temperature] * n, pa.float32()),
+            "top_p": pa.array([top_p] * n, pa.float32()),
+            "seed": pa.nulls(n, pa.int64()),
+            "prefix_group": pa.array(
+                groups_col if groups_col is not None else [None] * n, pa.string()
+            ),
+            "session_id": pa.nulls(n, pa.string()),
+            "priority": pa.nulls(n, pa.int32()),
+            "deadline_s": pa.nulls(n, pa.float64()),
+        }
+        table = pa.Table.from_arrays(list(columns.values()), schema=REQUEST_SCHEMA)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "generator": f"workloads.{self.source['kind']}",
+            "name": self.spec.name,
+            "origin": self.spec.origin,
+            "description": self.spec.description,
+            "seed": self.seed,
+            "tokenizer": getattr(self.tok, "name", type(self.tok).__name__),
+            "tokenizer_fingerprint": tokenizer_fingerprint(self.tok),
+            "synthetic": self.synthetic,
+            "source": self.source_text
+            or "synthetic: lengths from distributions, prompts from the bundled corpus",
+            "endpoint": endpoint,
+            "prompt_format": "chat: prompt is the single user message; input_tokens counts its content, "
+            "not the chat template"
+            if endpoint == "chat"
+            else "completions: prompt text as sent",
+            "num_requests": n,
+            "closed_loop_concurrency": closed,
+            "duration_s": duration_s,
+            "parameters": {
+                "spec": self.data,
+                "overrides": opts.overrides(),
+                "effective": self.info,
+            },
+            "prompt_check": self.check.as_dict() | {"notes": self.check.notes},
+            "sha256": table_sha256(table),
+        }
+        return Workload(table=table, manifest=_json_safe(manifest), closed_loop_concurrency=closed)
+
+
+def build_workload(
+    spec: WorkloadSpec,
+    options: WorkloadOptions,
+    tokenizer: Any,
+    *,
+    synthesizer: PromptSynthesizer | None = None,
+) -> Workload:
+    """Materialise `spec` with `options` for `tokenizer` (see `resolve_workload` for caching)."""
+    return _Builder(spec, options, tokenizer, synthesizer).build()

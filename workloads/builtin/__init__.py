@@ -1,0 +1,1 @@
+"""Built-in workload specs (YAML), listed by `bench workload list`."""

@@ -1,0 +1,1 @@
+"""Bundled data: the prompt corpus and derived length quantiles."""
