@@ -169,7 +169,7 @@ def tokenizer_from_metadata(meta: Mapping[str, Any], *, name: str) -> Tokenizer:
         name=name,
         chat_template=meta.get("tokenizer.chat_template") or "",
         eos_token_ids=eos_ids_for(backend, [eos_id]),
-        bos_token_id=bos_id if add_bos else None,
+        bos_token_id=bos_id,
     )
 
 

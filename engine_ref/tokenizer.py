@@ -22,7 +22,9 @@ class Tokenizer:
     """Text <-> token ids for one model.
 
     `backend` is the `tokenizers.Tokenizer`; `chat_template` the Jinja source from the model
-    file ("" when the model has none). Instances pickle by value (the compiled template is
+    file ("" when the model has none); `bos_token_id` the model's BOS token (whether `encode`
+    adds it is up to the backend's post-processor); `eos_token_ids` every id that ends a
+    generation, the model's own eos first. Instances pickle by value (the compiled template is
     rebuilt on first use after unpickling).
     """
 

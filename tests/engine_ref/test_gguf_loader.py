@@ -184,3 +184,39 @@ def test_non_llama_architecture_is_refused(tmp_path):
     writer.close()
     with pytest.raises(ModelFileError, match="architecture 'gpt2' is not supported"):
         load_model(tmp_path / "g.gguf")
+
+
+@pytest.mark.slow
+def test_smollm2_loads_with_the_documented_config(smollm2_path):
+    lm = load_model("smollm2-135m", dtype=torch.bfloat16)
+    cfg = lm.config
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (30, 9, 3)
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size) == (49152, 576, 1536)
+    assert (cfg.rope_theta, cfg.rms_norm_eps, cfg.max_position_embeddings) == (100000.0, 1e-5, 8192)
+    assert cfg.tie_word_embeddings and "lm_head.weight" not in lm.state_dict
+    assert lm.source["sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert lm.source["path"] == str(smollm2_path)
+    assert sum(t.numel() for t in lm.state_dict.values()) == 134_515_008
+    assert all(t.dtype == torch.bfloat16 for t in lm.state_dict.values())
+
+
+@pytest.mark.slow
+def test_smollm2_weights_match_transformers_gguf_conversion(smollm2_path):
+    """transformers' own GGUF reader (its own name mapping and reverse permutation)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    ours = load_model(smollm2_path, dtype=torch.float32)
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+            )
+        )  # fmt: skip
+    theirs = load_gguf_checkpoint(str(smollm2_path), return_tensors=True, model_to_load=skeleton)[
+        "tensors"
+    ]
+    assert theirs.keys() == ours.state_dict.keys()
+    for name, tensor in ours.state_dict.items():
+        assert torch.equal(theirs[name].float(), tensor), name
