@@ -211,7 +211,7 @@ class EngineLoop:
 def _engine_info(engine: Any) -> EngineInfo:
     return EngineInfo(
         tokenizer=engine.tokenizer,
-        max_model_len=engine.max_model_len,
+        max_model_len=engine.stats().max_model_len,
         model_name=engine.config.model,
     )
 

@@ -112,12 +112,8 @@ _GAUGES = (
     ("kv_cache_blocks_cached", "num_blocks_cached", "Free KV-cache blocks kept for prefix reuse."),
 )
 _COUNTERS = (
-    (
-        "prefix_cache_queries",
-        "prefix_cache_queries",
-        "Prompt tokens looked up in the prefix cache.",
-    ),
-    ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    ("prefix_cache_queries", "prefix_cache_query_tokens", "Prompt tokens looked up."),
+    ("prefix_cache_hits", "prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache."),
     ("num_preemptions", "num_preemptions", "Requests preempted (recomputed) so far."),
     ("prompt_tokens", "prompt_tokens_total", "Prompt tokens prefilled so far."),
     ("generation_tokens", "generation_tokens_total", "Tokens generated so far."),

@@ -57,7 +57,7 @@ class FakeEngine:
     def __init__(self, *, max_running: int = 64, max_waiting: int = 64, step_s: float = 0.0):
         self.tokenizer = build_tiny_tokenizer()
         self.config = SimpleNamespace(model="fake-model")
-        self.max_model_len = 128
+        self.max_model_len = 128  # reported through stats(), as LLMEngine does
         self.script = self.tokenizer.encode(SCRIPT_TEXT)
         self.max_running = max_running
         self.max_waiting = max_waiting
@@ -126,11 +126,12 @@ class FakeEngine:
             num_blocks_used=used,
             num_blocks_free=self.total_blocks - used,
             num_blocks_cached=0,
-            prefix_cache_queries=0,
-            prefix_cache_hits=0,
+            prefix_cache_query_tokens=0,
+            prefix_cache_hit_tokens=0,
             num_preemptions=0,
             prompt_tokens_total=0,
             generation_tokens_total=0,
+            max_model_len=self.max_model_len,
         )
 
 

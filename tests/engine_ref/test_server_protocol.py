@@ -1,0 +1,201 @@
+"""Request validation and response bodies of the OpenAI protocol layer (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_ref.server_protocol import (
+    ApiError,
+    ChoiceAccumulator,
+    TokenLogprob,
+    chunk_body,
+    completion_logprobs_body,
+    decode_json_body,
+    parse_chat_request,
+    parse_completion_request,
+)
+from engine_ref.tiny_random import build_tiny_tokenizer
+
+MODEL = "tiny-random"
+MAX_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def _parse_completion(body, tokenizer):
+    return parse_completion_request(
+        body, tokenizer=tokenizer, served_model=MODEL, max_model_len=MAX_LEN
+    )
+
+
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        (b"\xff\xfe{}", "not valid UTF-8"),
+        (b'{"prompt": "a",', "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+    ],
+)
+def test_body_decoding_errors(raw, fragment):
+    with pytest.raises(ApiError) as info:
+        decode_json_body(raw)
+    assert info.value.status == 400 and fragment in info.value.message
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": True}, 400, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": MAX_LEN}, 400, "max_tokens"),
+        ({"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+        ({"prompt": "hi", "model": 7}, 400, "model"),
+        ({"prompt": ""}, 400, "prompt"),
+        ({"prompt": 12}, 400, "prompt"),
+        ({"prompt": [1, 2, 99999]}, 400, "prompt"),
+        ({"max_tokens": 3}, 400, "prompt"),
+        ({"prompt": "\ud800"}, 400, "prompt"),
+        ({"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+        ({"prompt": "hi", "temperature": -1}, 400, "temperature"),
+        ({"prompt": "hi", "n": 0}, 400, "n"),
+        ({"prompt": "hi", "stop": [""]}, 400, "stop"),
+        ({"prompt": "hi", "stream": "yes"}, 400, "stream"),
+        ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+        ({"prompt": "hi", "top_p": 0.0}, 400, None),
+        ({"prompt": "hi", "echo": True}, 400, "echo"),
+    ],
+)
+def test_completion_request_errors(body, status, param, tokenizer):
+    with pytest.raises(ApiError) as info:
+        _parse_completion(body, tokenizer)
+    assert info.value.status == status
+    assert info.value.param == param
+    assert info.value.body()["error"]["message"].endswith(".")
+
+
+def test_context_length_is_prompt_plus_max_tokens(tokenizer):
+    prompt = [5] * 10
+    ok = _parse_completion({"prompt": prompt, "max_tokens": MAX_LEN - 10}, tokenizer)
+    assert ok.params.max_tokens == MAX_LEN - 10
+    with pytest.raises(ApiError) as info:
+        _parse_completion({"prompt": prompt, "max_tokens": MAX_LEN - 9}, tokenizer)
+    assert info.value.code == "context_length_exceeded"
+    assert "64 tokens" in info.value.message and "65 tokens" in info.value.message
+
+
+def test_default_max_tokens_fills_the_context(tokenizer):
+    parsed = _parse_completion({"prompt": [5, 6, 7]}, tokenizer)
+    assert parsed.params.max_tokens == MAX_LEN - 3
+
+
+def test_completion_fields_reach_sampling_params(tokenizer):
+    parsed = _parse_completion(
+        {
+            "model": MODEL,
+            "prompt": ["a b", [7, 8]],
+            "max_tokens": 5,
+            "n": 2,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": 4,
+            "seed": 11,
+            "stop": "x",
+            "ignore_eos": True,
+            "min_tokens": 2,
+            "logprobs": 3,
+            "priority": -1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        tokenizer,
+    )
+    assert parsed.prompts == (tuple(tokenizer.encode("a b")), (7, 8))
+    assert parsed.num_choices == 4
+    p = parsed.params
+    assert (p.n, p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (2, 5, 0.5, 0.9, 4, 11)
+    assert (p.stop, p.ignore_eos, p.min_tokens, p.logprobs) == (("x",), True, 2, 3)
+    assert parsed.priority == -1 and parsed.stream and parsed.include_usage
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": 3}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+            "max_completion_tokens",
+        ),
+    ],
+)
+def test_chat_request_errors(body, param, tokenizer):
+    with pytest.raises(ApiError) as info:
+        parse_chat_request(body, tokenizer=tokenizer, served_model=MODEL, max_model_len=MAX_LEN)
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_chat_renders_template_and_prefers_max_completion_tokens(tokenizer):
+    parsed = parse_chat_request(
+        {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            "max_tokens": 9,
+            "max_completion_tokens": 4,
+            "logprobs": True,
+        },
+        tokenizer=tokenizer,
+        served_model=MODEL,
+        max_model_len=MAX_LEN,
+    )
+    expected = (
+        "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert parsed.prompts == (tuple(tokenizer.encode(expected)),)
+    assert parsed.params.max_tokens == 4 and parsed.params.logprobs == 0
+
+
+def test_completion_logprob_offsets_count_characters():
+    entries = [TokenLogprob("ab", -1.0, (("ab", -1.0),)), TokenLogprob("東", -2.0, ())]
+    body = completion_logprobs_body(entries, 5)
+    assert body == {
+        "tokens": ["ab", "東"],
+        "token_logprobs": [-1.0, -2.0],
+        "top_logprobs": [{"ab": -1.0}, {}],
+        "text_offset": [5, 7],
+    }
+
+
+def test_chunks_carry_only_unsent_text_and_finish_once():
+    choice = ChoiceAccumulator(0)
+    choice.add("He", [1], [], None, 1)
+    choice.add("", [2], [], None, 2)  # a token whose character is still incomplete
+    first = chunk_body(
+        "completion", "cmpl-1", 0, MODEL, choice, with_logprobs=False, with_token_ids=True
+    )
+    assert first["choices"][0] == {
+        "index": 0,
+        "text": "He",
+        "logprobs": None,
+        "finish_reason": None,
+        "token_ids": [1, 2],
+    }
+    assert not choice.has_pending(with_token_ids=True)
+    choice.add("", [3], [], "stop", 3)
+    assert choice.has_pending(with_token_ids=False)  # the finish reason is due
+    last = chunk_body(
+        "chat", "chatcmpl-1", 0, MODEL, choice, with_logprobs=False, with_token_ids=False
+    )
+    assert last["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "logprobs": None,
+        "finish_reason": "stop",
+    }
+    assert not choice.has_pending(with_token_ids=True)
