@@ -1,1 +1,18 @@
-"""engine_ref package."""
+"""The bundled reference engine: a compact paged-KV Llama engine on CPU or CUDA."""
+
+from engine_ref.engine import CompletionOutput, EngineError, LLMEngine, RequestOutput
+from engine_ref.engine_config import EngineConfig, EngineConfigError, SamplingParams
+from engine_ref.scheduler import QueueFullError
+from engine_ref.stats import EngineStats
+
+__all__ = [
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineConfigError",
+    "EngineError",
+    "EngineStats",
+    "LLMEngine",
+    "QueueFullError",
+    "RequestOutput",
+    "SamplingParams",
+]

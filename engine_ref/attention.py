@@ -1,0 +1,182 @@
+"""Paged attention over per-layer KV block pools.
+
+A step's tokens are one flattened batch of T rows: first the decode rows (one new token per
+sequence), then the prefill chunks (one or more new tokens per sequence, possibly continuing a
+cached prefix). Each layer writes the new K/V into its pools through `slot_mapping`, then attends
+with one batched SDPA call per group:
+
+- decode: K/V gathered through the block tables into [Bd, L, kvh, hd]; the G = h / kvh query
+  heads that share a KV head are folded into the query-length axis, so GQA needs no K/V expansion:
+  q [Bd, kvh, G, hd] x k [Bd, kvh, L, hd], masked by context length.
+- prefill: queries padded to [Bp, Qmax]; folded the same way to [Bp, kvh, G * Qmax, hd]; the mask
+  is causal with each chunk's offset into its sequence.
+
+`AttentionMetadata` is built once per step (not per layer) by `build_attention_metadata`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step tensors shared by every layer. Decode rows come first in the flattened batch."""
+
+    slot_mapping: torch.Tensor  # [T] long: flat pool slot (block * block_size + offset) per row
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None  # [Bd, nbd] long
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Ld] bool, True = attend
+    num_prefill_tokens: int
+    prefill_block_tables: torch.Tensor | None  # [Bp, nbp] long
+    prefill_q_index: torch.Tensor | None  # [Bp * Qmax] long: prefill row feeding each padded slot
+    prefill_out_index: torch.Tensor | None  # [Tp] long: padded slot holding each prefill row
+    prefill_mask: torch.Tensor | None  # [Bp, 1, G * Qmax, Lp] bool, True = attend
+    prefill_q_max: int
+
+
+def build_attention_metadata(
+    *,
+    start_positions: list[int],
+    num_new_tokens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    num_queries_per_kv: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """Metadata for one step. Sequence i contributes `num_new_tokens[i]` rows at positions
+    `start_positions[i]`, `start_positions[i] + 1`, ...; its KV lives in `block_tables[i]`,
+    which must cover every position up to the last new one. Sequences with one new token must
+    come before those with more (decode rows first)."""
+    num_decode = 0
+    while num_decode < len(num_new_tokens) and num_new_tokens[num_decode] == 1:
+        num_decode += 1
+    if any(n == 1 for n in num_new_tokens[num_decode:]):
+        raise ValueError("single-token rows must come first in the batch")
+
+    slots: list[int] = []
+    for start, n, table in zip(start_positions, num_new_tokens, block_tables, strict=True):
+        for pos in range(start, start + n):
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    slot_mapping = torch.tensor(slots, dtype=torch.long)
+
+    decode_tables = decode_mask = None
+    if num_decode:
+        context_lens = torch.tensor([s + 1 for s in start_positions[:num_decode]])
+        decode_tables = _pad_tables(block_tables[:num_decode], context_lens, block_size)
+        span = decode_tables.shape[1] * block_size
+        decode_mask = (torch.arange(span)[None, :] < context_lens[:, None]).view(-1, 1, 1, span)
+
+    prefill_tables = q_index = out_index = prefill_mask = None
+    q_max = 0
+    num_prefill_tokens = sum(num_new_tokens[num_decode:])
+    if num_prefill_tokens:
+        starts = torch.tensor(start_positions[num_decode:])
+        lens = torch.tensor(num_new_tokens[num_decode:])
+        batch = len(lens)
+        q_max = int(lens.max())
+        context_lens = starts + lens
+        prefill_tables = _pad_tables(block_tables[num_decode:], context_lens, block_size)
+        span = prefill_tables.shape[1] * block_size
+        offsets = torch.arange(q_max)
+        valid = offsets[None, :] < lens[:, None]  # [Bp, Qmax]
+        row_starts = torch.cumsum(lens, 0) - lens
+        q_index = torch.where(valid, row_starts[:, None] + offsets[None, :], 0).flatten()
+        out_index = (torch.arange(batch)[:, None] * q_max + offsets[None, :])[valid]
+        query_pos = starts[:, None] + offsets[None, :]  # [Bp, Qmax]
+        keys = torch.arange(span)
+        mask = keys[None, None, :] <= query_pos[:, :, None]  # [Bp, Qmax, Lp]
+        # Padded query rows attend to key 0 only, so no row is fully masked (SDPA would NaN).
+        mask = torch.where(valid[:, :, None], mask, keys[None, None, :] == 0)
+        g = num_queries_per_kv
+        prefill_mask = mask[:, None, None].expand(batch, 1, g, q_max, span)
+        prefill_mask = prefill_mask.reshape(batch, 1, g * q_max, span)
+
+    def to(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device, non_blocking=True)
+
+    return AttentionMetadata(
+        slot_mapping=to(slot_mapping),
+        num_decode_tokens=num_decode,
+        decode_block_tables=to(decode_tables),
+        decode_mask=to(decode_mask),
+        num_prefill_tokens=num_prefill_tokens,
+        prefill_block_tables=to(prefill_tables),
+        prefill_q_index=to(q_index),
+        prefill_out_index=to(out_index),
+        prefill_mask=to(prefill_mask),
+        prefill_q_max=q_max,
+    )
+
+
+def _pad_tables(
+    tables: list[list[int]], context_lens: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """[B, nb] block ids covering each context, padded with block 0 (masked out anyway)."""
+    num_blocks = (int(context_lens.max()) + block_size - 1) // block_size
+    padded = [t[:num_blocks] + [0] * (num_blocks - min(len(t), num_blocks)) for t in tables]
+    return torch.tensor(padded, dtype=torch.long)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    """Store k, v [T, kvh, hd] at flat slots [T] of the pools [num_blocks, block_size, kvh, hd]."""
+    num_slots = k_pool.shape[0] * k_pool.shape[1]
+    k_pool.view(num_slots, *k_pool.shape[2:]).index_copy_(0, slots, k)
+    v_pool.view(num_slots, *v_pool.shape[2:]).index_copy_(0, slots, v)
+
+
+def gather_kv(pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[B, nb * block_size, kvh, hd] keys or values of the blocks in block_tables [B, nb]."""
+    batch, nb = block_tables.shape
+    flat = pool.view(pool.shape[0], -1).index_select(0, block_tables.flatten())
+    return flat.view(batch, nb * pool.shape[1], pool.shape[2], pool.shape[3])
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Attention output [T, h, hd] for q [T, h, hd] and new k, v [T, kvh, hd]."""
+    write_kv(k, v, k_pool, v_pool, meta.slot_mapping)
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k.shape[1]
+    g = num_heads // kv_heads
+    parts = []
+    nd = meta.num_decode_tokens
+    if nd:
+        keys = gather_kv(k_pool, meta.decode_block_tables).transpose(1, 2)  # [Bd, kvh, L, hd]
+        values = gather_kv(v_pool, meta.decode_block_tables).transpose(1, 2)
+        qd = q[:nd].view(nd, kv_heads, g, head_dim)  # [Bd, kvh, G, hd]
+        out = F.scaled_dot_product_attention(
+            qd, keys, values, attn_mask=meta.decode_mask, scale=scale
+        )
+        parts.append(out.reshape(nd, num_heads, head_dim))
+    if meta.num_prefill_tokens:
+        batch = meta.prefill_block_tables.shape[0]
+        q_max = meta.prefill_q_max
+        qp = q[nd:].index_select(0, meta.prefill_q_index)  # [Bp * Qmax, h, hd]
+        qp = qp.view(batch, q_max, kv_heads, g, head_dim).permute(0, 2, 3, 1, 4)
+        qp = qp.reshape(batch, kv_heads, g * q_max, head_dim)  # [Bp, kvh, G * Qmax, hd]
+        keys = gather_kv(k_pool, meta.prefill_block_tables).transpose(1, 2)  # [Bp, kvh, Lp, hd]
+        values = gather_kv(v_pool, meta.prefill_block_tables).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            qp, keys, values, attn_mask=meta.prefill_mask, scale=scale
+        )
+        out = out.view(batch, kv_heads, g, q_max, head_dim).permute(0, 3, 1, 2, 4)
+        out = out.reshape(batch * q_max, num_heads, head_dim)
+        parts.append(out.index_select(0, meta.prefill_out_index))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -1,0 +1,208 @@
+"""KV block allocation: refcounts, chained-hash prefix cache, LRU eviction, copy-on-write,
+and frees deferred until the step that reads the blocks has finished.
+
+A full block's cache key chains the parent block's key, the block's exact token ids and a salt
+naming the model version: `hash_fn(parent_key, tokens)`, the first block's parent key being
+derived from the salt. Keys can collide, so a hit is served only when the cached block's tokens
+equal the request's and its recorded parent is the block the request just matched (identified by
+block id and a generation number bumped whenever the block is reused). The last prompt token is
+never served from the cache, so every prefill computes at least one row (its logits).
+
+Free blocks wait in one `OrderedDict` in eviction order: blocks without cached content at the
+front (reused first), cached blocks appended at the back as they are freed (least recently used
+nearest the front). A prefix hit on a free block removes it in O(1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable
+
+from engine_ref.sequence import Sequence
+
+HashFn = Callable[[int, tuple[int, ...]], int]
+
+
+def default_hash(parent_key: int, tokens: tuple[int, ...]) -> int:
+    return hash((parent_key, tokens))
+
+
+class BlockManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        salt: str = "",
+        hash_fn: HashFn = default_hash,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.root_key = int.from_bytes(hashlib.sha256(salt.encode()).digest()[:8], "little")
+        self.hash_fn = hash_fn
+        self.ref_counts = [0] * num_blocks
+        self.generation = [0] * num_blocks
+        # Cached content of a full block: its key, tokens, and (parent block, its generation).
+        self.block_key: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.block_parent: list[tuple[int, int] | None] = [None] * num_blocks
+        self.key_to_block: dict[int, int] = {}
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.pending_free: list[int] = []
+        self.step_in_flight = False
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # -- gauges ---------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_blocks)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.key_to_block)
+
+    # -- step fencing -----------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self.step_in_flight = True
+
+    def end_step(self) -> None:
+        """The step's forward has finished reading its blocks: release deferred frees."""
+        self.step_in_flight = False
+        for block in self.pending_free:
+            self._release(block)
+        self.pending_free.clear()
+
+    # -- allocation -----------------------------------------------------------------------------
+    def allocate_prefix(self, seq: Sequence) -> int:
+        """Attach cached blocks for the longest verified prefix of a sequence that has no blocks
+        yet; returns the number of tokens served from the cache (a multiple of block_size)."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        self.prefix_query_tokens += seq.num_tokens
+        if not self.enable_prefix_caching:
+            return 0
+        bs = self.block_size
+        parent_key, parent = self.root_key, None
+        # Never the last token: its row must be computed to produce logits.
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            key = self.hash_fn(parent_key, tokens)
+            block = self.key_to_block.get(key)
+            if block is None or self.block_tokens[block] != tokens:
+                break
+            if self.block_parent[block] != parent:
+                break
+            if self.ref_counts[block] == 0:
+                self._unfree(block)
+            self.ref_counts[block] += 1
+            seq.block_table.append(block)
+            seq.block_hashes.append(key)
+            parent_key, parent = key, (block, self.generation[block])
+        cached = len(seq.block_table) * bs
+        seq.num_computed_tokens = cached
+        self.prefix_hit_tokens += cached
+        return cached
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Free blocks that `append_slots(seq, num_new_tokens)` would take."""
+        total = seq.num_computed_tokens + num_new_tokens
+        needed = max(0, -(-total // self.block_size) - len(seq.block_table))
+        return needed + int(self._needs_copy(seq))
+
+    def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_new_tokens) <= len(self.free_blocks)
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Make `seq.block_table` cover its next `num_new_tokens` positions. Returns the
+        (src, dst) block copies to perform before the step writes (copy-on-write of a shared
+        partial block). The caller checks `can_append` first."""
+        copies = []
+        if self._needs_copy(seq):
+            index = seq.num_computed_tokens // self.block_size
+            src = seq.block_table[index]
+            dst = self._allocate()
+            self._decref(src)
+            seq.block_table[index] = dst
+            copies.append((src, dst))
+        total = seq.num_computed_tokens + num_new_tokens
+        while len(seq.block_table) * self.block_size < total:
+            seq.block_table.append(self._allocate())
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Share every block of `parent` with `child` (refcounts up, no copy)."""
+        child.block_table = list(parent.block_table)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_computed_tokens = parent.num_computed_tokens
+        for block in child.block_table:
+            self.ref_counts[block] += 1
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Enter the sequence's newly computed full blocks into the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
+            block = seq.block_table[i]
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent_key = seq.block_hashes[-1] if seq.block_hashes else self.root_key
+            key = self.hash_fn(parent_key, tokens)
+            seq.block_hashes.append(key)
+            if self.block_key[block] is not None:
+                continue  # already cached content (a prefix hit or a shared block)
+            parent = None if i == 0 else seq.block_table[i - 1]
+            self.block_key[block] = key
+            self.block_tokens[block] = tokens
+            self.block_parent[block] = None if parent is None else (parent, self.generation[parent])
+            self.key_to_block.setdefault(key, block)
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's references; blocks reaching zero become free (deferred while a
+        step is in flight). Tail blocks go first so a shared prefix stays cached longest."""
+        for block in reversed(seq.block_table):
+            self._decref(block)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0
+
+    # -- internals ------------------------------------------------------------------------------
+    def _needs_copy(self, seq: Sequence) -> bool:
+        """True when the next write lands in a block another sequence also references."""
+        index = seq.num_computed_tokens // self.block_size
+        return index < len(seq.block_table) and self.ref_counts[seq.block_table[index]] > 1
+
+    def _allocate(self) -> int:
+        block, _ = self.free_blocks.popitem(last=False)
+        key = self.block_key[block]
+        if key is not None:  # evict its cached content
+            if self.key_to_block.get(key) == block:
+                del self.key_to_block[key]
+            self.block_key[block] = self.block_tokens[block] = self.block_parent[block] = None
+        self.generation[block] += 1
+        self.ref_counts[block] = 1
+        return block
+
+    def _decref(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        assert self.ref_counts[block] >= 0, f"block {block} freed twice"
+        if self.ref_counts[block] == 0:
+            if self.step_in_flight:
+                self.pending_free.append(block)
+            else:
+                self._release(block)
+
+    def _unfree(self, block: int) -> None:
+        if self.free_blocks.pop(block, False) is False:
+            self.pending_free.remove(block)
+
+    def _release(self, block: int) -> None:
+        self.free_blocks[block] = None
+        if self.block_key[block] is None:
+            self.free_blocks.move_to_end(block, last=False)

@@ -1,0 +1,126 @@
+"""Next-token sampling for a batch of logits rows, vectorised where rows share a method.
+
+Greedy rows take one argmax together. Random rows are scaled by their temperatures, filtered by
+top-k and top-p (batched over the rows that ask), then sampled by the exponential race
+(argmax of p / E with E ~ Exp(1), equivalent to drawing from p): rows with a seed draw their E
+from their own `torch.Generator`, so a seeded request reproduces whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine_ref.engine_config import SamplingParams
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """What one logits row needs: its parameters, its seeded generator (or None), and token
+    ids it may not sample yet (end-of-sequence ids while below min_tokens)."""
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    banned_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]
+    # Per row: None, or {token_id: logprob} holding the sampled token and the top-k alternatives.
+    logprobs: list[dict[int, float] | None]
+
+
+def sample(
+    logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None = None
+) -> SamplerOutput:
+    """Sample one token per row of float32 logits [N, V]. `generator` drives unseeded rows."""
+    num_rows = logits.shape[0]
+    for i, row in enumerate(rows):
+        if row.banned_token_ids:
+            logits[i, list(row.banned_token_ids)] = float("-inf")
+
+    greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
+    if len(greedy) == num_rows:
+        token_ids = logits.argmax(dim=-1).tolist()
+        return SamplerOutput(token_ids, _logprobs(logits, rows, token_ids))
+    tokens = torch.empty(num_rows, dtype=torch.long, device=logits.device)
+    if greedy:
+        index = torch.tensor(greedy, device=logits.device)
+        tokens[index] = logits.index_select(0, index).argmax(dim=-1)
+    random = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    index = torch.tensor(random, device=logits.device)
+    probs = _filtered_probs(logits.index_select(0, index), [rows[i].params for i in random])
+    tokens[index] = _exponential_race(probs, [rows[i].generator for i in random], generator)
+    token_ids = tokens.tolist()
+    return SamplerOutput(token_ids, _logprobs(logits, rows, token_ids))
+
+
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Probabilities [R, V] after temperature, top-k and top-p."""
+    device = logits.device
+    temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
+    logits = logits / temps[:, None]
+    top_ks = [p.top_k if p.top_k > 0 else 0 for p in params]
+    if any(top_ks):
+        vocab = logits.shape[-1]
+        ks = torch.tensor([k if k else vocab for k in top_ks], device=device)
+        kmax = int(ks.max().clamp(max=vocab))
+        top_values = logits.topk(kmax, dim=-1).values  # [R, kmax], descending
+        threshold = top_values.gather(1, (ks.clamp(max=kmax) - 1)[:, None])
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    top_ps = [p.top_p for p in params]
+    if any(p < 1.0 for p in top_ps):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p (keeps >= 1).
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        ps = torch.tensor(top_ps, device=device, dtype=logits.dtype)
+        drop_sorted = mass_before >= ps[:, None]
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def _exponential_race(
+    probs: torch.Tensor,
+    generators: list[torch.Generator | None],
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    unseeded = [i for i, g in enumerate(generators) if g is None]
+    if len(unseeded) == len(generators):
+        noise.exponential_(generator=generator)
+    else:
+        for i, g in enumerate(generators):
+            if g is not None:
+                noise[i].exponential_(generator=g)
+        if unseeded:
+            index = torch.tensor(unseeded, device=probs.device)
+            noise[index] = torch.empty_like(noise[index]).exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _logprobs(
+    logits: torch.Tensor, rows: list[SampleRow], token_ids: list[int]
+) -> list[dict[int, float] | None]:
+    """Per row asking for logprobs: the sampled token's and the top-k tokens' logprobs under
+    the model's distribution (before temperature and filtering)."""
+    result: list[dict[int, float] | None] = [None] * len(rows)
+    wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    if not wanted:
+        return result
+    index = torch.tensor(wanted, device=logits.device)
+    log_probs = logits.index_select(0, index).log_softmax(dim=-1)  # [W, V]
+    sampled = torch.tensor([token_ids[i] for i in wanted], device=logits.device)
+    sampled_values = log_probs.gather(1, sampled[:, None]).squeeze(1).tolist()
+    kmax = max(rows[i].params.logprobs for i in wanted)
+    top_values, top_ids = (t.tolist() for t in log_probs.topk(max(kmax, 1), dim=-1))
+    for j, i in enumerate(wanted):
+        k = rows[i].params.logprobs
+        entry = {token_ids[i]: sampled_values[j]}
+        for token, value in zip(top_ids[j][:k], top_values[j][:k], strict=True):
+            entry.setdefault(token, value)
+        result[i] = entry
+    return result

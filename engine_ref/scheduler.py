@@ -1,0 +1,166 @@
+"""Iteration-level scheduler: each step, running sequences first (one decode token each, or
+their next prefill chunk), then waiting sequences' prefill chunks fill the token budget.
+When blocks run out, the least important running sequence is preempted by recompute (its blocks
+are freed; it returns to the waiting queue and later recomputes prompt and outputs, usually
+mostly from the prefix cache).
+
+The waiting queue is a heap keyed by (priority, arrival index) under the "priority" policy and
+by arrival index under "fcfs", so a preempted sequence goes back ahead of newer arrivals.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from engine_ref.block_manager import BlockManager
+from engine_ref.engine_config import EngineConfig
+from engine_ref.sequence import Sequence, SequenceStatus
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at `max_waiting_requests`; the request was rejected."""
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: sequences with their new-token counts, single-token rows first."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.running: list[Sequence] = []
+        self._waiting: list[tuple[int, int, int, Sequence]] = []  # heap
+        self._num_waiting = 0
+        self._push_count = 0
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence; raises QueueFullError at the bound."""
+        if self._num_waiting >= self.config.max_waiting_requests:
+            raise QueueFullError(
+                f"Waiting queue is full ({self.config.max_waiting_requests} requests); retry later."
+            )
+        self._push(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the queues (abort/finish); idempotent."""
+        if seq.status is SequenceStatus.WAITING:
+            self._num_waiting -= 1  # its heap entry is skipped when popped
+        elif seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.free(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or self._num_waiting > 0
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        bm = self.block_manager
+        chunked = self.config.enable_chunked_prefill
+        scheduled: list[tuple[Sequence, int]] = []
+
+        # Decode rows before running prefill chunks, so a long prompt never starves them.
+        pending = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, *self._key(s)))
+        pending.reverse()  # pop() from the end takes the next in order
+        while pending and budget > 0:
+            seq = pending.pop()
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not bm.can_append(seq, num_new):
+                # Preempt the least important sequence not yet scheduled (maybe seq itself).
+                victim = max([*pending, seq], key=self._key)
+                if victim is not seq:
+                    pending.remove(victim)
+                self.running.remove(victim)
+                self._preempt(victim)
+                batch.num_preempted += 1
+                if victim is seq:
+                    break
+            else:
+                batch.block_copies += bm.append_slots(seq, num_new)
+                scheduled.append((seq, num_new))
+                budget -= num_new
+
+        while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self._peek()
+            if seq is None:
+                break
+            if seq.num_computed_tokens == 0 and not seq.block_table:
+                cached = bm.allocate_prefix(seq)
+                if seq.index == 0 and seq.num_preemptions == 0:
+                    seq.request.num_cached_tokens = cached
+            remaining = seq.num_uncomputed_tokens
+            if remaining > budget and not chunked and scheduled:
+                bm.free(seq)  # the whole prompt must fit: wait for an emptier step
+                break
+            num_new = min(remaining, budget) if chunked else remaining
+            if not bm.can_append(seq, num_new):
+                bm.free(seq)
+                break
+            self._pop()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.block_copies += bm.append_slots(seq, num_new)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+
+        # Single-token rows first: the attention kernel treats them as one decode group.
+        scheduled.sort(key=lambda item: item[1] != 1)
+        batch.seqs = [s for s, _ in scheduled]
+        batch.num_new_tokens = [n for _, n in scheduled]
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self._push(seq)
+
+    def _key(self, seq: Sequence) -> tuple[int, int]:
+        request = seq.request
+        priority = request.priority if self.config.scheduling_policy == "priority" else 0
+        return priority, request.arrival_index
+
+    def _push(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self._push_count += 1
+        heapq.heappush(self._waiting, (*self._key(seq), self._push_count, seq))
+        self._num_waiting += 1
+
+    def _peek(self) -> Sequence | None:
+        while self._waiting:
+            seq = self._waiting[0][3]
+            if seq.status is SequenceStatus.WAITING:
+                return seq
+            heapq.heappop(self._waiting)  # aborted while waiting
+        return None
+
+    def _pop(self) -> None:
+        heapq.heappop(self._waiting)
+        self._num_waiting -= 1

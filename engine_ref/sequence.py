@@ -1,0 +1,83 @@
+"""Request and sequence state: raw facts, derived values as properties, lifecycle as an Enum."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine_ref.detokenizer import IncrementalDetokenizer
+from engine_ref.engine_config import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sampled continuation. `token_ids` holds the prompt then the outputs;
+    `num_computed_tokens` of them have KV in `block_table`'s blocks."""
+
+    seq_id: int
+    request: Request
+    index: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # of the registered full blocks
+    finish_reason: str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    num_preemptions: int = 0
+    num_emitted_chars: int = 0  # of detokenizer.text already returned to the caller
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+
+@dataclass(eq=False)
+class Request:
+    """A request: its prompt, sampling parameters and the n sequences sampling from it.
+    Before its prefill completes, an n > 1 request has one sequence; it forks at the first
+    sampled token so the children share the prompt's blocks."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    arrival_index: int
+    sequences: list[Sequence] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    is_forked: bool = False
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences) and (self.is_forked or self.params.n == 1)
+
+    @property
+    def needs_fork(self) -> bool:
+        return self.params.n > 1 and not self.is_forked
