@@ -6,10 +6,11 @@ real benchmark run); no I/O. Steps:
 1. Exponential ramp from `start_rate`: multiply by `growth` while the target is met (or
    divide while it is not) until a passing and a failing rate bracket the knee.
 2. Bisection until (high - low) / low <= `rel_width` (2.5% by default).
-3. Re-check both bracket ends (attainment is noisy and not strictly monotone in rate);
-   a rate's verdict uses the mean attainment of all its probes. If the low end now
-   fails or the high end now passes, the bracket moves to the nearest rates with the
-   right verdict (ramping further when none is known) and bisection resumes.
+3. Re-check both bracket ends (attainment is noisy and not strictly monotone in rate).
+   A rate's verdict is the majority of its probes' verdicts; a tie is broken by probing
+   once more. If the low end now fails or the high end now passes, the bracket moves to
+   the nearest rates with the right verdict (ramping further when none is known) and
+   bisection resumes.
 4. One final confirming run at the low end; `confirmed` says whether it met the target.
 
 `max_iterations` bounds the number of probe calls in all steps together; one call is
@@ -63,7 +64,8 @@ class CapacityResult:
 
     def curve_points(self) -> list[dict]:
         """Goodput and attainment versus rate: one row per distinct rate, sorted by rate,
-        with the mean over that rate's probes (`n_probes` says how many)."""
+        with the mean over that rate's probes (`n_probes` says how many) and
+        `meets_target`, the majority verdict (None on a tie)."""
         by_rate: dict[float, list[ProbeResult]] = {}
         for p in self.curve:
             by_rate.setdefault(p.rate_per_s, []).append(p)
@@ -76,7 +78,7 @@ class CapacityResult:
                 "n_probes": len(probes),
                 "attainment": sum(p.attainment for p in probes) / len(probes),
                 "goodput_per_s": sum(goodputs) / len(goodputs) if goodputs else None,
-                "meets_target": sum(p.attainment for p in probes) / len(probes) >= self.target,
+                "meets_target": _majority([p.attainment >= self.target for p in probes]),
             })  # fmt: skip
         return rows
 
@@ -99,6 +101,12 @@ class _BudgetSpent(Exception):
     pass
 
 
+def _majority(votes: list[bool]) -> bool | None:
+    passing = sum(votes)
+    failing = len(votes) - passing
+    return None if passing == failing else passing > failing
+
+
 class _Search:
     def __init__(self, probe, target, max_iterations, min_rate, max_rate):
         self.probe = probe
@@ -116,23 +124,36 @@ class _Search:
     def run(self, rate: float, *, reserve: int = 1) -> bool:
         if self.left <= reserve:
             raise _BudgetSpent
+        result = self._probe(rate)
+        self.curve.append(result)
+        self.history.setdefault(rate, []).append(result.attainment)
+        while (verdict := self.verdict(rate)) is None:
+            if self.left <= reserve:
+                raise _BudgetSpent
+            self.curve.append(self._probe(rate))
+            self.history[rate].append(self.curve[-1].attainment)
+        return verdict
+
+    def _probe(self, rate: float) -> ProbeResult:
         result = self.probe(rate)
         if not isinstance(result, ProbeResult):
             raise CapacitySearchError(
                 f"probe must return a ProbeResult, not {type(result).__name__}"
             )
-        if not math.isclose(result.rate_per_s, rate, rel_tol=1e-9):
-            result = ProbeResult(rate, result.attainment, result.goodput_per_s, result.extra)
-        self.curve.append(result)
-        self.history.setdefault(rate, []).append(result.attainment)
-        return self.passes(rate)
+        if math.isclose(result.rate_per_s, rate, rel_tol=1e-9):
+            return result
+        # keyed by the requested rate; keep what the probe reported (e.g. achieved rate)
+        extra = {"reported_rate_per_s": result.rate_per_s, **result.extra}
+        return ProbeResult(rate, result.attainment, result.goodput_per_s, extra)
+
+    def verdict(self, rate: float) -> bool | None:
+        return _majority([a >= self.target for a in self.history[rate]])
 
     def passes(self, rate: float) -> bool:
-        values = self.history[rate]
-        return sum(values) / len(values) >= self.target
+        return self.verdict(rate) is True
 
     def known(self, passing: bool) -> list[float]:
-        return sorted(r for r in self.history if self.passes(r) == passing)
+        return sorted(r for r in self.history if self.verdict(r) is passing)
 
 
 def _check(target, start_rate, max_iterations, rel_width, growth, min_rate, max_rate) -> None:
@@ -239,8 +260,9 @@ def search(
         and (high - low) / low <= rel_width
     )  # fmt: skip
     confirmed = False
-    if low is not None:
-        confirmed = s.run(low, reserve=0) and s.curve[-1].attainment >= target
+    if low is not None and s.left >= 1:
+        s.curve.append(s._probe(low))
+        confirmed = s.curve[-1].attainment >= target
     return CapacityResult(
         capacity_rate_per_s=low,
         bracket=(low, high),

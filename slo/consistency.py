@@ -5,9 +5,11 @@ L, the time-averaged number of requests in flight, by integrating the step funct
 N(t) (+1 at each send, -1 at each done) over the window; lambda, the arrival rate, sends
 per second of the window; W, the mean send-to-done time of requests that finished. With
 complete, sane records over a window that holds every request the two sides agree
-(ratio 1); requests that were sent but never finished (lost records, an interrupted
-run) stay in flight to the end of the window and push the ratio above 1, and done times
-before send times or outside the window (a broken clock) move it either way. Over a
+(ratio 1). Requests that were sent but never finished (lost records, an interrupted
+run) stay in flight to the end of the window and count as arrivals but not in W, and
+done times before send times or outside the window (a broken clock) enter W but not L;
+either moves the ratio away from 1, in a direction that depends on when they happened,
+so `unfinished` and `negative_latencies` are reported alongside. Over a
 sub-window (`window_ns`) edge effects make it an approximation, good when the window is
 long compared with W.
 """

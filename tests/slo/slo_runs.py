@@ -105,3 +105,10 @@ def hand_requests() -> tuple[list[dict], list[tuple]]:
         ("r3", ms(500), 1),
     ]  # fmt: skip
     return requests, chunks
+
+
+def request_metrics(requests: list[dict], chunks: list[tuple]):
+    """`slo.frame.RequestMetrics` straight from rows, without writing a run directory."""
+    from slo.frame import RequestMetrics
+
+    return RequestMetrics.from_tables(requests_table(requests), chunks_table(chunks))

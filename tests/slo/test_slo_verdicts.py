@@ -1,0 +1,79 @@
+"""Verdicts: early-stopping pass/fail/inconclusive, min_samples gating, overall verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from slo_runs import request_metrics
+
+from slo.spec import PercentileObjective, SLOSpec
+from slo.verdicts import evaluate, overall_verdict
+
+MS = 1_000_000
+
+
+def ttft_run(ttfts_ms: list[float], statuses: list[str] | None = None):
+    statuses = statuses or ["ok"] * len(ttfts_ms)
+    rows = []
+    for i, (ttft, status) in enumerate(zip(ttfts_ms, statuses, strict=True)):
+        sent = i * 10 * MS
+        rows.append(dict(request_id=f"r{i}", t_sent_ns=sent, t_first_token_ns=sent + round(ttft * MS),
+                         t_last_token_ns=sent + round(ttft * MS), t_done_ns=sent + round(ttft * MS) + MS,
+                         status=status, output_tokens=1, input_tokens=10))  # fmt: skip
+    return request_metrics(rows, [])
+
+
+P99_TTFT = SLOSpec(name="t", percentiles=(PercentileObjective("ttft_ms", 99, 1000),))
+
+
+def only(result: dict) -> dict:
+    (objective,) = result["objectives"]
+    return objective
+
+
+@pytest.mark.parametrize(("n", "verdict"), [(459, "pass"), (458, "inconclusive")])
+def test_p99_needs_459_clean_samples(n, verdict):
+    o = only(evaluate(ttft_run([10.0] * n), P99_TTFT, rng=np.random.default_rng(0)))
+    assert o["verdict"] == verdict
+    assert o["measured"] == pytest.approx(10.0)
+    assert o["ci"] == [pytest.approx(10.0), pytest.approx(10.0)]
+    assert (o["n"], o["n_bad"]) == (n, 0)
+
+
+def test_many_over_the_limit_fails():
+    values = [10.0] * 90 + [5000.0] * 10
+    o = only(evaluate(ttft_run(values), P99_TTFT, rng=np.random.default_rng(0)))
+    assert o["verdict"] == "fail" and o["n_bad"] == 10
+    assert o["measured"] == pytest.approx(5000.0)
+    assert o["ci"][1] == pytest.approx(5000.0)
+
+
+def test_min_samples_makes_it_inconclusive():
+    spec = SLOSpec(name="t", percentiles=P99_TTFT.percentiles, min_samples=500)
+    o = only(evaluate(ttft_run([10.0] * 459), spec, rng=np.random.default_rng(0)))
+    assert o["verdict"] == "inconclusive" and "min_samples 500" in o["reason"]
+
+
+def test_percentiles_judged_over_ok_requests_error_rate_over_all():
+    statuses = ["ok"] * 995 + ["error"] * 5
+    spec = SLOSpec(name="t", percentiles=P99_TTFT.percentiles, error_rate_max=0.01)
+    result = evaluate(ttft_run([10.0] * 1000, statuses), spec, rng=np.random.default_rng(0))
+    percentile, error_rate = result["objectives"]
+    assert percentile["n"] == 995 and percentile["verdict"] == "pass"
+    assert error_rate["measured"] == pytest.approx(0.005) and error_rate["n_bad"] == 5
+    # 5 errors in 1000 at 1% allowed: P(X <= 5; 1000, 0.01) ~ 0.067 > 0.01, so not proven
+    assert error_rate["verdict"] == "inconclusive"
+    assert result["verdict"] == "inconclusive"
+
+
+def test_overall_verdict():
+    assert overall_verdict([]) == "pass"
+    assert overall_verdict(["pass", "inconclusive"]) == "inconclusive"
+    assert overall_verdict(["inconclusive", "fail", "pass"]) == "fail"
+
+
+def test_verdicts_repeat_with_the_same_seed():
+    values = list(np.random.default_rng(3).exponential(100, size=300))
+    a = evaluate(ttft_run(values), P99_TTFT, rng=np.random.default_rng(11))
+    b = evaluate(ttft_run(values), P99_TTFT, rng=np.random.default_rng(11))
+    assert a == b
