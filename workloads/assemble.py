@@ -84,17 +84,15 @@ def prefixed_prompts(
     num_groups = int(groups.max()) + 1 if len(groups) else 0
     prefixes = plain_prompts(synth, np.full(num_groups, prefix_len), rng, check)
 
-    def member(i: int) -> Prompt:
+    def join(i: int, tail: Prompt) -> Prompt:
         head = prefixes[int(groups[i])]
-        tail = synth.continuation(int(suffix_lengths[i]), rng)
-        return Prompt(
-            head.text + synth.tokenizer.decode(tail) if tail else head.text, head.token_ids + tail
-        )
+        return Prompt(head.text + tail.text, np.concatenate([head.token_ids, tail.token_ids]))
 
-    prompts = [member(i) for i in range(len(groups))]
+    tails = synth.prompts(suffix_lengths, rng, lead=False)
+    prompts = [join(i, tail) for i, tail in enumerate(tails)]
     for i in _verify(synth.tokenizer, prompts, rng, check):
         for _ in range(64):
-            candidate = member(i)
+            candidate = join(i, synth.continuation(int(suffix_lengths[i]), rng))
             if verify_prompts(synth.tokenizer, [candidate]) == []:
                 prompts[i] = candidate
                 check.repaired += 1
@@ -122,7 +120,7 @@ def block_prompts(
     prompts: list[Prompt] = []
     for n_in, ids in zip(input_lengths.tolist(), hash_ids, strict=True):
         texts: list[str] = []
-        tokens: list[int] = []
+        tokens: list[np.ndarray] = []
         for k, h in enumerate(ids):
             size = min(MOONCAKE_BLOCK_TOKENS, n_in - k * MOONCAKE_BLOCK_TOKENS)
             key = (int(h), size, k == 0)
@@ -130,11 +128,10 @@ def block_prompts(
                 if k == 0:
                     blocks[key] = synth.prompt(size, rng)
                 else:
-                    cont = synth.continuation(size, rng)
-                    blocks[key] = Prompt(synth.tokenizer.decode(cont), cont)
+                    blocks[key] = synth.continuation(size, rng)
             texts.append(blocks[key].text)
-            tokens.extend(blocks[key].token_ids)
-        prompts.append(Prompt("".join(texts), tokens))
+            tokens.append(blocks[key].token_ids)
+        prompts.append(Prompt("".join(texts), np.concatenate(tokens)))
     bad = _verify(synth.tokenizer, prompts, rng, check)
     check.mismatched += len(bad)
     if bad:

@@ -226,9 +226,6 @@ class _Builder:
                 names = [
                     c.get("name", f"component{k}") for k, c in enumerate(self.source["components"])
                 ]
-                self.info["component_of_request"] = (
-                    "see per-component lengths; order " + self.source.get("interleave", "alternate")
-                )
                 self.info["component_counts"] = {
                     names[k]: int((which == k).sum()) for k in range(len(names))
                 }
@@ -308,7 +305,8 @@ class _Builder:
             "skipped_rows": sample.skipped_rows,
         }
         prompts = [
-            Prompt(t, ids) for t, ids in zip(sample.prompts, sample.prompt_token_ids, strict=True)
+            Prompt(t, np.asarray(ids, dtype=np.int64))
+            for t, ids in zip(sample.prompts, sample.prompt_token_ids, strict=True)
         ]
         ins = np.asarray([len(p.token_ids) for p in prompts], dtype=np.int64)
         return ins, np.asarray(sample.output_tokens, dtype=np.int64), prompts
@@ -389,8 +387,10 @@ class _Builder:
         lengths = [len(p.token_ids) for p in prompts]
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        flat = np.fromiter(
-            (t for p in prompts for t in p.token_ids), dtype=np.int32, count=int(offsets[-1])
+        flat = (
+            np.concatenate([p.token_ids for p in prompts]).astype(np.int32)
+            if n
+            else np.empty(0, dtype=np.int32)
         )
         ids_col = pa.ListArray.from_arrays(
             pa.array(offsets, pa.int32()), pa.array(flat, pa.int32())

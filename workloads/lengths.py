@@ -262,8 +262,13 @@ def length_from_spec(
                 mu = float(s.pop("mu"))
             dist = LogNormal(mu=mu, sigma=float(s.pop("sigma")), **bounds)
         elif kind == "empirical":
-            if "quantiles" in s:
-                points = s.pop("quantiles")
+            if "quantiles" in s or "bundled" in s:
+                if "bundled" in s:
+                    from workloads.quantiles import bundled_points
+
+                    points = bundled_points(str(s.pop("bundled")))
+                else:
+                    points = s.pop("quantiles")
                 if isinstance(points, dict):
                     points = sorted((float(k), float(v)) for k, v in points.items())
                 probs = tuple(float(p) for p, _ in points)

@@ -53,8 +53,10 @@ def encode_many(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class Prompt:
+    """Prompt text and the token ids it encodes to (int64 numpy array)."""
+
     text: str
-    token_ids: list[int]
+    token_ids: np.ndarray
 
 
 class PromptSynthesizer:
@@ -76,64 +78,110 @@ class PromptSynthesizer:
         for _ in range(STREAM_PERMUTATIONS):
             parts.extend(sentence_ids[i] for i in order_rng.permutation(len(sentences)))
         self.stream = np.asarray([t for p in parts for t in p], dtype=np.int64)
-        unique = np.unique(self.stream)
-        word_start_ids = {
-            int(t) for t in unique if re.match(r" [A-Za-z]", tokenizer.decode([int(t)]) or "")
-        }
-        self.is_word_start = np.isin(self.stream, list(word_start_ids))
+        size = len(self.stream)
+        pieces = {int(t): tokenizer.decode([int(t)]) or "" for t in np.unique(self.stream)}
+        word_start_ids = [t for t, piece in pieces.items() if re.match(r" [A-Za-z]", piece)]
+        self.is_word_start = np.isin(self.stream, word_start_ids)
         self.word_starts = np.flatnonzero(self.is_word_start)
-        self._first_word: dict[int, list[int]] = {}
-        self.fast = len(self.word_starts) > 16 and self._check_fast_path(np.random.default_rng(0))
+        # text of the stream and the character offset of every token, when decoding token by
+        # token concatenates to decoding the whole stream (byte-level BPE on ASCII text)
+        piece_list = [pieces[int(t)] for t in self.stream]
+        self._text = "".join(piece_list)
+        self._char_at = np.zeros(size + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in piece_list], out=self._char_at[1:])
+        self._text_sliceable = self._text == tokenizer.decode(self.stream.tolist())
+        self.fast = False
+        if len(self.word_starts) > 16:
+            self._index_words()
+            self.fast = self._check_fast_path(np.random.default_rng(0))
+
+    def _index_words(self) -> None:
+        """Per word start: the next word start (unwrapped index) and the ids and text of the
+        word without its leading space (a prompt's first word)."""
+        ws = self.word_starts
+        size = len(self.stream)
+        self._next = np.append(ws[1:], ws[0] + size)  # aligned with ws
+        keys = [
+            tuple(self._window(int(a), int(b - a)).tolist())
+            for a, b in zip(ws, self._next, strict=True)
+        ]
+        unique = list(dict.fromkeys(keys))
+        index = {k: i for i, k in enumerate(unique)}
+        texts = [self.tokenizer.decode(list(k)).lstrip() for k in unique]
+        ids = encode_many(self.tokenizer, texts)
+        self._word_of = np.asarray([index[k] for k in keys], dtype=np.int64)
+        self._word_ids = [np.asarray(i, dtype=np.int64) for i in ids]
+        self._word_text = texts
+        self._word_len = np.asarray([len(i) for i in ids], dtype=np.int64)
 
     # -- stream helpers -------------------------------------------------------------------
 
     def _window(self, start: int, length: int) -> np.ndarray:
         return np.take(self.stream, np.arange(start, start + length), mode="wrap")
 
-    def _next_word_start(self, pos: int) -> int:
-        """Index (unwrapped) of the first word start strictly after `pos`."""
-        n = len(self.stream)
-        k = np.searchsorted(self.word_starts, (pos % n) + 1)
-        if k < len(self.word_starts):
-            return pos - pos % n + int(self.word_starts[k])
-        return pos - pos % n + n + int(self.word_starts[0])
+    def _window_text(self, start: int, length: int) -> str:
+        if not self._text_sliceable:
+            return self.tokenizer.decode(self._window(start, length).tolist())
+        size, total = len(self.stream), len(self._text)
+        p = int(self._char_at[start % size])
+        end = start % size + length
+        q = (end // size) * total + int(self._char_at[end % size])
+        if q <= total:
+            return self._text[p:q]
+        out = [self._text[p:]]
+        q -= total
+        while q > total:
+            out.append(self._text)
+            q -= total
+        out.append(self._text[:q])
+        return "".join(out)
 
-    def _first_word_ids(self, start: int) -> tuple[list[int], int]:
-        """Ids of the first word at word start `start` without its leading space, and the
-        stream index where the rest of the window continues."""
-        nxt = self._next_word_start(start)
-        key = start % len(self.stream)
-        if key not in self._first_word:
-            word = self.tokenizer.decode(self._window(start, nxt - start).tolist()).lstrip()
-            self._first_word[key] = list(self.tokenizer.encode(word))
-        return self._first_word[key], nxt
+    def _pick(self, lengths: np.ndarray, rng: np.random.Generator, lead: bool, tries: int = 256):
+        """For each length, a word-start index k whose window ends before a word start;
+        returns (k, found) arrays."""
+        n = len(lengths)
+        k = np.zeros(n, dtype=np.int64)
+        found = np.zeros(n, dtype=bool)
+        todo = np.arange(n)
+        size = len(self.stream)
+        for _ in range(tries):
+            if len(todo) == 0:
+                break
+            cand = rng.integers(0, len(self.word_starts), size=len(todo))
+            if lead:
+                head = self._word_len[self._word_of[cand]]
+                rest = self._next[cand]
+            else:
+                head = np.zeros(len(todo), dtype=np.int64)
+                rest = self.word_starts[cand]
+            body = lengths[todo] - head
+            ok = (body >= 0) & self.is_word_start[(rest + np.maximum(body, 0)) % size]
+            k[todo[ok]] = cand[ok]
+            found[todo[ok]] = True
+            todo = todo[~ok]
+        return k, found
+
+    def _assemble(self, k: int, n_tokens: int, lead: bool) -> Prompt:
+        if lead:
+            word = int(self._word_of[k])
+            head_ids, head_text = self._word_ids[word], self._word_text[word]
+            rest = int(self._next[k])
+        else:
+            head_ids, head_text = np.empty(0, dtype=np.int64), ""
+            rest = int(self.word_starts[k])
+        body = n_tokens - len(head_ids)
+        ids = np.concatenate([head_ids, self._window(rest, body)])
+        return Prompt(head_text + self._window_text(rest, body), ids)
 
     def _check_fast_path(self, rng: np.random.Generator, trials: int = 48) -> bool:
-        for _ in range(trials):
-            ids = self._fast_prompt_ids(int(rng.integers(4, 200)), rng, lead=bool(rng.integers(2)))
-            if ids is None or list(self.tokenizer.encode(self.tokenizer.decode(ids))) != ids:
-                return False
+        lengths = rng.integers(1, 300, size=trials)
+        for lead in (True, False):
+            k, found = self._pick(lengths, rng, lead)
+            for i in np.flatnonzero(found).tolist():
+                p = self._assemble(int(k[i]), int(lengths[i]), lead)
+                if list(self.tokenizer.encode(p.text)) != p.token_ids.tolist():
+                    return False
         return True
-
-    def _word_end_ok(self, end: int) -> bool:
-        return bool(self.is_word_start[end % len(self.stream)])
-
-    def _fast_prompt_ids(
-        self, n_tokens: int, rng: np.random.Generator, *, lead: bool = True, tries: int = 256
-    ) -> list[int] | None:
-        """A word-aligned window of exactly `n_tokens` ids. `lead` drops the first word's leading
-        space (a prompt start); without it the window keeps it (a continuation)."""
-        for _ in range(tries):
-            start = int(self.word_starts[rng.integers(len(self.word_starts))])
-            if lead:
-                head, rest = self._first_word_ids(start)
-            else:
-                head, rest = [], start
-            body_len = n_tokens - len(head)
-            if body_len < 0 or not self._word_end_ok(rest + body_len):
-                continue
-            return head + self._window(rest, body_len).tolist()
-        return None
 
     # -- public API -------------------------------------------------------------------------
 
@@ -142,33 +190,25 @@ class PromptSynthesizer:
         return self.prompts([n_tokens], rng, lead=lead)[0]
 
     def prompts(self, lengths: Any, rng: np.random.Generator, *, lead: bool = True) -> list[Prompt]:
-        """Prompts of the given token counts (not yet verified; see `verify`)."""
-        out: list[Prompt] = []
-        for n in np.asarray(lengths, dtype=np.int64).tolist():
-            if n < 1:
-                raise WorkloadError(f"A prompt needs at least 1 token, got {n}.")
-            ids = self._fast_prompt_ids(n, rng, lead=lead) if self.fast else None
-            if ids is None:
-                out.append(self._slow_prompt(n, rng, lead=lead))
-            else:
-                out.append(Prompt(self.tokenizer.decode(ids), ids))
-        return out
+        """Prompts of the given token counts (>= 1). Without `lead` the text keeps its leading
+        space (a continuation to append to a prefix). Verify with `verify_prompts`."""
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if len(lengths) and lengths.min() < (1 if lead else 0):
+            raise WorkloadError(f"A prompt needs at least 1 token, got {int(lengths.min())}.")
+        if not self.fast:
+            return [self._slow_prompt(int(n), rng, lead=lead) for n in lengths.tolist()]
+        k, found = self._pick(lengths, rng, lead)
+        return [
+            self._assemble(int(k[i]), n, lead) if found[i] else self._slow_prompt(n, rng, lead=lead)
+            for i, n in enumerate(lengths.tolist())
+        ]
 
-    def continuation(self, n_tokens: int, rng: np.random.Generator) -> list[int]:
-        """Ids of a word-aligned stream window that keeps its leading space, for appending to a
-        prefix or another block (slow path: any window starting at a word)."""
+    def continuation(self, n_tokens: int, rng: np.random.Generator) -> Prompt:
+        """A word-aligned stream window that keeps its leading space, to append to a prefix or
+        another block."""
         if n_tokens == 0:
-            return []
-        if self.fast:
-            ids = self._fast_prompt_ids(n_tokens, rng, lead=False)
-            if ids is not None:
-                return ids
-        start = (
-            int(self.word_starts[rng.integers(len(self.word_starts))])
-            if len(self.word_starts)
-            else 0
-        )
-        return self._window(start, n_tokens).tolist()
+            return Prompt("", np.empty(0, dtype=np.int64))
+        return self.prompts([n_tokens], rng, lead=False)[0]
 
     def _slow_prompt(self, n_tokens: int, rng: np.random.Generator, *, lead: bool) -> Prompt:
         starts = self.word_starts if len(self.word_starts) else np.arange(len(self.stream))
@@ -179,7 +219,7 @@ class PromptSynthesizer:
                 text = text.lstrip()
             ids = list(self.tokenizer.encode(text))
             if len(ids) == n_tokens:
-                return Prompt(text, ids)
+                return Prompt(text, np.asarray(ids, dtype=np.int64))
             # repair: trim or extend the ids and re-check a few times
             for _ in range(4):
                 if len(ids) > n_tokens:
@@ -189,7 +229,7 @@ class PromptSynthesizer:
                 text = self.tokenizer.decode(ids)
                 ids = list(self.tokenizer.encode(text))
                 if len(ids) == n_tokens:
-                    return Prompt(text, ids)
+                    return Prompt(text, np.asarray(ids, dtype=np.int64))
         name = getattr(self.tokenizer, "name", "the tokenizer")
         raise WorkloadError(
             f"Could not synthesise a prompt of exactly {n_tokens} tokens for {name}."
@@ -202,4 +242,8 @@ def verify_prompts(
     """Indices (among `indices`, default all) whose text does not encode to their token ids."""
     idx = list(range(len(prompts))) if indices is None else indices
     encoded = encode_many(tokenizer, [prompts[i].text for i in idx])
-    return [i for i, ids in zip(idx, encoded, strict=True) if ids != prompts[i].token_ids]
+    return [
+        i
+        for i, ids in zip(idx, encoded, strict=True)
+        if not np.array_equal(np.asarray(ids, dtype=np.int64), prompts[i].token_ids)
+    ]
