@@ -74,16 +74,22 @@ def itl_ms_by_request(chunks: pa.Table) -> dict[str, np.ndarray]:
         return {}
     token_chunks = chunks.filter(pc.fill_null(pc.greater(chunks["n_tokens"], 0), False))
     token_chunks = token_chunks.sort_by([("request_id", "ascending"), ("t_ns", "ascending")])
-    ids = np.asarray(token_chunks["request_id"].to_pylist(), dtype=object)
+    n = token_chunks.num_rows
+    if n == 0:
+        return {}
+    ids = token_chunks["request_id"].combine_chunks()
     times = np.asarray(
         pc.cast(token_chunks["t_ns"], pa.float64()).to_numpy(zero_copy_only=False), float
     )
-    if ids.size == 0:
-        return {}
-    boundaries = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+    changed = pc.fill_null(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)), True)
+    boundaries = np.flatnonzero(np.asarray(changed.to_numpy(zero_copy_only=False), bool)) + 1
     starts = np.concatenate(([0], boundaries))
-    ends = np.concatenate((boundaries, [ids.size]))
-    return {ids[s]: np.diff(times[s:e]) / NS_PER_MS for s, e in zip(starts, ends, strict=True)}
+    ends = np.concatenate((boundaries, [n]))
+    names = ids.take(pa.array(starts)).to_pylist()
+    return {
+        name: np.diff(times[s:e]) / NS_PER_MS
+        for name, s, e in zip(names, starts, ends, strict=True)
+    }
 
 
 def pooled_itl_ms(itl_by_request: dict[str, np.ndarray], request_ids: Iterable[str]) -> np.ndarray:

@@ -18,6 +18,7 @@ from scipy import stats as scipy_stats
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 _BOOTSTRAP_BATCH_ELEMENTS = 2_000_000
+DIRECT_RESAMPLING_LIMIT = 5_000_000
 
 
 def bootstrap_ci(
@@ -61,15 +62,41 @@ def bootstrap_quantile_ci(
     rng: np.random.Generator,
     confidence: float = 0.95,
     n_resamples: int = 1000,
+    direct_limit: int = DIRECT_RESAMPLING_LIMIT,
 ) -> tuple[float, float] | None:
-    """Bootstrap interval of the `percentile`-th percentile (0..100, linear interpolation)."""
-    return bootstrap_ci(
-        values,
-        lambda r: np.percentile(r, percentile, axis=1, method="linear"),
-        rng=rng,
-        confidence=confidence,
-        n_resamples=n_resamples,
-    )
+    """Bootstrap interval of the `percentile`-th percentile (0..100, linear interpolation).
+
+    Small samples are resampled directly. When n * n_resamples exceeds `direct_limit`
+    (default `DIRECT_RESAMPLING_LIMIT`, 5e6) the same bootstrap distribution is drawn from order
+    statistics instead, in O(n log n + n_resamples): the j-th smallest of n resampled
+    indices is floor(n * U) with U ~ Beta(j, n + 1 - j), and the next one follows as
+    U + (1 - U) * Beta(1, n - j); the linear percentile interpolates between the two.
+    """
+    values = np.asarray(values, float)
+    values = values[~np.isnan(values)]
+    n = values.size
+    if n == 0:
+        return None
+    if n * n_resamples <= direct_limit:
+        return bootstrap_ci(
+            values,
+            lambda r: np.percentile(r, percentile, axis=1, method="linear"),
+            rng=rng,
+            confidence=confidence,
+            n_resamples=n_resamples,
+        )
+    ordered = np.sort(values)
+    h = (n - 1) * percentile / 100
+    j = int(np.floor(h))  # 0-based rank of the lower order statistic
+    frac = h - j
+    u_low = rng.beta(j + 1, n - j, size=n_resamples)
+    u_high = u_low + (1 - u_low) * rng.beta(1, max(n - j - 1, 1), size=n_resamples)
+    low = ordered[np.minimum((n * u_low).astype(np.int64), n - 1)]
+    high = ordered[np.minimum((n * u_high).astype(np.int64), n - 1)]
+    estimates = low + frac * (high - low)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(estimates, [alpha, 1 - alpha])
+    return float(lo), float(hi)
 
 
 def bootstrap_proportion_ci(
@@ -79,14 +106,20 @@ def bootstrap_proportion_ci(
     confidence: float = 0.95,
     n_resamples: int = 1000,
 ) -> tuple[float, float] | None:
-    """Bootstrap interval of the fraction of true entries in the boolean array `flags`."""
-    return bootstrap_ci(
-        np.asarray(flags, float),
-        lambda r: r.mean(axis=1),
-        rng=rng,
-        confidence=confidence,
-        n_resamples=n_resamples,
-    )
+    """Bootstrap interval of the fraction of true entries in the boolean array `flags`.
+
+    The mean of n resampled flags is Binomial(n, observed fraction) / n, so the bootstrap
+    distribution is drawn from that directly (the same distribution, without the n-wide
+    resamples). None for an empty array.
+    """
+    flags = np.asarray(flags, bool)
+    n = flags.size
+    if n == 0:
+        return None
+    estimates = rng.binomial(n, flags.mean(), size=n_resamples) / n
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(estimates, [alpha, 1 - alpha])
+    return float(lo), float(hi)
 
 
 def early_stopping_min_passing(

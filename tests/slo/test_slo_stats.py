@@ -75,3 +75,27 @@ def test_bootstrap_coverage_near_nominal(percentile, true_value):
         low, high = bootstrap_quantile_ci(sample, percentile, rng=rng, n_resamples=500)
         covered += low <= true_value <= high
     assert 0.90 <= covered / trials <= 0.99
+
+
+@pytest.mark.parametrize("percentile", [50, 90, 95])
+def test_order_statistic_shortcut_matches_direct_resampling(percentile):
+    values = np.random.default_rng(5).exponential(size=4000)
+    direct = bootstrap_quantile_ci(
+        values, percentile, rng=np.random.default_rng(1), n_resamples=4000
+    )
+    shortcut = bootstrap_quantile_ci(
+        values, percentile, rng=np.random.default_rng(2), n_resamples=4000, direct_limit=0
+    )
+    width = direct[1] - direct[0]
+    assert shortcut[0] == pytest.approx(direct[0], abs=0.1 * width)
+    assert shortcut[1] == pytest.approx(direct[1], abs=0.1 * width)
+
+
+def test_proportion_interval_matches_resampling_the_flags():
+    flags = np.random.default_rng(6).random(2000) < 0.9
+    low, high = bootstrap_proportion_ci(flags, rng=np.random.default_rng(1), n_resamples=4000)
+    resampled = flags[np.random.default_rng(2).integers(0, flags.size, (4000, flags.size))].mean(
+        axis=1
+    )
+    ref_low, ref_high = np.quantile(resampled, [0.025, 0.975])
+    assert low == pytest.approx(ref_low, abs=0.004) and high == pytest.approx(ref_high, abs=0.004)
