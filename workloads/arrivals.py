@@ -34,6 +34,10 @@ def _renewal_until(
     duration_s: float, rate: float, shape: float, rng: np.random.Generator, limit: int | None
 ) -> np.ndarray:
     """Arrival times of a gamma renewal process in (0, duration_s], at most `limit` of them."""
+    if math.isinf(shape):  # exact multiples of the gap, no accumulated rounding
+        count = math.floor(duration_s * rate * (1 + 1e-12))
+        count = count if limit is None else min(count, limit)
+        return np.arange(1, count + 1) / rate
     chunks: list[np.ndarray] = []
     t = 0.0
     count = 0
@@ -79,6 +83,8 @@ class GammaProcess(ArrivalProcess):
             return _renewal_until(duration_s, self.rate, self.burstiness, rng, n)
         if n is None:
             raise WorkloadError("An open-loop workload needs num_requests or duration_s.")
+        if math.isinf(self.burstiness):
+            return np.arange(1, n + 1) / self.rate
         times = np.cumsum(_gamma_gaps(n, self.rate, self.burstiness, rng))
         if self.normalize_total and n > 0 and times[-1] > 0:
             times = times * ((n / self.rate) / times[-1])

@@ -72,3 +72,17 @@ def bpe_tokenizer_nobatch() -> ByteBPE:
 @pytest.fixture(scope="session")
 def metaspace_tokenizer() -> WordPieceLike:
     return WordPieceLike()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The reference engine's tiny-random tokenizer (built in-process, no download)."""
+    weights = pytest.importorskip("engine_ref.weights")
+    return weights.load_tokenizer("tiny-random")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2-135M's tokenizer (fetched once into the cache); used by slow tests."""
+    weights = pytest.importorskip("engine_ref.weights")
+    return weights.load_tokenizer("smollm2-135m")
