@@ -220,25 +220,35 @@ def mock_server(host: str, port: int, **kwargs) -> None:
         finally:
             await runner.cleanup()
 
+    from harness.run import run_event_loop
+
     try:
-        asyncio.run(serve())
+        run_event_loop(serve())
     except KeyboardInterrupt:
         pass
 
 
+# Exceptions that mean "the user asked for something impossible": (module, class name).
+USER_ERRORS = (
+    ("harness.errors", "HarnessError"),
+    ("workloads", "WorkloadError"),
+    ("slo", "SLOError"),
+    ("reports", "ReportError"),
+    ("engine_ref.model_files", "ModelFileError"),
+)
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    # Only modules already imported can have raised their error, so nothing is imported here.
+    for module, name in USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and isinstance(exc, cls):
+            return True
+    return False
+
+
 def main() -> None:
     """Entry point: user errors end in one sentence and exit code 2, never a traceback."""
-    user_errors: list[type[BaseException]] = [HarnessError]
-    for module, name in (
-        ("workloads", "WorkloadError"),
-        ("slo", "SLOError"),
-        ("reports", "ReportError"),
-        ("engine_ref.model_files", "ModelFileError"),
-    ):
-        try:
-            user_errors.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            pass
     try:
         bench.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -247,7 +257,9 @@ def main() -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
-    except tuple(user_errors) as exc:
+    except Exception as exc:
+        if not _is_user_error(exc):
+            raise
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

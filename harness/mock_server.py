@@ -86,6 +86,7 @@ class MockEngine:
         return web.Response(text="ok")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        start = asyncio.get_running_loop().time()  # service starts on arrival, before the body is read
         self.requests_seen += 1
         try:
             body = await request.json()
@@ -101,14 +102,14 @@ class MockEngine:
         if fault == "error":
             return _error(500, "the mock failed this request on purpose")
         if self.slots is None:
-            return await self._serve(request, body, chat, n_out, fault)
+            return await self._serve(request, body, chat, n_out, fault, start)
         async with self.slots:
-            return await self._serve(request, body, chat, n_out, fault)
+            start = max(start, asyncio.get_running_loop().time())  # queued: service starts now
+            return await self._serve(request, body, chat, n_out, fault, start)
 
-    async def _serve(self, request, body, chat, n_out, fault) -> web.StreamResponse:
+    async def _serve(self, request, body, chat, n_out, fault, start) -> web.StreamResponse:
         cfg = self.config
         loop = asyncio.get_running_loop()
-        start = loop.time()
         ttft_s = cfg.ttft_ms / 1e3 * self._jitter()
         offsets = [ttft_s]
         for _ in range(n_out - 1):

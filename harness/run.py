@@ -39,6 +39,15 @@ class RunOutcome:
     interrupted_reason: str | None
 
 
+def run_event_loop(coro):
+    """Run `coro` on uvloop when it is installed (lower per-event overhead), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
 def default_run_dir(config: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = Path(config.workload).stem if Path(config.workload).suffix else config.workload
@@ -120,42 +129,52 @@ def target_info(base_url: str) -> dict:
         return {}
 
 
+@contextlib.contextmanager
+def target_for(config: RunConfig):
+    """Yield `(base_url, target manifest dict)`: `config.url`, or a managed reference server."""
+    if config.url is not None:
+        yield config.url, {"kind": "url", "url": config.url}
+        return
+    server_cfg = ManagedServerConfig(
+        model=config.model or DEFAULT_MODEL,
+        extra_args=config.server_args,
+        startup_timeout_s=config.startup_timeout_s,
+    )
+    with managed_server(server_cfg) as server:
+        yield (
+            server.base_url,
+            {"kind": "managed", "url": server.base_url, "server_log": str(server.log_path)},
+        )
+
+
 def run_benchmark(
-    config: RunConfig, *, console: Console | None = None, quiet: bool = True
+    config: RunConfig,
+    *,
+    console: Console | None = None,
+    quiet: bool = True,
+    target: tuple[str, dict] | None = None,
+    tokenizer=None,
 ) -> RunOutcome:
     """Run one benchmark end to end and return where its run directory is.
 
     Bad input raises `HarnessError` before anything is written. Ctrl-C (SIGINT) or SIGTERM
     stops the run: in-flight requests are recorded as `cancelled` and the run directory is
-    closed and marked incomplete; the outcome says so.
+    closed and marked incomplete; the outcome says so. `target` (base URL, manifest entry)
+    reuses a target the caller already started, as a capacity search does for its probes.
     """
     run_dir = prepare_run_dir(config.out or default_run_dir(config))
     slo_spec = load_slo_spec(config.slo)
-    tokenizer = load_tokenizer_for(config)
+    tokenizer = tokenizer or load_tokenizer_for(config)
     workload = materialise_workload(config, tokenizer)
-    if config.url is None:
-        server_cfg = ManagedServerConfig(
-            model=config.model or DEFAULT_MODEL,
-            extra_args=config.server_args,
-            startup_timeout_s=config.startup_timeout_s,
+    if target is not None:
+        base_url, entry = target
+        return _run_against(
+            config, base_url, dict(entry), workload, tokenizer, slo_spec, run_dir, console, quiet
         )
-        with managed_server(server_cfg) as server:
-            target = {"kind": "managed", "url": server.base_url, "server_log": str(server.log_path)}
-            return _run_against(
-                config,
-                server.base_url,
-                target,
-                workload,
-                tokenizer,
-                slo_spec,
-                run_dir,
-                console,
-                quiet,
-            )
-    target = {"kind": "url", "url": config.url}
-    return _run_against(
-        config, config.url, target, workload, tokenizer, slo_spec, run_dir, console, quiet
-    )
+    with target_for(config) as (base_url, entry):
+        return _run_against(
+            config, base_url, entry, workload, tokenizer, slo_spec, run_dir, console, quiet
+        )
 
 
 def _run_against(

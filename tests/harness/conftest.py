@@ -36,6 +36,7 @@ def mock_server_process(*args: str, timeout_s: float = 20.0):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        proc.stderr.close()
 
 
 @pytest.fixture
