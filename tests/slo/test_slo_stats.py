@@ -81,7 +81,7 @@ def test_bootstrap_coverage_near_nominal(percentile, true_value):
 def test_order_statistic_shortcut_matches_direct_resampling(percentile):
     values = np.random.default_rng(5).exponential(size=4000)
     direct = bootstrap_quantile_ci(
-        values, percentile, rng=np.random.default_rng(1), n_resamples=4000
+        values, percentile, rng=np.random.default_rng(1), n_resamples=4000, direct_limit=10**12
     )
     shortcut = bootstrap_quantile_ci(
         values, percentile, rng=np.random.default_rng(2), n_resamples=4000, direct_limit=0
