@@ -28,10 +28,14 @@ class Sample:
     """Per-request values of one metric from one run, and that run's window in seconds.
 
     `values` must be finite; drop requests the metric does not apply to before building it.
+    `groups`, when given, labels each value with the request it came from (integers, one per
+    value): pooled inter-token gaps are several values per request, and the bootstrap then
+    resamples requests, keeping each request's gaps together, and counts requests as units.
     """
 
     values: np.ndarray
     window_s: float
+    groups: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         values = np.asarray(self.values, dtype=np.float64)
@@ -42,6 +46,21 @@ class Sample:
         if not (self.window_s > 0 and math.isfinite(self.window_s)):
             raise ValueError(f"Sample.window_s must be positive and finite, got {self.window_s}.")
         object.__setattr__(self, "values", values)
+        if self.groups is not None:
+            groups = np.asarray(self.groups)
+            if groups.shape != values.shape:
+                raise ValueError("Sample.groups must label every value.")
+            # Sort by group so each group is a contiguous run of values.
+            order = np.argsort(groups, kind="stable")
+            object.__setattr__(self, "values", values[order])
+            object.__setattr__(self, "groups", groups[order])
+
+    @property
+    def n_units(self) -> int:
+        """Independent units: groups (requests) when labelled, else values."""
+        if self.groups is None:
+            return int(self.values.size)
+        return int(np.unique(self.groups).size)
 
 
 @dataclass(frozen=True)
@@ -85,7 +104,8 @@ class RatioEstimate:
     """candidate / baseline for one statistic, with a bootstrap percentile interval.
 
     `ratio`, `ci_low`, `ci_high` are NaN when the baseline figure is zero or undefined.
-    `resampled` says what the bootstrap drew per side: "requests" or "runs".
+    `n_*` count pooled values, `units_*` the independent units behind them (requests, or
+    values when unlabelled). `resampled_*` says what the bootstrap drew: "requests" or "runs".
     """
 
     baseline: float
@@ -97,6 +117,8 @@ class RatioEstimate:
     n_resamples: int
     n_baseline: int
     n_candidate: int
+    units_baseline: int
+    units_candidate: int
     runs_baseline: int
     runs_candidate: int
     resampled_baseline: str
@@ -124,8 +146,26 @@ def _bootstrap_side(
     n = sample.values.size
     if n == 0:
         return np.full(n_resamples, statistic.compute(sample.values, sample.window_s)), "requests"
+    if sample.groups is not None:
+        return _bootstrap_groups(sample, statistic, rng, n_resamples), "requests"
     draws = sample.values[rng.integers(0, n, size=(n_resamples, n))]
     return statistic._batched(draws, sample.window_s), "requests"
+
+
+def _bootstrap_groups(
+    sample: Sample, statistic: Statistic, rng: np.random.Generator, n_resamples: int
+) -> np.ndarray:
+    """Resample whole groups: each replicate repeats every group's values as often as the
+    group was drawn."""
+    starts = np.flatnonzero(np.r_[True, sample.groups[1:] != sample.groups[:-1]])
+    sizes = np.diff(np.r_[starts, sample.values.size])
+    n_groups = starts.size
+    out = np.empty(n_resamples)
+    for b in range(n_resamples):
+        times_drawn = np.bincount(rng.integers(0, n_groups, size=n_groups), minlength=n_groups)
+        values = np.repeat(sample.values, np.repeat(times_drawn, sizes))
+        out[b] = statistic.compute(values, sample.window_s)
+    return out
 
 
 def bootstrap_ratio(
@@ -171,6 +211,8 @@ def bootstrap_ratio(
         n_resamples=n_resamples,
         n_baseline=int(base_values.size),
         n_candidate=int(cand_values.size),
+        units_baseline=sum(s.n_units for s in baseline),
+        units_candidate=sum(s.n_units for s in candidate),
         runs_baseline=len(baseline),
         runs_candidate=len(candidate),
         resampled_baseline=base_how,

@@ -1,0 +1,301 @@
+"""`build_card`: a `Card` from one run directory, with every figure taken from `slo`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+import slo
+from reports import slo_view
+from reports.card import (
+    LATENCY_METRICS,
+    Card,
+    ClientHealth,
+    Environment,
+    Failures,
+    LatencyRow,
+    Memory,
+    Series,
+    Throughput,
+)
+from reports.errors import ReportError
+from reports.series import (
+    cdf_points,
+    choose_bin_s,
+    outcomes_over_time,
+    percentiles_over_time,
+)
+from reports.taxonomy import classify_outcomes, count_outcomes
+from slo.frame import RequestMetrics
+from slo.run_tables import RunTables, float_column, load_run
+from slo.stats import bootstrap_quantile_ci
+
+THROUGHPUT_LABELS = (
+    ("request_per_s", "requests/s (finished ok)"),
+    ("attempted_request_per_s", "requests/s (attempted)"),
+    ("input_tokens_per_s", "input tokens/s (ok requests)"),
+    ("output_tokens_per_s", "output tokens/s (ok requests)"),
+    ("total_tokens_per_s", "total tokens/s (ok requests)"),
+)
+MEMORY_COLUMNS = ("peak_memory_bytes", "memory_bytes", "kv_cache_bytes")
+MIN_VALUES_FOR_CI = 10
+CI_RESAMPLES = 1000
+
+
+def read_manifest(run_dir: Path) -> dict:
+    """`manifest.json` of `run_dir`; raises ReportError when it is missing or not JSON."""
+    path = Path(run_dir) / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ReportError(
+            f"{run_dir} has no manifest.json; pass a run directory written by bench."
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path} is not valid JSON ({exc}).") from exc
+
+
+def read_capacity(run_dir: Path) -> list[dict]:
+    """The capacity curve [{rate, attainment, goodput}] of `capacity.json` ([] when absent).
+
+    Accepts a bare list of points, an object with a `curve` list, or
+    `slo.capacity.CapacityResult.to_dict()` (its `curve_points`, whose keys are `rate_per_s`
+    and `goodput_per_s`). Rows are sorted by rate.
+    """
+    path = Path(run_dir) / "capacity.json"
+    if not path.is_file():
+        return []
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path} is not valid JSON ({exc}).") from exc
+    if isinstance(data, dict):
+        data = data.get("curve_points") or data.get("curve") or []
+    rows = []
+    for row in data if isinstance(data, list) else []:
+        if not isinstance(row, dict):
+            continue
+        rate = row.get("rate", row.get("rate_per_s"))
+        if rate is None:
+            continue
+        goodput = row.get("goodput", row.get("goodput_per_s"))
+        rows.append({"rate": rate, "attainment": row.get("attainment"), "goodput": goodput})
+    return sorted(rows, key=lambda row: row["rate"])
+
+
+def _environment(manifest: dict) -> Environment:
+    target = manifest.get("target") or {}
+    workload = manifest.get("workload") or {}
+    versions = dict(manifest.get("versions") or {})
+    return Environment(
+        engine=target.get("engine"),
+        engine_version=target.get("engine_version"),
+        model=target.get("model"),
+        target_kind=target.get("kind"),
+        target_url=target.get("url"),
+        hardware=dict(sorted((manifest.get("hardware") or {}).items())),
+        harness_version=manifest.get("harness_version"),
+        git_sha=manifest.get("git_sha"),
+        versions=dict(sorted(versions.items())),
+        workload_name=workload.get("name") or workload.get("generator"),
+        workload_sha256=workload.get("sha256"),
+        workload_synthetic=workload.get("synthetic"),
+        command_line=manifest.get("command_line"),
+        started_at=manifest.get("started_at"),
+        ended_at=manifest.get("ended_at"),
+        complete=manifest.get("complete"),
+        interrupted_reason=manifest.get("interrupted_reason"),
+    )
+
+
+def _ok_values(rm: RequestMetrics, metric: str) -> np.ndarray:
+    ok = rm.is_ok
+    if metric == "itl":
+        return rm.pooled_itl_ms(ok)
+    return getattr(rm, f"{metric}_ms")[ok]
+
+
+def _interval(dist: dict, statistic: str, values: np.ndarray, rng, confidence: float):
+    """slo's interval for `statistic` when the summary has one, else slo's bootstrap of it."""
+    given = slo_view.interval(dist, statistic)
+    if given is not None or np.count_nonzero(~np.isnan(values)) < MIN_VALUES_FOR_CI:
+        return given
+    ci = bootstrap_quantile_ci(
+        values, float(statistic[1:]), rng=rng, confidence=confidence, n_resamples=CI_RESAMPLES
+    )
+    return None if ci is None else [ci[0], ci[1]]
+
+
+def _latency_rows(summary: dict, rm: RequestMetrics, rng, confidence: float) -> list[LatencyRow]:
+    rows = []
+    for metric in LATENCY_METRICS:
+        dist = (summary.get("latency_ms") or {}).get(metric) or {}
+        values = _ok_values(rm, metric)
+        rows.append(
+            LatencyRow(
+                metric=metric,
+                n=int(dist.get("n") or 0),
+                mean_ms=dist.get("mean"),
+                p50_ms=dist.get("p50"),
+                p90_ms=dist.get("p90"),
+                p95_ms=dist.get("p95"),
+                p99_ms=dist.get("p99"),
+                max_ms=dist.get("max"),
+                p50_ci_ms=_interval(dist, "p50", values, rng, confidence),
+                p99_ci_ms=_interval(dist, "p99", values, rng, confidence),
+            )
+        )
+    return rows
+
+
+def latency_rows_from_summary(summary: dict) -> list[LatencyRow]:
+    """Latency rows straight from a summary dict: intervals only where slo gave them."""
+    rows = []
+    for metric in LATENCY_METRICS:
+        dist = (summary.get("latency_ms") or {}).get(metric) or {}
+        rows.append(
+            LatencyRow(
+                metric=metric,
+                n=int(dist.get("n") or 0),
+                mean_ms=dist.get("mean"),
+                p50_ms=dist.get("p50"),
+                p90_ms=dist.get("p90"),
+                p95_ms=dist.get("p95"),
+                p99_ms=dist.get("p99"),
+                max_ms=dist.get("max"),
+                p50_ci_ms=slo_view.interval(dist, "p50"),
+                p99_ci_ms=slo_view.interval(dist, "p99"),
+            )
+        )
+    return rows
+
+
+def _memory(tables: RunTables) -> Memory:
+    for column in MEMORY_COLUMNS:
+        if column in tables.requests.column_names:
+            values = float_column(tables.requests, column)
+            if np.any(~np.isnan(values)):
+                return Memory(
+                    available=True,
+                    source=f"requests.parquet:{column}",
+                    per_request_bytes=slo.metrics.distribution(values),
+                )
+    return Memory(available=False, reason="the target does not report memory per request")
+
+
+def _series(tables: RunTables, rm: RequestMetrics, kinds: np.ndarray, run_dir: Path) -> Series:
+    ok = rm.is_ok
+    ends = np.where(np.isnan(rm.t_done_ns), rm.t_sent_ns, rm.t_done_ns)
+    span_s = float(np.nanmax(ends)) / 1e9 if np.any(~np.isnan(ends)) else None
+    bin_s = choose_bin_s(span_s)
+    fault_plan = tables.manifest.get("fault_plan") or {}
+    windows = [
+        {"start_s": w.get("start_s"), "end_s": w.get("end_s"), "kind": w.get("kind")}
+        for w in (fault_plan.get("windows") or [])
+    ]
+    return Series(
+        bin_s=bin_s,
+        cdf_ms={
+            "ttft": cdf_points(rm.ttft_ms[ok]),
+            "tpot": cdf_points(rm.tpot_ms[ok]),
+            "itl": cdf_points(rm.pooled_itl_ms(ok)),
+            "e2e": cdf_points(rm.e2e_ms[ok]),
+        },
+        over_time={
+            "ttft": percentiles_over_time(rm.t_sent_ns[ok], rm.ttft_ms[ok], bin_s),
+            "tpot": percentiles_over_time(rm.t_sent_ns[ok], rm.tpot_ms[ok], bin_s),
+        },
+        failures_over_time=outcomes_over_time(ends, kinds, bin_s),
+        fault_windows=windows,
+        capacity=read_capacity(run_dir),
+    )
+
+
+def _notes(env: Environment, health: ClientHealth, summary: dict, failures: Failures) -> list[str]:
+    notes = []
+    if env.complete is False:
+        reason = env.interrupted_reason or "no reason recorded"
+        notes.append(f"The run is incomplete ({reason}); figures cover what was recorded.")
+    if health.client_bound:
+        notes.append(
+            "The client was the bottleneck (p99 dispatch lag above "
+            f"{health.client_bound_threshold_ms} ms): the offered load was lower than asked."
+        )
+    source = summary.get("output_tokens_source")
+    if source == "client_count":
+        notes.append("Output tokens were counted by the client; the server reported no usage.")
+    elif source == "mixed":
+        counts = summary.get("output_tokens_source_counts") or {}
+        detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        notes.append(f"Output tokens come from mixed sources ({detail}).")
+    if failures.total == 0:
+        notes.append("The run recorded no requests.")
+    return notes
+
+
+def build_card(
+    run_dir: Path | str,
+    *,
+    slo_spec: dict | None = None,
+    rng: np.random.Generator | None = None,
+    confidence: float = 0.95,
+) -> Card:
+    """The report card of the run directory `run_dir`.
+
+    `slo_spec` overrides the SLO recorded in the manifest (None: use the manifest's). `rng`
+    draws the bootstrap resamples of latency intervals that the summary lacks (None: a
+    generator seeded with 0, so the same run gives the same card). Raises ReportError when the
+    directory is not a readable run directory.
+    """
+    rng = rng if rng is not None else np.random.default_rng(0)
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    spec = slo_spec if slo_spec is not None else manifest.get("slo")
+    try:
+        tables = load_run(run_dir)
+        summary = slo.summarize(run_dir, spec)
+    except slo.SLOError as exc:
+        raise ReportError(str(exc)) from exc
+    rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
+    kinds = classify_outcomes(tables.requests)
+    counts = count_outcomes(kinds)
+    failures = Failures(
+        total=len(kinds),
+        by_error_class=dict((summary.get("counts") or {}).get("by_error_class") or {}),
+        **counts,
+    )
+    lag = summary.get("dispatch_lag_ms") or {}
+    health = ClientHealth(
+        dispatch_lag_p50_ms=lag.get("p50"),
+        dispatch_lag_p99_ms=lag.get("p99"),
+        dispatch_lag_max_ms=lag.get("max"),
+        client_bound=summary.get("client_bound"),
+        client_bound_threshold_ms=summary.get("client_bound_threshold_ms"),
+    )
+    env = _environment(manifest)
+    verdicts = slo_view.verdicts(summary)
+    throughput_block = summary.get("throughput") or {}
+    return Card(
+        run_id=str(manifest.get("run_id") or run_dir.name),
+        headline=slo_view.headline(summary, verdicts, has_slo=bool(summary.get("slo") or spec)),
+        slo_name=slo_view.slo_name(summary, spec),
+        slo_verdicts=verdicts,
+        goodput=slo_view.goodput(summary),
+        throughput=[
+            Throughput(name=name, label=label, value=throughput_block.get(name))
+            for name, label in THROUGHPUT_LABELS
+            if name in throughput_block
+        ],
+        latency=_latency_rows(summary, rm, rng, confidence),
+        slices=slo_view.slices(summary),
+        failures=failures,
+        memory=_memory(tables),
+        client_health=health,
+        environment=env,
+        series=_series(tables, rm, kinds, run_dir),
+        window_s=summary.get("window_s"),
+        output_tokens_source=summary.get("output_tokens_source"),
+        notes=_notes(env, health, summary, failures),
+    )

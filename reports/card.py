@@ -1,0 +1,231 @@
+"""The report card: plain data about one run, with no rendering in it.
+
+`reports.build.build_card` fills a `Card` from a run directory; the console, JSON and HTML views
+all render the same object. `Card.to_dict()` is the versioned JSON form documented in
+`reports/card_schema.md` (bump `CARD_SCHEMA_VERSION` when a field changes meaning or goes away).
+Units are in the field names (`_ms`, `_s`, `_per_s`, `_bytes`); "no value" is None.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+CARD_SCHEMA_VERSION = 1
+VERDICTS = ("pass", "fail", "inconclusive")
+HEADLINES = ("pass", "fail", "inconclusive", "no_slo")
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+FAILURE_KINDS = ("rejected", "timeout", "oom", "cancelled", "unknown", "wrong_output", "error")
+
+
+@dataclass(frozen=True)
+class SLOVerdict:
+    """One objective of the SLO, e.g. "ttft_ms p99 <= 200", and slo's verdict on this run.
+
+    `observed` and `threshold` are in `unit` (ms for percentile objectives, a fraction for
+    attainment and error rate); `ci_low`/`ci_high` bound `observed`; `n` is the sample size
+    and `reason` slo's one-line explanation. `verdict` is pass, fail or inconclusive.
+    """
+
+    objective: str
+    metric: str
+    unit: str
+    observed: float | None
+    threshold: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int | None
+    verdict: str
+    reason: str | None
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"SLOVerdict.verdict must be one of {VERDICTS}, not {self.verdict!r}")
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One labelled rate, e.g. ("output_tokens_per_s", "output tokens/s (ok requests)")."""
+
+    name: str
+    label: str
+    value: float | None
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    """One latency metric over the ok requests, ms. `p50_ci_ms` and `p99_ci_ms` are
+    [low, high] bootstrap intervals, or None when not computed (too few values)."""
+
+    metric: str
+    n: int
+    mean_ms: float | None
+    p50_ms: float | None
+    p90_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    p50_ci_ms: list[float] | None = None
+    p99_ci_ms: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class SliceRow:
+    """One slice of the requests (`dimension` = `value`), e.g. input length bucket "<=128"."""
+
+    dimension: str
+    value: str
+    n: int
+    n_ok: int
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    e2e_p99_ms: float | None
+    attainment: float | None = None
+
+
+@dataclass(frozen=True)
+class Failures:
+    """The failure taxonomy: every request is counted once, in `ok` or one failure kind.
+
+    `wrong_output` counts requests that finished `ok` but whose output is unusable (see
+    `reports.taxonomy`); `error` is any other failure. `by_error_class` is the raw breakdown.
+    """
+
+    total: int
+    ok: int
+    rejected: int
+    timeout: int
+    oom: int
+    cancelled: int
+    unknown: int
+    wrong_output: int
+    error: int
+    by_error_class: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        """Requests in any failure kind."""
+        return self.total - self.ok
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory per request where the target exposes it (`source` names where it came from),
+    else `available` false with the reason."""
+
+    available: bool
+    source: str | None = None
+    per_request_bytes: dict | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientHealth:
+    """Whether the load generator kept up: dispatch lag (send - schedule) and `client_bound`."""
+
+    dispatch_lag_p50_ms: float | None
+    dispatch_lag_p99_ms: float | None
+    dispatch_lag_max_ms: float | None
+    client_bound: bool | None
+    client_bound_threshold_ms: float | None
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where and how the run happened, copied from the manifest."""
+
+    engine: str | None
+    engine_version: str | None
+    model: str | None
+    target_kind: str | None
+    target_url: str | None
+    hardware: dict
+    harness_version: str | None
+    git_sha: str | None
+    versions: dict
+    workload_name: str | None
+    workload_sha256: str | None
+    workload_synthetic: bool | None
+    command_line: str | None
+    started_at: str | None
+    ended_at: str | None
+    complete: bool | None
+    interrupted_reason: str | None
+
+
+@dataclass(frozen=True)
+class Series:
+    """Chart data, already reduced to a bounded size.
+
+    `cdf_ms`: metric -> [[value_ms, fraction], ...] (at most 101 points);
+    `over_time`: metric -> [[t_s, p50_ms, p90_ms], ...] per time bin (send time);
+    `failures_over_time`: [{t_s, ok, <failure kind>: count, ...}] per bin (done time);
+    `fault_windows`: [{start_s, end_s, kind}]; `capacity`: [{rate, attainment, goodput}].
+    """
+
+    bin_s: float | None
+    cdf_ms: dict
+    over_time: dict
+    failures_over_time: list
+    fault_windows: list
+    capacity: list
+
+
+@dataclass(frozen=True)
+class Card:
+    """Everything the report shows about one run."""
+
+    run_id: str
+    headline: str
+    slo_name: str | None
+    slo_verdicts: list[SLOVerdict]
+    goodput: dict | None
+    throughput: list[Throughput]
+    latency: list[LatencyRow]
+    slices: list[SliceRow]
+    failures: Failures
+    memory: Memory
+    client_health: ClientHealth
+    environment: Environment
+    series: Series
+    window_s: float | None
+    output_tokens_source: str | None
+    notes: list[str] = field(default_factory=list)
+    schema_version: int = CARD_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.headline not in HEADLINES:
+            raise ValueError(f"Card.headline must be one of {HEADLINES}, not {self.headline!r}")
+
+    def to_dict(self, *, decimals: int = 4) -> dict:
+        """The JSON form: keys in schema order, floats rounded to `decimals` places, NaN and
+        infinities as None."""
+        data = asdict(self)
+        head = {"schema_version": data.pop("schema_version"), "kind": "run"}
+        return round_floats({**head, **data}, decimals)
+
+    def to_json(self) -> str:
+        """`to_dict()` as indented JSON text (UTF-8, trailing newline)."""
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+    def latency_row(self, metric: str) -> LatencyRow | None:
+        """The latency row for `metric` (ttft, tpot, itl, e2e), or None."""
+        return next((row for row in self.latency if row.metric == metric), None)
+
+
+def round_floats(value, decimals: int):
+    """`value` with every float rounded to `decimals` places (NaN/inf -> None), recursively
+    through dicts, lists and tuples (tuples become lists)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        rounded = round(value, decimals)
+        return 0.0 if rounded == 0 else rounded
+    if isinstance(value, dict):
+        return {k: round_floats(v, decimals) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [round_floats(v, decimals) for v in value]
+    return value

@@ -1,0 +1,201 @@
+"""The card in the terminal (rich renderables), and the gate result.
+
+`card_renderable(card)` and `gate_renderable(result)` return rich renderables (tested against
+golden strings); `render_summary(card_or_summary, console)` prints the end-of-run summary that
+`bench run` shows, from a Card or straight from an `slo.summarize` dict.
+"""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from reports import slo_view
+from reports.build import THROUGHPUT_LABELS, latency_rows_from_summary
+from reports.card import Card, LatencyRow, SLOVerdict, Throughput
+from reports.taxonomy import OUTCOME_KINDS
+
+VERDICT_STYLES = {
+    "pass": "bold green",
+    "fail": "bold red",
+    "inconclusive": "bold yellow",
+    "no_slo": "dim",
+    "regressed": "bold red",
+    "improved": "bold green",
+}
+
+
+def _num(value, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.{digits}f}"
+
+
+def _ci(low, high, digits: int = 1) -> str:
+    return "" if low is None or high is None else f" [{low:,.{digits}f}, {high:,.{digits}f}]"
+
+
+def verdict_text(verdict: str) -> Text:
+    """The verdict word, upper case, in its colour."""
+    return Text(verdict.replace("_", " ").upper(), style=VERDICT_STYLES.get(verdict, ""))
+
+
+def slo_table(verdicts: list[SLOVerdict], slo_name: str | None) -> Table:
+    """One row per SLO objective: observed value with its interval, threshold, verdict."""
+    table = Table(title=f"SLO {slo_name or ''}".strip(), box=box.SIMPLE_HEAD, title_justify="left")
+    for name, justify in (("objective", "left"), ("observed", "right"), ("threshold", "right"),
+                          ("n", "right"), ("verdict", "left")):  # fmt: skip
+        table.add_column(name, justify=justify)
+    for v in verdicts:
+        digits = 1 if v.unit == "ms" else 4
+        table.add_row(
+            v.objective,
+            _num(v.observed, digits) + _ci(v.ci_low, v.ci_high, digits),
+            _num(v.threshold, digits),
+            _num(v.n),
+            verdict_text(v.verdict),
+        )
+    return table
+
+
+def throughput_table(rates: list[Throughput], goodput: dict | None) -> Table:
+    """Labelled throughputs, goodput first when there is one."""
+    table = Table(title="Throughput", box=box.SIMPLE_HEAD, title_justify="left")
+    table.add_column("rate")
+    table.add_column("value", justify="right")
+    if goodput is not None:
+        table.add_row("goodput (requests/s)", _num(goodput.get("request_per_s")))
+        table.add_row("SLO attainment", _num(goodput.get("attainment"), 4))
+    for t in rates:
+        table.add_row(t.label, _num(t.value))
+    return table
+
+
+def latency_table(rows: list[LatencyRow]) -> Table:
+    """Latency distributions (ms) with the p50 and p99 intervals where present."""
+    table = Table(title="Latency (ms, ok requests)", box=box.SIMPLE_HEAD, title_justify="left")
+    for name in ("metric", "n", "mean", "p50", "p90", "p99", "max"):
+        table.add_column(name, justify="left" if name == "metric" else "right")
+    for r in rows:
+        p50_ci = r.p50_ci_ms or [None, None]
+        p99_ci = r.p99_ci_ms or [None, None]
+        table.add_row(
+            r.metric.upper(),
+            _num(r.n),
+            _num(r.mean_ms, 1),
+            _num(r.p50_ms, 1) + _ci(*p50_ci),
+            _num(r.p90_ms, 1),
+            _num(r.p99_ms, 1) + _ci(*p99_ci),
+            _num(r.max_ms, 1),
+        )
+    return table
+
+
+def outcomes_table(counts: dict[str, int], total: int) -> Table:
+    """Requests per outcome kind with their share of all requests."""
+    table = Table(title="Outcomes", box=box.SIMPLE_HEAD, title_justify="left")
+    table.add_column("outcome")
+    table.add_column("requests", justify="right")
+    table.add_column("share", justify="right")
+    for kind, n in counts.items():
+        share = f"{100.0 * n / total:.1f}%" if total else "-"
+        table.add_row(kind.replace("_", " "), _num(n), share)
+    return table
+
+
+def _header(card: Card) -> Text:
+    env = card.environment
+    text = Text.assemble(
+        ("Report card ", "bold"), (card.run_id, "bold cyan"), "  ", verdict_text(card.headline)
+    )
+    text.append(
+        f"\n{env.engine or '?'} {env.engine_version or ''} | {env.model or '?'} | workload "
+        f"{env.workload_name or '?'} | window {_num(card.window_s, 1)} s"
+    )
+    return text
+
+
+def _health_line(card: Card) -> Text:
+    h = card.client_health
+    style = "bold red" if h.client_bound else "dim"
+    return Text(
+        f"client dispatch lag p50 {_num(h.dispatch_lag_p50_ms, 3)} ms, p99 "
+        f"{_num(h.dispatch_lag_p99_ms, 3)} ms; client bound: {_num(h.client_bound)}",
+        style=style,
+    )
+
+
+def card_renderable(card: Card) -> RenderableType:
+    """The card as a rich Group: header, notes, SLO, throughput, latency, outcomes, health."""
+    parts: list[RenderableType] = [_header(card)]
+    parts += [Text(f"! {note}", style="yellow") for note in card.notes]
+    if card.slo_verdicts:
+        parts.append(slo_table(card.slo_verdicts, card.slo_name))
+    parts.append(throughput_table(card.throughput, card.goodput))
+    parts.append(latency_table(card.latency))
+    counts = {kind: getattr(card.failures, kind) for kind in OUTCOME_KINDS}
+    parts.append(outcomes_table(counts, card.failures.total))
+    parts.append(_health_line(card))
+    return Group(*parts)
+
+
+def summary_renderable(summary: dict) -> RenderableType:
+    """The same view from an `slo.summarize` dict alone (no taxonomy beyond its statuses)."""
+    verdicts = slo_view.verdicts(summary)
+    headline = slo_view.headline(summary, verdicts, has_slo=bool(summary.get("slo")))
+    parts: list[RenderableType] = [Text.assemble(("Run summary  ", "bold"), verdict_text(headline))]
+    if verdicts:
+        parts.append(slo_table(verdicts, slo_view.slo_name(summary, None)))
+    block = summary.get("throughput") or {}
+    rates = [Throughput(n, label, block.get(n)) for n, label in THROUGHPUT_LABELS if n in block]
+    parts.append(throughput_table(rates, slo_view.goodput(summary)))
+    parts.append(latency_table(latency_rows_from_summary(summary)))
+    counts = summary.get("counts") or {}
+    parts.append(outcomes_table(dict(counts.get("by_status") or {}), int(counts.get("total") or 0)))
+    lag = summary.get("dispatch_lag_ms") or {}
+    parts.append(
+        Text(
+            f"client dispatch lag p50 {_num(lag.get('p50'), 3)} ms, p99 {_num(lag.get('p99'), 3)} "
+            f"ms; client bound: {_num(summary.get('client_bound'))}",
+            style="bold red" if summary.get("client_bound") else "dim",
+        )
+    )
+    return Group(*parts)
+
+
+def render_summary(card_or_summary: Card | dict, console: Console) -> None:
+    """Print the end-of-run summary to `console`: a Card, or an `slo.summarize` dict."""
+    if isinstance(card_or_summary, Card):
+        console.print(card_renderable(card_or_summary))
+    else:
+        console.print(summary_renderable(card_or_summary))
+
+
+def gate_renderable(result) -> RenderableType:
+    """A `reports.gate.GateResult` as a table of metrics and the overall verdict."""
+    table = Table(box=box.SIMPLE_HEAD)
+    for name, justify in (("metric", "left"), ("baseline", "right"), ("candidate", "right"),
+                          ("ratio [CI]", "right"), ("MWU p", "right"), ("verdict", "left"),
+                          ("why", "left")):  # fmt: skip
+        table.add_column(name, justify=justify)
+    for r in result.results:
+        e = r.estimate
+        ratio = "-" if e.ratio != e.ratio else f"{e.ratio:.3f}" + _ci(e.ci_low, e.ci_high, 3)
+        table.add_row(
+            f"{r.label} ({r.unit})",
+            _num(e.baseline),
+            _num(e.candidate),
+            ratio,
+            _num(r.mann_whitney_p, 4),
+            verdict_text(r.verdict),
+            r.reason,
+        )
+    header = Text.assemble(("Regression gate  ", "bold"), verdict_text(result.verdict))
+    notes = [Text(f"! {n}", style="yellow") for n in result.notes]
+    return Group(header, table, *notes)

@@ -1,0 +1,171 @@
+"""Self-contained HTML cards: inline CSS, inline SVG charts, no scripts, nothing fetched.
+
+`render_html(card)` renders one run; `render_comparison_html(comparison)` renders several runs
+side by side (see `reports.compare`). Both use the same `Card` objects the console and JSON use.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import jinja2
+
+from reports import charts
+from reports.card import LATENCY_METRICS, Card
+from reports.taxonomy import OUTCOME_KINDS
+from reports.templates import COMPARISON_TEMPLATE, RUN_TEMPLATE
+
+
+def fmt(value, digits: int = 2) -> str:
+    """A number for a table cell: thousands separators, `digits` decimals, "—" for None."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def fmt_ci(interval, digits: int = 1) -> str:
+    """The interval as "[low, high]" with `digits` decimals, or "" when there is none."""
+    if not interval or interval[0] is None or interval[1] is None:
+        return ""
+    return f"[{interval[0]:,.{digits}f}, {interval[1]:,.{digits}f}]"
+
+
+def fmt_bytes(value) -> str:
+    """Bytes as GiB/MiB/KiB with one decimal; "—" for None."""
+    if value is None:
+        return "—"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(value) >= size:
+            return f"{value / size:,.1f} {unit}"
+    return f"{value:,.0f} B"
+
+
+ENV_FIELDS = (
+    "engine",
+    "model",
+    "target",
+    "hardware",
+    "harness",
+    "versions",
+    "workload",
+    "workload sha256",
+    "command line",
+    "started / ended",
+    "complete",
+)
+
+
+def environment_rows(env) -> dict[str, str]:
+    """The environment as {ENV_FIELDS label: display text}."""
+    hw = env.hardware
+    memory = fmt_bytes(hw.get("memory_bytes")) if hw.get("memory_bytes") else "? memory"
+    versions = ", ".join(f"{k} {v}" for k, v in env.versions.items())
+    return {
+        "engine": f"{env.engine or '—'} {env.engine_version or ''}".strip(),
+        "model": env.model or "—",
+        "target": f"{env.target_kind or '—'} {env.target_url or ''}".strip(),
+        "hardware": f"{hw.get('cpu') or '—'}, {hw.get('cpu_count') or '?'} cores, {memory}, "
+        f"GPU: {hw.get('gpu') or 'none'}",
+        "harness": f"{env.harness_version or '—'} @ {(env.git_sha or '—')[:12]}",
+        "versions": versions or "—",
+        "workload": (env.workload_name or "—") + (" (synthetic)" if env.workload_synthetic else ""),
+        "workload sha256": env.workload_sha256 or "—",
+        "command line": env.command_line or "—",
+        "started / ended": f"{env.started_at or '—'} / {env.ended_at or '—'}",
+        "complete": "yes"
+        if env.complete
+        else f"no: {env.interrupted_reason or 'no reason recorded'}",
+    }
+
+
+def _environment(loader_css: str) -> jinja2.Environment:
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters.update(fmt=fmt, fmt_ci=fmt_ci, fmt_bytes=fmt_bytes)
+    env.globals.update(
+        css=loader_css,
+        LATENCY_METRICS=LATENCY_METRICS,
+        OUTCOME_KINDS=OUTCOME_KINDS,
+        METRIC_TITLES=charts.METRIC_TITLES,
+        ENV_FIELDS=ENV_FIELDS,
+        environment_rows=environment_rows,
+    )
+    return env
+
+
+def _css() -> str:
+    return (resources.files("reports") / "card.css").read_text()
+
+
+def run_charts(card: Card) -> list[dict]:
+    """The charts of one card as [{title, svg or None, empty}] in page order."""
+    s = card.series
+    items = [
+        (
+            f"{charts.METRIC_TITLES[m]} CDF",
+            charts.latency_cdf_svg(m, {card.run_id: s.cdf_ms.get(m)}),
+        )
+        for m in LATENCY_METRICS
+    ]
+    for metric in ("ttft", "tpot"):
+        items.append(
+            (
+                f"{charts.METRIC_TITLES[metric]} over time",
+                charts.over_time_svg(
+                    metric, {card.run_id: s.over_time.get(metric)}, s.fault_windows
+                ),
+            )
+        )
+    items.append(
+        (
+            "Outcomes over time",
+            charts.failures_over_time_svg(s.failures_over_time, s.bin_s, s.fault_windows),
+        )
+    )
+    if card.slices:
+        items.append(("Per-slice p99 TTFT", charts.slice_bars_svg(card.slices)))
+    if s.capacity:
+        items.append(("Goodput versus rate", charts.capacity_svg({card.run_id: s.capacity})))
+    return [{"title": t, "svg": svg} for t, svg in items]
+
+
+def render_html(card: Card) -> str:
+    """One run's card as a complete HTML document (a str)."""
+    env = _environment(_css())
+    return env.from_string(RUN_TEMPLATE).render(card=card, charts=run_charts(card))
+
+
+def render_comparison_html(comparison) -> str:
+    """A `reports.compare.Comparison` as a complete HTML document (a str)."""
+    env = _environment(_css())
+    cards = comparison.cards
+    overlaid = [
+        (
+            f"{charts.METRIC_TITLES[m]} CDF",
+            charts.latency_cdf_svg(m, {c.run_id: c.series.cdf_ms.get(m) for c in cards}),
+        )
+        for m in LATENCY_METRICS
+    ]
+    for metric in ("ttft", "tpot"):
+        overlaid.append(
+            (
+                f"{charts.METRIC_TITLES[metric]} over time",
+                charts.over_time_svg(
+                    metric, {c.run_id: c.series.over_time.get(metric) for c in cards}, []
+                ),
+            )
+        )
+    if any(c.series.capacity for c in cards):
+        overlaid.append(
+            (
+                "Goodput versus rate",
+                charts.capacity_svg({c.run_id: c.series.capacity for c in cards}),
+            )
+        )
+    chart_list = [{"title": t, "svg": svg} for t, svg in overlaid]
+    return env.from_string(COMPARISON_TEMPLATE).render(comparison=comparison, charts=chart_list)

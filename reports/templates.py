@@ -1,0 +1,170 @@
+"""Jinja2 templates of the HTML cards (kept as strings so they ship inside the package).
+
+The Content-Security-Policy forbids every fetch: the page is complete as written.
+"""
+
+from __future__ import annotations
+
+_HEAD = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<title>{{ title }}</title>
+<style>{{ css }}</style>
+</head>
+<body>
+"""
+
+_MACROS = """
+{% macro chart_grid(charts) %}
+<div class="charts">
+{% for chart in charts %}
+<figure class="chart" data-chart="{{ chart.title }}">
+{% if chart.svg %}{{ chart.svg | safe }}{% else %}<p class="empty">{{ chart.title }}: no data to draw.</p>{% endif %}
+<figcaption>{{ chart.title }}</figcaption>
+</figure>
+{% endfor %}
+</div>
+{% endmacro %}
+
+{% macro env_table(cards) %}
+<table>
+<tr><th class="text">field</th>{% for c in cards %}<th class="text">{{ c.run_id }}</th>{% endfor %}</tr>
+{% for label in ENV_FIELDS %}
+<tr><td>{{ label }}</td>{% for c in cards %}<td class="text"><code>{{ environment_rows(c.environment)[label] }}</code></td>{% endfor %}</tr>
+{% endfor %}
+</table>
+{% endmacro %}
+"""
+
+RUN_TEMPLATE = (
+    "{% set title = 'Report card: ' ~ card.run_id %}"
+    + _HEAD
+    + _MACROS
+    + """
+<header>
+<h1>Report card: {{ card.run_id }} <span class="badge {{ card.headline }}">{{ card.headline | replace("_", " ") }}</span></h1>
+<p class="sub">{{ card.environment.engine or "unknown engine" }} {{ card.environment.engine_version or "" }} ·
+{{ card.environment.model or "unknown model" }} · workload {{ card.environment.workload_name or "—" }} ·
+SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · started {{ card.environment.started_at or "—" }}</p>
+</header>
+{% for note in card.notes %}<p class="warning">{{ note }}</p>{% endfor %}
+
+<div class="kpis">
+<div class="kpi"><div class="k">goodput (requests/s)</div><div class="v">{{ (card.goodput or {}).get("request_per_s") | fmt }}</div></div>
+{% for t in card.throughput if t.name in ("request_per_s", "output_tokens_per_s") %}
+<div class="kpi"><div class="k">{{ t.label }}</div><div class="v">{{ t.value | fmt }}</div></div>
+{% endfor %}
+{% for m in ("ttft", "tpot") %}{% set row = card.latency_row(m) %}
+<div class="kpi"><div class="k">p99 {{ m | upper }} (ms)</div><div class="v">{{ row.p99_ms | fmt(1) }}</div></div>
+{% endfor %}
+<div class="kpi"><div class="k">failed requests</div><div class="v">{{ card.failures.failed | fmt }} / {{ card.failures.total | fmt }}</div></div>
+</div>
+
+<h2>SLO {{ card.slo_name or "" }}</h2>
+{% if card.slo_verdicts %}
+<table>
+<tr><th>objective</th><th>observed</th><th>interval</th><th>threshold</th><th>n</th><th>verdict</th><th class="text">why</th></tr>
+{% for v in card.slo_verdicts %}{% set d = 1 if v.unit == "ms" else 4 %}
+<tr><td>{{ v.objective }}</td><td>{{ v.observed | fmt(d) }} {{ v.unit if v.unit == "ms" else "" }}</td>
+<td class="ci">{{ [v.ci_low, v.ci_high] | fmt_ci(d) }}</td><td>{{ v.threshold | fmt(d) }}</td><td>{{ v.n | fmt }}</td>
+<td><span class="badge {{ v.verdict }}">{{ v.verdict }}</span></td><td class="text">{{ v.reason or "" }}</td></tr>
+{% endfor %}
+</table>
+{% else %}<p class="empty">{% if card.slo_name %}The summary has no verdicts for this SLO.{% else %}No SLO was given for this run.{% endif %}</p>{% endif %}
+{% if card.goodput %}
+<table><tr>{% for k in card.goodput %}<th>{{ k }}</th>{% endfor %}</tr>
+<tr>{% for v in card.goodput.values() %}<td>{{ v | fmt(3) }}</td>{% endfor %}</tr></table>
+{% endif %}
+
+<h2>Throughput</h2>
+<table><tr><th>rate</th><th>value</th></tr>
+{% for t in card.throughput %}<tr><td>{{ t.label }}</td><td>{{ t.value | fmt }}</td></tr>{% endfor %}
+</table>
+<p class="sub">Output tokens counted by: {{ card.output_tokens_source or "—" }}.</p>
+
+<h2>Latency (ms, ok requests; 95% bootstrap intervals)</h2>
+<table>
+<tr><th>metric</th><th>n</th><th>mean</th><th>p50</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr>
+{% for row in card.latency %}
+<tr><td>{{ METRIC_TITLES[row.metric] }} ({{ row.metric }})</td><td>{{ row.n | fmt }}</td><td>{{ row.mean_ms | fmt(1) }}</td>
+<td>{{ row.p50_ms | fmt(1) }} <span class="ci">{{ row.p50_ci_ms | fmt_ci }}</span></td>
+<td>{{ row.p90_ms | fmt(1) }}</td><td>{{ row.p95_ms | fmt(1) }}</td>
+<td>{{ row.p99_ms | fmt(1) }} <span class="ci">{{ row.p99_ci_ms | fmt_ci }}</span></td><td>{{ row.max_ms | fmt(1) }}</td></tr>
+{% endfor %}
+</table>
+
+<h2>Charts</h2>
+{{ chart_grid(charts) }}
+
+<h2>Slices</h2>
+{% if card.slices %}
+<table><tr><th>slice</th><th>n</th><th>ok</th><th>p50 TTFT</th><th>p99 TTFT</th><th>p50 TPOT</th><th>p99 TPOT</th><th>p99 E2E</th><th>attainment</th></tr>
+{% for s in card.slices %}<tr><td>{{ s.dimension }} = {{ s.value }}</td><td>{{ s.n | fmt }}</td><td>{{ s.n_ok | fmt }}</td>
+<td>{{ s.ttft_p50_ms | fmt(1) }}</td><td>{{ s.ttft_p99_ms | fmt(1) }}</td><td>{{ s.tpot_p50_ms | fmt(1) }}</td>
+<td>{{ s.tpot_p99_ms | fmt(1) }}</td><td>{{ s.e2e_p99_ms | fmt(1) }}</td><td>{{ s.attainment | fmt(3) }}</td></tr>{% endfor %}
+</table>
+{% else %}<p class="empty">No slices in the summary.</p>{% endif %}
+
+<h2>Failures</h2>
+<table><tr><th>outcome</th><th>requests</th><th>share</th></tr>
+{% for kind in OUTCOME_KINDS %}{% set n = card.failures[kind] %}
+<tr><td>{{ kind | replace("_", " ") }}</td><td>{{ n | fmt }}</td><td>{{ (100.0 * n / card.failures.total) | fmt(1) if card.failures.total else "—" }}%</td></tr>
+{% endfor %}
+</table>
+{% if card.failures.by_error_class %}<p class="sub">By error class: {% for k, v in card.failures.by_error_class.items() %}{{ k }} {{ v }}{{ ", " if not loop.last }}{% endfor %}.</p>{% endif %}
+
+<h2>Memory per request</h2>
+{% if card.memory.available %}
+<table><tr><th>source</th><th>n</th><th>p50</th><th>p99</th><th>max</th></tr>
+<tr><td><code>{{ card.memory.source }}</code></td><td>{{ card.memory.per_request_bytes.n | fmt }}</td>
+<td>{{ card.memory.per_request_bytes.p50 | fmt_bytes }}</td><td>{{ card.memory.per_request_bytes.p99 | fmt_bytes }}</td>
+<td>{{ card.memory.per_request_bytes.max | fmt_bytes }}</td></tr></table>
+{% else %}<p class="empty">Not available: {{ card.memory.reason }}.</p>{% endif %}
+
+<h2>Client health</h2>
+<table><tr><th>dispatch lag p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th><th>client bound</th></tr>
+<tr><td>{{ card.client_health.dispatch_lag_p50_ms | fmt(3) }}</td><td>{{ card.client_health.dispatch_lag_p99_ms | fmt(3) }}</td>
+<td>{{ card.client_health.dispatch_lag_max_ms | fmt(3) }}</td><td>{{ card.client_health.client_bound | fmt }}</td></tr></table>
+
+<h2>Environment</h2>
+{{ env_table([card]) }}
+<p class="sub">Card schema version {{ card.schema_version }}.</p>
+</body>
+</html>
+"""
+)
+
+COMPARISON_TEMPLATE = (
+    "{% set title = 'Comparison: ' ~ (comparison.cards | map(attribute='run_id') | join(' vs ')) %}"
+    + _HEAD
+    + _MACROS
+    + """
+<header>
+<h1>Comparison of {{ comparison.cards | length }} runs</h1>
+<p class="sub">SLO {{ comparison.cards[0].slo_name or "none" }} · workload {{ comparison.cards[0].environment.workload_name or "—" }}.
+The best value in each row is marked ★.</p>
+</header>
+{% for sentence in comparison.mismatches %}<p class="warning"><strong>Mismatch allowed (--allow-mismatch):</strong> {{ sentence }}</p>{% endfor %}
+
+<h2>Side by side</h2>
+<table>
+<tr><th>metric</th>{% for c in comparison.cards %}<th>{{ c.run_id }}</th>{% endfor %}</tr>
+<tr><td>verdict</td>{% for c in comparison.cards %}<td><span class="badge {{ c.headline }}">{{ c.headline | replace("_", " ") }}</span></td>{% endfor %}</tr>
+<tr><td>engine</td>{% for c in comparison.cards %}<td>{{ c.environment.engine or "—" }} {{ c.environment.engine_version or "" }}</td>{% endfor %}</tr>
+{% for row in comparison.rows %}
+<tr><td>{{ row.label }}</td>{% for v in row.values %}<td class="{{ 'best' if loop.index0 in row.best else '' }}">{{ v | fmt(row.digits) }}</td>{% endfor %}</tr>
+{% endfor %}
+</table>
+
+<h2>Overlaid charts</h2>
+{{ chart_grid(charts) }}
+
+<h2>Environment</h2>
+{{ env_table(comparison.cards) }}
+</body>
+</html>
+"""
+)

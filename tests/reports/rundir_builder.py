@@ -1,0 +1,250 @@
+"""Synthetic run directories that follow docs/CONTRACTS.md, for the reports and gate tests.
+
+`write_run(path, SyntheticRun(...))` writes `manifest.json`, `requests.parquet`,
+`chunks.parquet` (and `capacity.json` when asked) from a seeded generator, so the same spec
+always gives byte-identical tables. `summary.json` is written by `slo.summarize` when the
+spec asks for it, exactly as the harness would.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
+
+REQUESTS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("is_warmup", pa.bool_()),
+        ("t_scheduled_ns", pa.int64()),
+        ("t_sent_ns", pa.int64()),
+        ("t_first_byte_ns", pa.int64()),
+        ("t_first_token_ns", pa.int64()),
+        ("t_last_token_ns", pa.int64()),
+        ("t_done_ns", pa.int64()),
+        ("status", pa.string()),
+        ("http_status", pa.int32()),
+        ("error_class", pa.string()),
+        ("error_message", pa.string()),
+        ("finish_reason", pa.string()),
+        ("input_tokens", pa.int32()),
+        ("usage_prompt_tokens", pa.int32()),
+        ("usage_completion_tokens", pa.int32()),
+        ("client_output_tokens", pa.int32()),
+        ("output_tokens", pa.int32()),
+        ("output_tokens_source", pa.string()),
+        ("output_chars", pa.int32()),
+        ("output_sha256", pa.string()),
+        ("num_chunks", pa.int32()),
+    ]
+)
+
+CHUNKS_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("t_ns", pa.int64()),
+        ("n_tokens", pa.int32()),
+        ("n_chars", pa.int32()),
+    ]
+)
+
+# status -> (http_status, error_class, error_message) for the failed rows a spec asks for.
+FAILURE_KINDS = {
+    "rejected": ("rejected", 429, "rejected_429", "queue full"),
+    "timeout": ("timeout", None, "timeout", "request exceeded 30 s"),
+    "cancelled": ("cancelled", None, None, "cancelled by client"),
+    "unknown": ("unknown", None, "connection_reset", "connection reset mid-stream"),
+    "oom": ("error", 500, "http_5xx", "CUDA out of memory"),
+    "http_5xx": ("error", 503, "http_5xx", "service unavailable"),
+}
+
+DEFAULT_SLO = {
+    "name": "p99",
+    "per_request": {"ttft_ms": 200.0, "tpot_ms": 50.0},
+    "percentiles": [
+        {"metric": "ttft_ms", "percentile": 99, "max_ms": 200.0},
+        {"metric": "tpot_ms", "percentile": 99, "max_ms": 50.0},
+    ],
+    "attainment_min": 0.9,
+}
+
+
+@dataclass(frozen=True)
+class SyntheticRun:
+    """Parameters of one synthetic run. `workload_seed` draws the requests (arrival times,
+    token counts), as a workload would; `seed` draws the service (latencies, dispatch lag).
+
+    Latencies are lognormal around the medians, multiplied by `latency_scale` (1.2 makes a 20%
+    regression). `failures` maps a FAILURE_KINDS key to how many of the requests fail that way,
+    spread evenly over the run. `wrong_output` marks that many ok requests with an empty output.
+    """
+
+    n_requests: int = 120
+    seed: int = 0
+    workload_seed: int = 0
+    rate_per_s: float = 8.0
+    ttft_ms_median: float = 60.0
+    tpot_ms_median: float = 12.0
+    latency_scale: float = 1.0
+    output_tokens_range: tuple[int, int] = (8, 40)
+    failures: dict = field(default_factory=dict)
+    wrong_output: int = 0
+    engine: str = "engine_ref"
+    engine_version: str = "0.1.0"
+    model: str = "tiny-random"
+    workload_sha256: str = "a" * 64
+    slo: dict | None = field(default_factory=lambda: dict(DEFAULT_SLO))
+    fault_windows: list | None = None
+    capacity: list | None = None
+    write_summary: bool = True
+
+
+def _manifest(spec: SyntheticRun, run_id: str, duration_s: float) -> dict:
+    return {
+        "schema_version": 1,
+        "harness_version": "0.1.0",
+        "git_sha": "0123456789abcdef0123456789abcdef01234567",
+        "command_line": f"bench run --workload sharegpt --slo p99 --out runs/{run_id}",
+        "run_id": run_id,
+        "target": {
+            "kind": "managed",
+            "url": "http://127.0.0.1:8000",
+            "engine": spec.engine,
+            "engine_version": spec.engine_version,
+            "model": spec.model,
+            "endpoint": "/v1/completions",
+            "engine_config": {"max_num_seqs": 64},
+        },
+        "hardware": {
+            "cpu": "Synthetic CPU @ 2.0GHz",
+            "cpu_count": 2,
+            "memory_bytes": 24 * 1024**3,
+            "gpu": None,
+        },
+        "workload": {
+            "name": "sharegpt",
+            "generator": "synthetic",
+            "parameters": {"num_requests": spec.n_requests, "request_rate": spec.rate_per_s},
+            "seed": spec.workload_seed,
+            "tokenizer": "tiny-random",
+            "sha256": spec.workload_sha256,
+            "synthetic": True,
+            "source": "tests/reports/rundir_builder.py",
+        },
+        "slo": spec.slo,
+        "fault_plan": None if spec.fault_windows is None else {"windows": spec.fault_windows},
+        "started_at": "2026-11-29T10:00:00+00:00",
+        "t0_ns": 1_000_000_000_000,
+        "config": {"seed": spec.seed},
+        "complete": True,
+        "ended_at": f"2026-11-29T10:00:{min(59, int(duration_s) + 1):02d}+00:00",
+        "interrupted_reason": None,
+    }
+
+
+def write_run(path: Path, spec: SyntheticRun) -> Path:
+    """Write a complete run directory for `spec` at `path` (created) and return `path`."""
+    path.mkdir(parents=True, exist_ok=True)
+    workload_rng = np.random.default_rng(spec.workload_seed)
+    rng = np.random.default_rng(spec.seed)
+    n = spec.n_requests
+    arrivals_ns = np.cumsum(workload_rng.exponential(NS_PER_S / spec.rate_per_s, size=n))
+    arrivals_ns = arrivals_ns.astype(np.int64)
+    low, high = spec.output_tokens_range
+    out_tokens = workload_rng.integers(low, high + 1, size=n)
+    in_tokens = workload_rng.integers(32, 256, size=n)
+    lag_ns = rng.integers(50_000, 400_000, size=n)
+    ttft_ns = (
+        spec.ttft_ms_median * spec.latency_scale * NS_PER_MS * rng.lognormal(0.0, 0.3, size=n)
+    ).astype(np.int64)
+    tpot_ns = (
+        spec.tpot_ms_median * spec.latency_scale * NS_PER_MS * rng.lognormal(0.0, 0.2, size=n)
+    ).astype(np.int64)
+
+    kinds = [kind for kind, count in sorted(spec.failures.items()) for _ in range(count)]
+    failed_at = {}
+    if kinds:
+        positions = np.linspace(0, n - 1, num=len(kinds) + 2)[1:-1].astype(int)
+        failed_at = dict(zip(positions.tolist(), kinds, strict=True))
+    ok_positions = [i for i in range(n) if i not in failed_at]
+    wrong = set(ok_positions[1 : 1 + 7 * spec.wrong_output : 7][: spec.wrong_output])
+
+    rows: dict[str, list] = {name: [] for name in REQUESTS_SCHEMA.names}
+    chunks: dict[str, list] = {name: [] for name in CHUNKS_SCHEMA.names}
+    for i in range(n):
+        rid = f"req-{i:05d}"
+        sched = int(arrivals_ns[i])
+        sent = sched + int(lag_ns[i])
+        row = dict.fromkeys(REQUESTS_SCHEMA.names)
+        row.update(
+            request_id=rid,
+            is_warmup=False,
+            t_scheduled_ns=sched,
+            t_sent_ns=sent,
+            input_tokens=int(in_tokens[i]),
+        )
+        kind = failed_at.get(i)
+        if kind is not None:
+            status, http, error_class, message = FAILURE_KINDS[kind]
+            row.update(
+                status=status,
+                http_status=http,
+                error_class=error_class,
+                error_message=message,
+                t_done_ns=sent + (30 * NS_PER_S if status == "timeout" else 5 * NS_PER_MS),
+                output_tokens=0,
+                client_output_tokens=0,
+                output_tokens_source="client_count",
+                output_chars=0,
+                num_chunks=0,
+            )
+        else:
+            n_out = 0 if i in wrong else int(out_tokens[i])
+            first = sent + int(ttft_ns[i])
+            token_times = first + np.arange(max(n_out, 1), dtype=np.int64) * int(tpot_ns[i])
+            last = int(token_times[-1])
+            row.update(
+                status="ok",
+                http_status=200,
+                finish_reason="length" if n_out else "stop",
+                t_first_byte_ns=first - 100_000,
+                t_first_token_ns=first if n_out else None,
+                t_last_token_ns=last if n_out else None,
+                t_done_ns=last + 200_000,
+                usage_prompt_tokens=int(in_tokens[i]),
+                usage_completion_tokens=n_out,
+                client_output_tokens=n_out,
+                output_tokens=n_out,
+                output_tokens_source="usage",
+                output_chars=4 * n_out,
+                output_sha256=f"{i:064x}",
+                num_chunks=n_out,
+            )
+            for t in token_times[:n_out]:
+                chunks["request_id"].append(rid)
+                chunks["t_ns"].append(int(t))
+                chunks["n_tokens"].append(1)
+                chunks["n_chars"].append(4)
+        for name in REQUESTS_SCHEMA.names:
+            rows[name].append(row[name])
+
+    pq.write_table(pa.Table.from_pydict(rows, schema=REQUESTS_SCHEMA), path / "requests.parquet")
+    pq.write_table(pa.Table.from_pydict(chunks, schema=CHUNKS_SCHEMA), path / "chunks.parquet")
+    duration_s = max(row_done for row_done in rows["t_done_ns"]) / NS_PER_S
+    manifest = _manifest(spec, path.name, duration_s)
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    if spec.capacity is not None:
+        (path / "capacity.json").write_text(json.dumps({"curve": spec.capacity}, indent=2))
+    if spec.write_summary:
+        import slo
+
+        summary = slo.summarize(path, spec.slo)
+        (path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    return path

@@ -1,0 +1,146 @@
+"""The card model and its JSON form, against a golden file and hand-counted facts.
+
+Regenerate the golden file after an intended change (and review the diff):
+
+    UPDATE_GOLDEN=1 python -m pytest -q tests/reports/test_reports_card.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import GOLDEN_SPEC
+from rundir_builder import SyntheticRun, write_run
+
+import slo
+from reports.build import build_card, read_capacity
+from reports.card import CARD_SCHEMA_VERSION
+from reports.errors import ReportError
+
+GOLDEN = Path(__file__).parent / "golden" / "card.json"
+
+
+def test_json_card_matches_golden(golden_run):
+    text = build_card(golden_run).to_json()
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert GOLDEN.is_file(), "no golden file: run with UPDATE_GOLDEN=1 once and review it"
+    assert text == GOLDEN.read_text()
+
+
+def test_json_card_is_repeatable_and_versioned(golden_run):
+    first = build_card(golden_run).to_json()
+    assert build_card(golden_run).to_json() == first
+    data = json.loads(first)
+    assert data["schema_version"] == CARD_SCHEMA_VERSION
+    assert data["kind"] == "run"
+    assert list(data)[:4] == ["schema_version", "kind", "run_id", "headline"]
+
+
+def test_failure_taxonomy_counts_each_request_once(golden_run):
+    # GOLDEN_SPEC: 9 failed requests of known kinds and 2 ok requests with empty output.
+    failures = build_card(golden_run).failures
+    assert (failures.rejected, failures.timeout, failures.oom) == (3, 2, 1)
+    assert (failures.cancelled, failures.unknown, failures.error) == (1, 1, 1)
+    assert failures.wrong_output == 2
+    assert failures.ok == GOLDEN_SPEC.n_requests - 11
+    assert failures.failed == 11 and failures.total == GOLDEN_SPEC.n_requests
+
+
+def test_card_figures_are_slo_figures(golden_run):
+    card = build_card(golden_run)
+    summary = slo.summarize(golden_run)
+    for row in card.latency:
+        dist = summary["latency_ms"][row.metric]
+        assert (row.n, row.p50_ms, row.p99_ms) == (dist["n"], dist["p50"], dist["p99"])
+        assert row.p99_ci_ms[0] <= row.p99_ms <= row.p99_ci_ms[1]
+    rates = {t.name: t.value for t in card.throughput}
+    assert rates == {k: v for k, v in summary["throughput"].items() if k in rates}
+    assert card.goodput["request_per_s"] == summary["goodput"]["request_per_s"]
+    assert [v.verdict for v in card.slo_verdicts] == [
+        o["verdict"] for o in summary["slo"]["objectives"]
+    ]
+    assert card.headline == summary["slo"]["verdict"]
+    assert card.client_health.dispatch_lag_p99_ms == summary["dispatch_lag_ms"]["p99"]
+    assert {s.dimension for s in card.slices} == {"input_tokens", "output_tokens", "phase"}
+
+
+def test_series_carry_fault_windows_and_capacity(golden_run):
+    series = build_card(golden_run).series
+    assert series.fault_windows == [{"start_s": 4.0, "end_s": 6.0, "kind": "latency"}]
+    assert [p["rate"] for p in series.capacity] == [2.0, 4.0, 8.0, 16.0]
+    assert sum(row["timeout"] for row in series.failures_over_time) == 2
+    assert sum(row["ok"] for row in series.failures_over_time) == GOLDEN_SPEC.n_requests - 11
+    assert series.cdf_ms["ttft"][-1][1] == 1.0
+
+
+def test_environment_comes_from_the_manifest(golden_run):
+    env = build_card(golden_run).environment
+    assert (env.engine, env.model, env.workload_sha256) == ("engine_ref", "tiny-random", "a" * 64)
+    assert env.command_line.startswith("bench run")
+    assert env.hardware["cpu_count"] == 2
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [
+            {"rate": 4, "attainment": 0.9, "goodput": 3.5},
+            {"rate": 2, "attainment": 1, "goodput": 2},
+        ],
+        {
+            "curve": [
+                {"rate": 2, "attainment": 1, "goodput": 2},
+                {"rate": 4, "attainment": 0.9, "goodput": 3.5},
+            ]
+        },
+        {
+            "capacity_rate_per_s": 2,
+            "curve_points": [
+                {"rate_per_s": 2, "attainment": 1, "goodput_per_s": 2},
+                {"rate_per_s": 4, "attainment": 0.9, "goodput_per_s": 3.5},
+            ],
+        },
+    ],
+)
+def test_capacity_file_layouts(tmp_path, content):
+    (tmp_path / "capacity.json").write_text(json.dumps(content))
+    assert read_capacity(tmp_path) == [
+        {"rate": 2, "attainment": 1, "goodput": 2},
+        {"rate": 4, "attainment": 0.9, "goodput": 3.5},
+    ]
+
+
+def test_incomplete_run_without_slo_says_so(tmp_path):
+    run = write_run(tmp_path / "r", SyntheticRun(n_requests=30, slo=None, write_summary=False))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest.update(complete=False, interrupted_reason="SIGINT")
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    card = build_card(run)
+    assert card.headline == "no_slo" and card.slo_verdicts == [] and card.goodput is None
+    assert any("incomplete (SIGINT)" in note for note in card.notes)
+
+
+def test_memory_per_request_when_the_target_reports_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = write_run(tmp_path / "r", SyntheticRun(n_requests=20, write_summary=False))
+    table = pq.read_table(run / "requests.parquet")
+    values = [1024.0 * (i + 1) for i in range(table.num_rows)]
+    pq.write_table(
+        table.append_column("peak_memory_bytes", pa.array(values)), run / "requests.parquet"
+    )
+    memory = build_card(run).memory
+    assert memory.available and memory.source == "requests.parquet:peak_memory_bytes"
+    assert memory.per_request_bytes["max"] == 20 * 1024.0
+    assert memory.per_request_bytes["p50"] == pytest.approx(10.5 * 1024.0)
+    assert not build_card(write_run(tmp_path / "s", SyntheticRun(n_requests=20))).memory.available
+
+
+def test_missing_run_directory_is_a_report_error(tmp_path):
+    with pytest.raises(ReportError, match="no manifest.json"):
+        build_card(tmp_path)

@@ -1,0 +1,55 @@
+"""The terminal views, against golden strings (plain text, fixed width, no colour).
+
+Regenerate after an intended change (and review the diff):
+
+    UPDATE_GOLDEN=1 python -m pytest -q tests/reports/test_reports_console.py
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+import slo
+from reports.build import build_card
+from reports.console import render_summary
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def _render(obj) -> str:
+    out = io.StringIO()
+    render_summary(obj, Console(file=out, width=110, color_system=None, force_terminal=False))
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
+
+
+def _check(name: str, text: str) -> None:
+    path = GOLDEN_DIR / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.is_file(), "no golden file: run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text()
+
+
+def test_card_console_view_matches_golden(golden_run):
+    _check("console_card.txt", _render(build_card(golden_run)))
+
+
+def test_summary_console_view_matches_golden(golden_run):
+    _check("console_summary.txt", _render(slo.summarize(golden_run)))
+
+
+@pytest.mark.parametrize("source", ["card", "summary"])
+def test_console_shows_verdicts_and_every_outcome(golden_run, source):
+    obj = build_card(golden_run) if source == "card" else slo.summarize(golden_run)
+    text = _render(obj)
+    assert "INCONCLUSIVE" in text and "ttft_ms p99 <= 200" in text
+    assert "goodput (requests/s)" in text
+    for word in ("timeout", "rejected", "cancelled"):
+        assert word in text
+    if source == "card":
+        assert "wrong output" in text and "oom" in text
