@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import GOLDEN_SPEC
-from rundir_builder import SyntheticRun, write_run
+from rundir_builder import GOLDEN_SPEC, SyntheticRun, write_run
 
 import slo
 from reports.build import build_card, read_capacity
