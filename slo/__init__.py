@@ -11,7 +11,9 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
   `total_tokens_per_s` (tokens of ok requests).
 - `latency_ms`: `ttft`, `tpot`, `itl` (pooled chunk gaps), `e2e`, `itl_request_mean`,
   `itl_max` (longest stall per request), each `{mean, p50, p90, p95, p99, max, n}` over
-  ok requests (linear-interpolated percentiles).
+  ok requests (linear-interpolated percentiles); ttft, tpot, itl and e2e add
+  `ci: {p50, p90, p99}` -> [low, high] seeded bootstrap intervals (None under two values)
+  at `ci_confidence` (0.95).
 - `dispatch_lag_ms`: `{p50, p99, max, n}`; `client_bound` (p99 lag > bound) and
   `client_bound_threshold_ms`.
 - `output_tokens_source` (`usage` | `client_count` | `mixed` | None) and

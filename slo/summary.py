@@ -15,10 +15,12 @@ from slo.goodput import goodput_summary
 from slo.run_tables import RunTables, load_run
 from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_NUM_PHASES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
+from slo.stats import bootstrap_quantile_ci
 from slo.verdicts import evaluate
 
 SUMMARY_SCHEMA_VERSION = 1
 DEFAULT_CLIENT_BOUND_MS = 10.0
+DEFAULT_CI_CONFIDENCE = 0.95
 
 DEFINITIONS = {
     "ttft": "send to first token-bearing chunk, per ok request (ms)",
@@ -37,17 +39,46 @@ DEFINITIONS = {
 }
 
 
-def latency_summary(rm: RequestMetrics) -> dict:
-    """The `latency_ms` block over the ok requests of `rm`: one `distribution` per metric."""
+CI_PERCENTILES = (50, 90, 99)
+CI_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+def latency_summary(
+    rm: RequestMetrics,
+    *,
+    rng: np.random.Generator | None = None,
+    ci_confidence: float = DEFAULT_CI_CONFIDENCE,
+) -> dict:
+    """The `latency_ms` block over the ok requests of `rm`: one `distribution` per metric.
+
+    With `rng`, the ttft, tpot, itl and e2e blocks also get `ci`: `{p50, p90, p99}` ->
+    [low, high] seeded bootstrap intervals at `ci_confidence` (None with fewer than two
+    values).
+    """
     ok = rm.is_ok
-    return {
-        "ttft": metrics.distribution(rm.ttft_ms[ok]),
-        "tpot": metrics.distribution(rm.tpot_ms[ok]),
-        "itl": metrics.distribution(rm.pooled_itl_ms(ok)),
-        "e2e": metrics.distribution(rm.e2e_ms[ok]),
-        "itl_request_mean": metrics.distribution(rm.itl_mean_ms[ok]),
-        "itl_max": metrics.distribution(rm.itl_max_ms[ok]),
+    values = {
+        "ttft": rm.ttft_ms[ok],
+        "tpot": rm.tpot_ms[ok],
+        "itl": rm.pooled_itl_ms(ok),
+        "e2e": rm.e2e_ms[ok],
+        "itl_request_mean": rm.itl_mean_ms[ok],
+        "itl_max": rm.itl_max_ms[ok],
     }
+    out = {name: metrics.distribution(v) for name, v in values.items()}
+    if rng is not None:
+        for name in CI_METRICS:
+            defined = values[name][~np.isnan(values[name])]
+            out[name]["ci"] = {
+                f"p{q}": _interval(defined, q, rng, ci_confidence) for q in CI_PERCENTILES
+            }
+    return out
+
+
+def _interval(values: np.ndarray, q: float, rng: np.random.Generator, confidence: float):
+    if values.size < 2:
+        return None
+    low, high = bootstrap_quantile_ci(values, q, rng=rng, confidence=confidence)
+    return [low, high]
 
 
 def throughput_summary(rm: RequestMetrics, window_s: float | None) -> dict:
@@ -90,8 +121,17 @@ def dispatch_summary(rm: RequestMetrics, client_bound_ms: float) -> tuple[dict, 
     return lag, bool(lag["p99"] is not None and lag["p99"] > client_bound_ms)
 
 
-def core_summary(rm: RequestMetrics, *, client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS) -> dict:
-    """Counts, window, throughput, latencies, dispatch lag and token source for `rm`."""
+def core_summary(
+    rm: RequestMetrics,
+    *,
+    client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
+    rng: np.random.Generator | None = None,
+    ci_confidence: float = DEFAULT_CI_CONFIDENCE,
+) -> dict:
+    """Counts, window, throughput, latencies, dispatch lag and token source for `rm`.
+
+    `rng` (optional) adds bootstrap intervals to the latency blocks; see `latency_summary`.
+    """
     window_s = rm.window_s()
     lag, client_bound = dispatch_summary(rm, client_bound_ms)
     source, source_counts = output_tokens_source(rm)
@@ -100,7 +140,7 @@ def core_summary(rm: RequestMetrics, *, client_bound_ms: float = DEFAULT_CLIENT_
         "error_rate": error_rate(rm),
         "window_s": window_s,
         "throughput": throughput_summary(rm, window_s),
-        "latency_ms": latency_summary(rm),
+        "latency_ms": latency_summary(rm, rng=rng, ci_confidence=ci_confidence),
         "dispatch_lag_ms": lag,
         "client_bound": client_bound,
         "client_bound_threshold_ms": client_bound_ms,
@@ -133,7 +173,9 @@ def summarize_tables(
     spec = _resolve_spec(slo_spec, tables.manifest)
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
     summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "definitions": DEFINITIONS}
-    summary.update(core_summary(rm, client_bound_ms=client_bound_ms))
+    ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    summary.update(core_summary(rm, client_bound_ms=client_bound_ms, rng=ci_rng))
+    summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
     summary["run_complete"] = tables.manifest.get("complete")
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
     summary["slices"] = slices_summary(
@@ -142,7 +184,7 @@ def summarize_tables(
     summary["slo"] = None
     summary["goodput"] = None
     if spec is not None:
-        summary["slo"] = evaluate(rm, spec, rng=np.random.default_rng(seed))
+        summary["slo"] = evaluate(rm, spec, rng=slo_rng)
         summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
     if conventions == "all":
         summary["conventions"] = conventions_summary(rm, tables.chunks)
@@ -166,7 +208,8 @@ def summarize(
     spec recorded in manifest.json (`slo`), if any. `seed` seeds the bootstrap intervals.
     `conventions="all"` adds other tools' TPOT/ITL definitions. `client_bound_ms` is the
     p99 dispatch-lag bound. The edges and `num_phases` shape the slices. Raises `SLOError`
-    for a missing or unreadable run directory and for a bad SLO spec.
+    for a missing or unreadable run directory and for a bad SLO spec. The latency blocks
+    carry seeded bootstrap intervals (`ci`) at 95%.
     """
     return summarize_tables(
         load_run(run_dir),

@@ -41,11 +41,22 @@ def test_window_and_throughput(hand_run):
 
 def test_ttft_over_ok_requests(hand_run):
     ttft = slo.summarize(hand_run)["latency_ms"]["ttft"]
+    ci = ttft.pop("ci")
     # ok TTFTs: 100, 200, 300. p90 at h = 2 * 0.9 = 1.8 -> 200 + 0.8 * 100.
     assert ttft == {
         "mean": approx(200), "p50": approx(200), "p90": approx(280), "p95": approx(290),
         "p99": approx(298), "max": approx(300), "n": 3,
     }  # fmt: skip
+    # bootstrap intervals of a percentile of {100, 200, 300} lie within the sample's range
+    for q in ("p50", "p90", "p99"):
+        low, high = ci[q]
+        assert 100 <= low <= ttft[q] <= high <= 300
+
+
+def test_intervals_are_seeded(hand_run):
+    a = slo.summarize(hand_run, seed=3)["latency_ms"]
+    assert a == slo.summarize(hand_run, seed=3)["latency_ms"]
+    assert a["itl_request_mean"].get("ci") is None  # intervals only on ttft, tpot, itl, e2e
 
 
 def test_tpot_skips_one_token_outputs(hand_run):
@@ -110,7 +121,8 @@ def test_empty_run_has_undefined_metrics(tmp_path):
     assert s["window_s"] is None
     assert s["throughput"]["request_per_s"] is None
     assert s["latency_ms"]["ttft"] == {
-        "mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None, "n": 0
+        "mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None, "n": 0,
+        "ci": {"p50": None, "p90": None, "p99": None},
     }  # fmt: skip
     assert s["error_rate"] is None
     assert s["client_bound"] is False
