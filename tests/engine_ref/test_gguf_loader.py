@@ -6,6 +6,7 @@ import pytest
 import torch
 from gguf_writer_util import llama_cpp_permute
 
+from engine_ref.dequant import dequantize_to_torch
 from engine_ref.gguf_file import read_gguf, tensor_bytes
 from engine_ref.gguf_loader import hf_from_gguf_name, unpermute_qk
 from engine_ref.model_files import ModelFileError
@@ -69,10 +70,50 @@ def quant_file(tmp_path):
 
 def _dequant(path, name):
     info = next(t for t in read_gguf(path).tensors if t.name == name)
-    values = gguf.quants.dequantize(
-        tensor_bytes(path, info), gguf.GGMLQuantizationType(info.ggml_type)
+    return info, dequantize_to_torch(tensor_bytes(path, info), info.ggml_type, info.shape).numpy()
+
+
+def _random_blocks(rng, qtype, n_blocks):
+    """Random block bytes with finite float16 scales in the leading scale fields."""
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    scale_bytes = {gguf.GGMLQuantizationType.Q4_1: 4, gguf.GGMLQuantizationType.Q5_1: 4}.get(
+        qtype, 2
     )
-    return info, np.asarray(values).reshape(info.shape)
+    scales = rng.uniform(-2, 2, size=(n_blocks, scale_bytes // 2)).astype(np.float16)
+    raw[:, :scale_bytes] = scales.view(np.uint8).reshape(n_blocks, scale_bytes)
+    return raw, block_values
+
+
+@pytest.mark.parametrize(
+    "qtype",
+    [
+        gguf.GGMLQuantizationType.Q8_0,
+        gguf.GGMLQuantizationType.Q4_0,
+        gguf.GGMLQuantizationType.Q4_1,
+        gguf.GGMLQuantizationType.Q5_0,  # not a torch fast path: decoded by gguf.quants
+    ],
+)
+def test_torch_dequant_matches_gguf_quants(qtype):
+    rng = np.random.default_rng(1)
+    raw, per_block = _random_blocks(rng, qtype, 24)
+    ours = dequantize_to_torch(raw, qtype, (4, 6 * per_block))
+    theirs = np.asarray(gguf.quants.dequantize(raw.reshape(4, -1), qtype), dtype=np.float32)
+    np.testing.assert_array_equal(ours.numpy(), theirs)
+
+
+def test_half_precision_types():
+    values = np.array([1.5, -2.0, 0.0078125, 3.0e4], dtype=np.float32)
+    f16 = values.astype(np.float16).view(np.uint8)
+    assert dequantize_to_torch(f16, 1, (2, 2)).flatten().tolist() == values.tolist()
+    as_bf16 = torch.from_numpy(values).to(torch.bfloat16)
+    raw = as_bf16.view(torch.uint8).numpy()
+    assert dequantize_to_torch(raw, 30, (4,)).tolist() == as_bf16.float().tolist()
+
+
+def test_unknown_type_is_a_model_file_error():
+    with pytest.raises(ModelFileError, match="cannot be dequantised"):
+        dequantize_to_torch(np.zeros(8, np.uint8), 999, (8,))
 
 
 def test_q8_0_dequantises_to_scale_times_int(quant_file):
