@@ -130,7 +130,9 @@ def content_chunk_gaps_ms(chunks: pa.Table, request_ids: np.ndarray) -> np.ndarr
 
 
 def conventions_summary(rm: RequestMetrics, chunks: pa.Table) -> dict:
-    """The `conventions` block: per tool, its metric names mapped to distributions (ms)."""
+    """The `conventions` block: per tool (`harness`, `vllm`, `guidellm`, `aiperf`, `mlperf`),
+    `{source, percentile_method, metrics: {tool's metric name: {mean, p50, p90, p95, p99,
+    max, n, definition}}}`, over ok requests, in ms."""
     ok = rm.is_ok
     ids = rm.request_id[ok]
     n_out = rm.output_tokens[ok]
@@ -151,30 +153,53 @@ def conventions_summary(rm: RequestMetrics, chunks: pa.Table) -> dict:
     scheduled = np.where(np.isnan(scheduled), sent, scheduled)
     mlperf_tpot = (done - first) / metrics.NS_PER_MS / multi
 
+    linear = "linear interpolation (numpy default)"
+    nearest = "nearest rank: sorted[floor(n * p)]"
+    weighted = "weighted inverse CDF: first value whose cumulative weight reaches p"
     return {
-        "harness": {
-            "ttft": _dist(ttft, _linear),
-            "tpot": _dist(rm.tpot_ms[ok], _linear),
-            "itl": _dist(pooled_itl, _linear),
-        },
-        "vllm": {
-            "ttft": _dist(ttft, _linear),
-            "tpot": _dist(vllm_tpot, _linear),
-            "itl": _dist(pooled_itl, _linear),
-            "e2el": _dist((last_chunk - sent) / metrics.NS_PER_MS, _linear),
-        },
-        "guidellm": {
-            "time_to_first_token_ms": _dist(ttft, _linear),
-            "time_per_output_token_ms": _weighted_dist(guidellm_tpot, n_out),
-            "inter_token_latency_ms": _weighted_dist(guidellm_itl, n_out - 1),
-        },
-        "aiperf": {
-            "time_to_first_token": _dist(ttft, _linear),
-            "inter_token_latency": _dist(vllm_tpot, _linear),
-            "inter_chunk_latency": _dist(content_chunk_gaps_ms(chunks, ids), _linear),
-        },
-        "mlperf": {
-            "ttft": _dist((first - scheduled) / metrics.NS_PER_MS, nearest_rank_percentile),
-            "tpot": _dist(mlperf_tpot, nearest_rank_percentile),
-        },
+        "harness": _convention("slo.metrics (this harness)", linear, {
+            "ttft": (_dist(ttft, _linear), "send to first token-bearing chunk"),
+            "tpot": (_dist(rm.tpot_ms[ok], _linear),
+                     "(last token - first token) / (output_tokens - 1), per request"),
+            "itl": (_dist(pooled_itl, _linear), "token-bearing chunk gaps, pooled"),
+        }),
+        "vllm": _convention("vllm/benchmarks/serve.py calculate_metrics", linear, {
+            "ttft": (_dist(ttft, _linear), "send to first streamed chunk"),
+            "tpot": (_dist(vllm_tpot, _linear),
+                     "(latency - ttft) / (output_len - 1), per request, latency to the last chunk"),
+            "itl": (_dist(pooled_itl, _linear), "gaps between streamed chunks, pooled"),
+            "e2el": (_dist((last_chunk - sent) / metrics.NS_PER_MS, _linear),
+                     "send to the last chunk"),
+        }),
+        "guidellm": _convention("guidellm request stats and DistributionSummary", weighted, {
+            "time_to_first_token_ms": (_dist(ttft, _linear), "request start to first token"),
+            "time_per_output_token_ms": (_weighted_dist(guidellm_tpot, n_out),
+                                         "(last token - request start) / output_tokens, "
+                                         "TTFT included, weighted by output_tokens"),
+            "inter_token_latency_ms": (_weighted_dist(guidellm_itl, n_out - 1),
+                                       "(last token - first token) / (output_tokens - 1), "
+                                       "weighted by output_tokens - 1"),
+        }),
+        "aiperf": _convention("aiperf docs/metrics_reference.md", linear, {
+            "time_to_first_token": (_dist(ttft, _linear), "request start to first response"),
+            "inter_token_latency": (_dist(vllm_tpot, _linear),
+                                    "(request_latency - ttft) / (output_sequence_length - 1), "
+                                    "per request"),
+            "inter_chunk_latency": (_dist(content_chunk_gaps_ms(chunks, ids), _linear),
+                                    "gaps between consecutive non-empty chunks, pooled"),
+        }),
+        "mlperf": _convention("mlcommons/inference loadgen", nearest, {
+            "ttft": (_dist((first - scheduled) / metrics.NS_PER_MS, nearest_rank_percentile),
+                     "scheduled time to first token (includes dispatch lag)"),
+            "tpot": (_dist(mlperf_tpot, nearest_rank_percentile),
+                     "(latency - first token latency) / (n_tokens - 1), per sample"),
+        }),
+    }  # fmt: skip
+
+
+def _convention(source: str, percentiles: str, entries: dict[str, tuple[dict, str]]) -> dict:
+    return {
+        "source": source,
+        "percentile_method": percentiles,
+        "metrics": {name: {**dist, "definition": text} for name, (dist, text) in entries.items()},
     }

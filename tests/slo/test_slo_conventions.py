@@ -20,8 +20,11 @@ def test_percentile_methods_by_hand():
 
 
 def test_conventions_side_by_side(hand_run):
-    c = slo.summarize(hand_run, conventions="all")["conventions"]
-    assert set(c) == {"harness", "vllm", "guidellm", "aiperf", "mlperf"}
+    raw = slo.summarize(hand_run, conventions="all")["conventions"]
+    assert set(raw) == {"harness", "vllm", "guidellm", "aiperf", "mlperf"}
+    assert all(raw[tool]["source"] and raw[tool]["percentile_method"] for tool in raw)
+    assert all(m["definition"] for tool in raw.values() for m in tool["metrics"].values())
+    c = {tool: block["metrics"] for tool, block in raw.items()}
     # vLLM: TPOT from the last chunk, per request: r1 150/3 = 50, r2 120/1 = 120
     assert c["vllm"]["tpot"]["mean"] == pytest.approx(85)
     assert c["vllm"]["itl"]["n"] == 3  # pooled gaps 50, 100, 120
