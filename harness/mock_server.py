@@ -86,7 +86,9 @@ class MockEngine:
         return web.Response(text="ok")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        start = asyncio.get_running_loop().time()  # service starts on arrival, before the body is read
+        start = (
+            asyncio.get_running_loop().time()
+        )  # service starts on arrival, before the body is read
         self.requests_seen += 1
         try:
             body = await request.json()

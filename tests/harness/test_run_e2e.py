@@ -72,7 +72,10 @@ def test_closed_loop_never_exceeds_its_users(mock_server, tmp_path):
         outcome = run_benchmark(RunConfig(url=url, workload="random", input_len=8, output_len=4, num_requests=24,
                                           concurrency=4, tokenizer="tiny-random", out=tmp_path / "run"))  # fmt: skip
     req = pq.read_table(outcome.run_dir / "requests.parquet").to_pydict()
-    events = sorted([(t, 1) for t in req["t_sent_ns"]] + [(t, -1) for t in req["t_done_ns"]], key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(t, 1) for t in req["t_sent_ns"]] + [(t, -1) for t in req["t_done_ns"]],
+        key=lambda e: (e[0], e[1]),
+    )
     level = peak = 0
     for _, step in events:
         level += step
@@ -127,7 +130,9 @@ def test_unwritable_out(tmp_path):
         locked.mkdir(mode=0o500)
         unwritable = locked / "r"
     with pytest.raises(HarnessError, match="cannot write the run directory"):
-        run_benchmark(RunConfig(url="http://127.0.0.1:9/v1", tokenizer="tiny-random", out=unwritable))
+        run_benchmark(
+            RunConfig(url="http://127.0.0.1:9/v1", tokenizer="tiny-random", out=unwritable)
+        )
 
 
 def test_out_that_is_a_file_is_refused(tmp_path):
