@@ -200,8 +200,14 @@ class SLOSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise SLOError("an SLO spec needs a non-empty name.")
+        if not isinstance(self.per_request, PerRequestObjectives):
+            raise SLOError("per_request must be a PerRequestObjectives.")
         object.__setattr__(self, "percentiles", tuple(self.percentiles))
         object.__setattr__(self, "slices", tuple(self.slices))
+        if not all(isinstance(p, PercentileObjective) for p in self.percentiles):
+            raise SLOError("percentiles must be PercentileObjective entries.")
+        if not all(isinstance(s, SliceOverride) for s in self.slices):
+            raise SLOError("slices must be SliceOverride entries.")
         if self.attainment_min is not None:
             v = _fraction(self.attainment_min, "attainment_min", allow_zero=False)
             object.__setattr__(self, "attainment_min", v)

@@ -9,7 +9,9 @@ samples than the spec's `min_samples` is inconclusive whatever the counts say.
 
 Percentile objectives are judged over ok requests (their latency distribution; `n` says
 how many); attainment and error-rate objectives over all requests, failures counted as
-misses.
+misses. For `itl_ms` the sample is every pooled chunk gap; gaps of one request are not
+independent, so its binomial bound is optimistic (`max_itl_ms`, one value per request,
+avoids that).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import yaml
 
-from slo import SLOError, SLOSpec, builtin_names, load_slo
+from slo import PerRequestObjectives, SLOError, SLOSpec, builtin_names, load_slo
 
 
 def test_builtins_by_name_and_file_name():
@@ -89,3 +89,12 @@ def test_schema_errors_are_one_sentence(tmp_path, text, message):
     text_out = str(info.value)
     assert text_out.endswith(".") and "\n" not in text_out
     assert str(path) in text_out
+
+
+def test_direct_construction_is_validated():
+    with pytest.raises(SLOError, match="PerRequestObjectives"):
+        SLOSpec(name="x", per_request={"ttft_ms": 1})
+    with pytest.raises(SLOError, match="positive number"):
+        PerRequestObjectives(ttft_ms=0)
+    with pytest.raises(SLOError, match="non-empty name"):
+        SLOSpec(name="")

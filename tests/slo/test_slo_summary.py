@@ -161,3 +161,33 @@ def test_one_token_tpot_is_nan_not_zero():
     tpot = slo.metrics.tpot_ms([0.0, 0.0], [0.0, 4e6], [1, 3])
     assert math.isnan(tpot[0])
     assert tpot[1] == approx(2.0)
+
+
+def test_run_complete_little_law_and_slices_in_summary(tmp_path):
+    from slo_runs import hand_requests
+
+    requests, chunks = hand_requests()
+    run = write_run(tmp_path / "partial", requests, chunks, {"complete": False})
+    s = slo.summarize(run)
+    assert s["run_complete"] is False
+    assert s["little_law"]["mean_in_flight"] == approx(964 / 505)
+    assert s["little_law"]["ratio"] == approx(1.0)
+    assert set(s["slices"]) == {"input_tokens", "output_tokens", "phase"}
+    assert [e["label"] for e in s["slices"]["input_tokens"]] == ["0-127"]
+    # three phases of 168.3 ms: sends at 0, 102 | 200, 330 | 400 ms
+    assert [e["n"] for e in s["slices"]["phase"]] == [2, 2, 1]
+
+
+def test_spec_recorded_in_the_manifest_is_used(tmp_path):
+    from slo_runs import hand_requests
+
+    requests, chunks = hand_requests()
+    spec = slo.load_slo("interactive").to_dict()
+    run = write_run(tmp_path / "with-slo", requests, chunks, {"slo": spec})
+    s = slo.summarize(run)
+    assert s["slo"]["spec"] == spec
+    # interactive limits 450 ms TTFT, 40 ms TPOT: r1 (TPOT 50) and r2 (TPOT 120) miss, r3 has
+    # one token (TPOT vacuous) and is good, the two failures miss
+    assert s["goodput"]["attainment"] == approx(1 / 5)
+    assert s["goodput"]["misses"] == {"not_ok": 2, "ttft_ms": 0, "tpot_ms": 2}
+    assert slo.summarize(run, "p99")["slo"]["spec"]["name"] == "p99"
