@@ -59,7 +59,9 @@ def _override_length(dist: LengthDist, value: int | None, ratio: float | None) -
     return dist
 
 
-def _arrival_process(spec: dict[str, Any], opts: WorkloadOptions) -> arr.ArrivalProcess | None:
+def _arrival_process(
+    spec: dict[str, Any], opts: WorkloadOptions, origin: str = "spec"
+) -> arr.ArrivalProcess | None:
     """The spec's process with overrides applied; None means trace timestamps."""
     raw = dict(spec.get("arrivals", {"process": "all_at_once"}))
     if opts.concurrency is not None:
@@ -74,7 +76,7 @@ def _arrival_process(spec: dict[str, Any], opts: WorkloadOptions) -> arr.Arrival
         return arr.AllAtOnce()
     kind = raw["process"]
     if opts.request_rate is None and opts.burstiness is None:
-        return None if kind == "trace" else arr.arrivals_from_spec(raw)
+        return None if kind == "trace" else arr.arrivals_from_spec(raw, where=f"{origin}: arrivals")
     rate = opts.request_rate if opts.request_rate is not None else raw.get("rate")
     if rate is None:
         raise WorkloadError(
@@ -202,7 +204,7 @@ class _Builder:
         duration_s = opts.duration_s if opts.duration_s is not None else data.get("duration_s")
         if opts.duration_s is not None and opts.num_requests is None:
             n_spec = None  # the duration decides
-        proc = _arrival_process(data, opts)
+        proc = _arrival_process(data, opts, self.spec.origin)
         prompts: list[Prompt] | None = None
         groups_col: list[str | None] | None = None
         times: np.ndarray | None
