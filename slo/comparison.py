@@ -152,19 +152,59 @@ def _bootstrap_side(
     return statistic._batched(draws, sample.window_s), "requests"
 
 
-def _bootstrap_groups(
-    sample: Sample, statistic: Statistic, rng: np.random.Generator, n_resamples: int
+def weighted_statistic(
+    statistic: Statistic, sorted_values: np.ndarray, weights_2d: np.ndarray, window_s: float
 ) -> np.ndarray:
-    """Resample whole groups: each replicate repeats every group's values as often as the
-    group was drawn."""
-    starts = np.flatnonzero(np.r_[True, sample.groups[1:] != sample.groups[:-1]])
-    sizes = np.diff(np.r_[starts, sample.values.size])
-    n_groups = starts.size
+    """The statistic of each row of `weights_2d` applied to `sorted_values` (ascending): row
+    b stands for the array in which value i appears weights_2d[b, i] times (non-negative
+    integers). Equals `statistic` over that repeated array, without building it."""
+    weights = np.asarray(weights_2d, dtype=np.int64)  # [resamples, n]
+    if statistic.kind in ("rate", "mean"):
+        totals = weights @ sorted_values
+        if statistic.kind == "rate":
+            return totals / window_s
+        counts = weights.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return totals / counts
+    cumulative = np.cumsum(weights, axis=1)
+    counts = cumulative[:, -1] if weights.shape[1] else np.zeros(weights.shape[0], np.int64)
+    out = np.full(weights.shape[0], np.nan)
+    last = sorted_values.size - 1
+    for b in np.flatnonzero(counts > 0):
+        position = (counts[b] - 1) * statistic.q
+        low = math.floor(position)
+        frac = position - low
+        i_low, i_high = np.searchsorted(cumulative[b], [low, low + 1], side="right")
+        i_low, i_high = min(int(i_low), last), min(int(i_high), last)
+        out[b] = sorted_values[i_low] + frac * (sorted_values[i_high] - sorted_values[i_low])
+    return out
+
+
+def _bootstrap_groups(
+    sample: Sample,
+    statistic: Statistic,
+    rng: np.random.Generator,
+    n_resamples: int,
+    batch: int = 64,
+) -> np.ndarray:
+    """Resample whole groups: a replicate holds every value of a drawn group, as many times
+    as the group was drawn."""
+    _, group_index = np.unique(sample.groups, return_inverse=True)
+    n_groups = int(group_index.max()) + 1
+    order = np.argsort(sample.values, kind="stable")
+    sorted_values = sample.values[order]
+    sorted_groups = group_index[order]
     out = np.empty(n_resamples)
-    for b in range(n_resamples):
-        times_drawn = np.bincount(rng.integers(0, n_groups, size=n_groups), minlength=n_groups)
-        values = np.repeat(sample.values, np.repeat(times_drawn, sizes))
-        out[b] = statistic.compute(values, sample.window_s)
+    for start in range(0, n_resamples, batch):
+        size = min(batch, n_resamples - start)
+        draws = rng.integers(0, n_groups, size=(size, n_groups))
+        # times_drawn[b, g]: how often replicate b drew group g
+        offsets = (np.arange(size) * n_groups)[:, None]
+        times_drawn = np.bincount((draws + offsets).ravel(), minlength=size * n_groups)
+        weights = times_drawn.reshape(size, n_groups)[:, sorted_groups]  # [size, n_values]
+        out[start : start + size] = weighted_statistic(
+            statistic, sorted_values, weights, sample.window_s
+        )
     return out
 
 

@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slo.comparison import Sample, Statistic, bootstrap_ratio, mann_whitney
+from slo.comparison import (
+    Sample,
+    Statistic,
+    _bootstrap_groups,
+    bootstrap_ratio,
+    mann_whitney,
+    weighted_statistic,
+)
 
 
 @pytest.mark.parametrize(
@@ -138,3 +145,42 @@ def test_scaling_the_candidate_scales_the_ratio(values, scale, q):
     )
     assert est.ratio == pytest.approx(scale, rel=1e-9)
     assert est.ci_low <= est.ci_high
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.floats(0.0, 1e3), st.integers(0, 4)), min_size=1, max_size=30
+    ).filter(lambda pairs: sum(w for _, w in pairs) > 0),
+    kind=st.sampled_from(["q0", "q0.5", "q0.9", "q0.99", "q1", "mean", "rate"]),
+)
+def test_weighted_statistic_equals_statistic_of_repeated_values(data, kind):
+    # Independent implementation: build the repeated array and use numpy directly.
+    pairs = sorted(data)
+    values = np.array([v for v, _ in pairs])
+    weights = np.array([[w for _, w in pairs]])
+    repeated = np.repeat(values, weights[0])
+    if kind == "mean":
+        statistic, expected = Statistic("mean"), repeated.mean()
+    elif kind == "rate":
+        statistic, expected = Statistic("rate"), repeated.sum() / 2.0
+    else:
+        q = float(kind[1:])
+        statistic, expected = Statistic("quantile", q), np.quantile(repeated, q)
+    got = weighted_statistic(statistic, values, weights, 2.0)[0]
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_grouped_values_are_resampled_together():
+    # Request A has gaps [1, 1, 1], request B has [3]. Resampling requests gives only the
+    # pools AA (mean 1), AB (mean 1.5) and BB (mean 3); resampling gaps would also give
+    # e.g. [1, 3, 3, 1] (mean 2).
+    sample = Sample(np.array([1.0, 3.0, 1.0, 1.0]), 1.0, groups=np.array([7, 9, 7, 7]))
+    assert sample.n_units == 2
+    replicates = _bootstrap_groups(sample, Statistic("mean"), np.random.default_rng(0), 300)
+    assert set(np.round(replicates, 9)) == {1.0, 1.5, 3.0}
+
+
+def test_group_labels_must_match_values():
+    with pytest.raises(ValueError):
+        Sample(np.array([1.0, 2.0]), 1.0, groups=np.array([0]))
