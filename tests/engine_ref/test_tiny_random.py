@@ -131,3 +131,25 @@ def test_bad_dtype_is_a_model_file_error(dtype):
 
     with pytest.raises(ModelFileError):
         load_model("tiny-random", dtype=dtype)
+
+
+def test_same_model_in_a_fresh_process(tiny_model):
+    """Rust hash maps are seeded per process: training and weights must not depend on them."""
+    import hashlib
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib\n"
+        "from engine_ref.weights import load_model\n"
+        "lm = load_model('tiny-random', dtype='float32')\n"
+        "print(hashlib.sha256(lm.tokenizer.backend.to_str().encode()).hexdigest())\n"
+        "print(hashlib.sha256(b''.join(t.numpy().tobytes() for t in lm.state_dict.values())).hexdigest())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    tok_hash, weights_hash = out.stdout.split()
+    assert tok_hash == hashlib.sha256(tiny_model.tokenizer.backend.to_str().encode()).hexdigest()
+    weights = b"".join(t.numpy().tobytes() for t in tiny_model.state_dict.values())
+    assert weights_hash == hashlib.sha256(weights).hexdigest()
