@@ -7,10 +7,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from workloads.build import FORMAT_VERSION, build_workload, tokenizer_fingerprint
 from workloads.options import WorkloadOptions
 from workloads.prompts import corpus_text
-from workloads.schema import Workload, WorkloadError
+from workloads.schema import Workload, WorkloadError, table_sha256
 from workloads.spec import WorkloadSpec, load_spec_file, parse_spec
 from workloads.store import cache_dir, cache_key, file_identity, read_parquet, write_parquet
 
@@ -52,13 +54,32 @@ def find_spec(name_or_path: str | Path) -> WorkloadSpec | Path:
     return builtin_spec(str(name_or_path))
 
 
+REPLAY_IGNORED = ("seed", "endpoint")
+
+
 def _replay(path: Path, options: WorkloadOptions) -> Workload:
-    given = options.overrides()
+    """A built workload, exactly as stored. `seed` and `endpoint` are ignored (the manifest
+    records the real ones); `concurrency` turns it into a closed-loop run of the same requests
+    (arrival times dropped, manifest sha256 recomputed); other options are errors."""
+    given = {k: v for k, v in options.overrides().items() if k not in REPLAY_IGNORED}
+    concurrency = given.pop("concurrency", None)
     if given:
         raise WorkloadError(
             f"{path} is a built workload and replays exactly; drop {', '.join(sorted(given))} or build a new one."
         )
-    return read_parquet(path)
+    workload = read_parquet(path)
+    if concurrency is None:
+        return workload
+    table = workload.table.set_column(
+        1, "arrival_s", pa.nulls(workload.table.num_rows, pa.float64())
+    )
+    manifest = dict(workload.manifest)
+    manifest.update(
+        closed_loop_concurrency=concurrency,
+        replayed_from_sha256=workload.manifest.get("sha256"),
+        sha256=table_sha256(table),
+    )
+    return Workload(table=table, manifest=manifest, closed_loop_concurrency=concurrency)
 
 
 def _key(spec: WorkloadSpec, options: WorkloadOptions, tokenizer: Any) -> str:

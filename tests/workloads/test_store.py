@@ -35,6 +35,22 @@ def test_parquet_round_trip_and_byte_identical_builds(tmp_path, tiny_tokenizer):
             options=WorkloadOptions(num_requests=3),
             tokenizer=tiny_tokenizer,
         )
+    # the harness always passes a seed and an endpoint: a replay ignores them
+    same = resolve_workload(
+        str(tmp_path / "a.parquet"),
+        options=WorkloadOptions(seed=0, endpoint="completions"),
+        tokenizer=tiny_tokenizer,
+    )
+    assert same.manifest == a.manifest
+    closed = resolve_workload(
+        str(tmp_path / "a.parquet"),
+        options=WorkloadOptions(concurrency=4),
+        tokenizer=tiny_tokenizer,
+    )
+    assert closed.closed_loop_concurrency == 4 and closed.table.column("arrival_s").null_count == 12
+    assert closed.manifest["replayed_from_sha256"] == a.manifest["sha256"]
+    assert closed.manifest["sha256"] == table_sha256(closed.table) != a.manifest["sha256"]
+    assert closed.table.drop_columns(["arrival_s"]).equals(a.table.drop_columns(["arrival_s"]))
 
 
 def test_manifest_contents(tiny_tokenizer):
