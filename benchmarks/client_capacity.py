@@ -6,13 +6,16 @@ The figure is output tokens of ok requests over the span from the first send to 
 completion, read back from `requests.parquet`; chunks recorded are checked against it.
 
     python benchmarks/client_capacity.py [--repeats 3] [--mock PATH]
+
+Each repeat also runs a bare reader (aiohttp + uvloop, splits events and keeps a timestamp per
+event, records nothing to disk: the ceiling for this client stack) under the same pinning, so
+the ratio harness / bare reader is measured side by side on this noisy machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import socket
 import subprocess
@@ -47,6 +50,46 @@ def wait_port(port: int, timeout_s: float = 20) -> None:
     raise RuntimeError("mock server did not start")
 
 
+def bare_reader(port: int, num_requests: int, output_len: int, concurrency: int) -> float:
+    """The baseline: stream every response, split SSE events, stamp each; return tokens/s."""
+    import asyncio
+
+    import aiohttp
+    import uvloop
+
+    body = json.dumps(
+        {"model": "mock", "prompt": "x " * 16, "max_tokens": output_len, "stream": True}
+    ).encode()
+    url = f"http://127.0.0.1:{port}/v1/completions"
+
+    async def main() -> float:
+        queue = list(range(num_requests))
+        stamps: list[int] = []
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def user() -> None:
+                while queue:
+                    queue.pop()
+                    async with session.post(
+                        url, data=body, headers={"Content-Type": "application/json"}
+                    ) as r:
+                        buf = b""
+                        while data := await r.content.readany():
+                            t = time.perf_counter_ns()
+                            buf += data
+                            *events, buf = buf.split(b"\n\n")
+                            stamps.extend(t for e in events if e.startswith(b"data: {"))
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(user() for _ in range(concurrency)))
+            elapsed = time.perf_counter() - t0
+        tokens = len(stamps) - num_requests  # each stream's last JSON event is the usage chunk
+        return tokens / elapsed
+
+    return uvloop.run(main())
+
+
 def measure(run_dir: Path) -> dict:
     req = pq.read_table(run_dir / "requests.parquet").to_pydict()
     chunks = pq.read_table(run_dir / "chunks.parquet", columns=["n_tokens"])
@@ -74,7 +117,13 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--bare-reader-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bare_reader_port:
+        print(
+            bare_reader(args.bare_reader_port, args.num_requests, args.output_len, args.concurrency)
+        )
+        return
     if not args.mock.exists():
         sys.exit(f"mock server not found at {args.mock}; pass --mock PATH")
 
@@ -94,22 +143,40 @@ def main() -> None:
             ]  # fmt: skip
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
             figures = measure(out)
+            bare_cmd = [
+                *taskset("0"), sys.executable, __file__, "--bare-reader-port", str(port),
+                "--num-requests", str(args.num_requests), "--output-len", str(args.output_len),
+                "--concurrency", str(args.concurrency),
+            ]  # fmt: skip
+            bare = subprocess.run(bare_cmd, check=True, capture_output=True, text=True)
+            figures["bare_reader_tokens_per_s"] = float(bare.stdout.strip())
+            figures["ratio_to_bare"] = (
+                figures["output_tokens_per_s"] / figures["bare_reader_tokens_per_s"]
+            )
             results.append(figures)
             print(
-                f"run {i}: {figures['output_tokens_per_s']:,.0f} output tokens/s "
-                f"({figures['ok']}/{figures['requests']} ok, {figures['chunk_rows']:,} chunk rows, {figures['span_s']:.3f} s)"
+                f"run {i}: harness {figures['output_tokens_per_s']:,.0f} output tokens/s "
+                f"({figures['ok']}/{figures['requests']} ok, {figures['chunk_rows']:,} chunk rows, "
+                f"{figures['span_s']:.3f} s); bare reader {figures['bare_reader_tokens_per_s']:,.0f}; "
+                f"ratio {figures['ratio_to_bare']:.2f}"
             )
             shutil.rmtree(out.parent, ignore_errors=True)
     finally:
         mock.terminate()
         mock.wait(timeout=10)
-    rates = sorted(r["output_tokens_per_s"] for r in results)
-    median = rates[len(rates) // 2]
-    print(f"median: {median:,.0f} output tokens/s over {len(rates)} runs (target >= 500,000)")
+
+    def median(key: str) -> float:
+        values = sorted(r[key] for r in results)
+        return values[len(values) // 2]
+
+    print(
+        f"median over {len(results)} runs: harness {median('output_tokens_per_s'):,.0f} output tokens/s "
+        f"(target >= 500,000); bare reader {median('bare_reader_tokens_per_s'):,.0f}; "
+        f"ratio harness/bare {median('ratio_to_bare'):.2f}"
+    )
     if args.json:
-        args.json.write_text(
-            json.dumps({"runs": results, "median_output_tokens_per_s": median}, indent=2)
-        )
+        figures = {"runs": results, "median_output_tokens_per_s": median("output_tokens_per_s")}
+        args.json.write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":
