@@ -86,10 +86,8 @@ def itl_ms_by_request(chunks: pa.Table) -> dict[str, np.ndarray]:
     starts = np.concatenate(([0], boundaries))
     ends = np.concatenate((boundaries, [n]))
     names = ids.take(pa.array(starts)).to_pylist()
-    return {
-        name: np.diff(times[s:e]) / NS_PER_MS
-        for name, s, e in zip(names, starts, ends, strict=True)
-    }
+    gaps_ms = np.diff(times) / NS_PER_MS  # gaps_ms[i] = times[i + 1] - times[i]
+    return {name: gaps_ms[s : e - 1] for name, s, e in zip(names, starts, ends, strict=True)}
 
 
 def pooled_itl_ms(itl_by_request: dict[str, np.ndarray], request_ids: Iterable[str]) -> np.ndarray:
