@@ -259,3 +259,41 @@ def test_mooncake_blocks_share_tokens(tmp_path, tiny_tokenizer):
     assert ids[2] == ids[0][:512]
     assert ids[3][:512] != ids[0][:512]
     assert w.manifest["prompt_check"]["mismatched"] == 0
+
+
+def test_trace_lengths_with_own_arrivals(tmp_path, tiny_tokenizer):
+    path = tmp_path / "burst.csv"
+    rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    rows += [f"{i * 3},ChatGPT,{10 + i},{5 + i},{15 + 2 * i},Conversation log" for i in range(20)]
+    path.write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "b.yaml"
+    spec.write_text(
+        f"name: b\nnum_requests: 30\nsource: {{kind: trace, format: burstgpt, path: {path.name}}}\n"
+        "arrivals: {process: trace, speedup: 3}\n"
+    )
+    # recorded timestamps: the 20 rows, 3 s apart, sped up 3x
+    w = resolve_workload(
+        str(spec), options=WorkloadOptions(), tokenizer=tiny_tokenizer, use_cache=False
+    )
+    assert w.table.column("arrival_s").to_pylist() == [float(i) for i in range(20)]
+    # a request rate replaces the timestamps; rows are reused in order
+    w = resolve_workload(
+        str(spec),
+        options=WorkloadOptions(request_rate=10.0),
+        tokenizer=tiny_tokenizer,
+        use_cache=False,
+    )
+    assert w.table.num_rows == 30
+    assert w.table.column("input_tokens").to_pylist() == [10 + i % 20 for i in range(30)]
+    assert w.table.column("arrival_s").to_pylist()[-1] == pytest.approx(3.0)
+    with pytest.raises(WorkloadError, match="drop input_len"):
+        resolve_workload(
+            str(spec),
+            options=WorkloadOptions(input_len=5),
+            tokenizer=tiny_tokenizer,
+            use_cache=False,
+        )
+    fixed = resolve_workload(
+        str(spec), options=WorkloadOptions(output_len=9), tokenizer=tiny_tokenizer, use_cache=False
+    )
+    assert set(fixed.table.column("max_output_tokens").to_pylist()) == {9}
