@@ -116,6 +116,8 @@ class _Search:
         self.max_rate = max_rate
         self.curve: list[ProbeResult] = []
         self.history: dict[float, list[float]] = {}
+        self.low: float | None = None
+        self.high: float | None = None
 
     @property
     def left(self) -> int:
@@ -171,6 +173,10 @@ def _check(target, start_rate, max_iterations, rel_width, growth, min_rate, max_
         raise CapacitySearchError("growth must be > 1")
     if min_rate is not None and max_rate is not None and not min_rate < max_rate:
         raise CapacitySearchError("min_rate must be below max_rate")
+    if (min_rate is not None and start_rate < min_rate) or (
+        max_rate is not None and start_rate > max_rate
+    ):
+        raise CapacitySearchError("start_rate must lie between min_rate and max_rate")
 
 
 def search(
@@ -192,68 +198,71 @@ def search(
     _check(target, start_rate, max_iterations, rel_width, growth, min_rate, max_rate)
     s = _Search(probe, target, max_iterations, min_rate, max_rate)
     floor = min_rate if min_rate is not None else start_rate / growth**30
-    low: float | None = None
-    high: float | None = None
+    # s.low: highest rate judged passing, s.high: lowest judged failing, of the current
+    # bracket; updated after every probe so that running out of budget keeps the best so far
     stop_reason = "converged"
 
-    def ramp_up(from_rate: float) -> tuple[float | None, float | None]:
-        rate = from_rate
+    def ramp_up() -> None:
         while True:
-            nxt = rate * growth if max_rate is None else min(rate * growth, max_rate)
-            if nxt <= rate:
-                return rate, None
+            nxt = s.low * growth if max_rate is None else min(s.low * growth, max_rate)
+            if nxt <= s.low:
+                return
             if not s.run(nxt):
-                return rate, nxt
-            rate = nxt
+                s.high = nxt
+                return
+            s.low = nxt
 
-    def ramp_down(from_rate: float) -> tuple[float | None, float | None]:
-        rate = from_rate
+    def ramp_down() -> None:
         while True:
-            nxt = max(rate / growth, floor)
-            if nxt >= rate:
-                return None, rate
+            nxt = max(s.high / growth, floor)
+            if nxt >= s.high:
+                return
             if s.run(nxt):
-                return nxt, rate
-            rate = nxt
+                s.low = nxt
+                return
+            s.high = nxt
 
     try:
         if s.run(start_rate):
-            low, high = ramp_up(start_rate)
+            s.low = start_rate
+            ramp_up()
         else:
-            low, high = ramp_down(start_rate)
-        while low is not None and high is not None:
-            while (high - low) / low > rel_width:
-                mid = (low + high) / 2
+            s.high = start_rate
+            ramp_down()
+        while s.low is not None and s.high is not None:
+            while (s.high - s.low) / s.low > rel_width:
+                mid = (s.low + s.high) / 2
                 if s.run(mid):
-                    low = mid
+                    s.low = mid
                 else:
-                    high = mid
+                    s.high = mid
             # re-check the bracket ends; keep one call for the confirming run
             if s.left < 3:
                 stop_reason = "budget spent before re-checking the bracket"
                 break
-            s.run(low, reserve=2)
-            s.run(high)
-            if s.passes(low) and not s.passes(high):
+            s.run(s.low, reserve=2)
+            s.run(s.high)
+            if s.passes(s.low) and not s.passes(s.high):
                 break
-            if not s.passes(low):
-                high = low
-                below = [r for r in s.known(True) if r < high]
-                low = below[-1] if below else None
-                if low is None:
-                    low, high = ramp_down(high)
+            if not s.passes(s.low):
+                s.high = s.low
+                below = [r for r in s.known(True) if r < s.high]
+                s.low = below[-1] if below else None
+                if s.low is None:
+                    ramp_down()
             else:
-                low = high
-                above = [r for r in s.known(False) if r > low]
-                high = above[0] if above else None
-                if high is None:
-                    low, high = ramp_up(low)
-        if low is not None and high is None:
+                s.low = s.high
+                above = [r for r in s.known(False) if r > s.low]
+                s.high = above[0] if above else None
+                if s.high is None:
+                    ramp_up()
+        if s.low is not None and s.high is None:
             stop_reason = "target still met at max_rate"
-        elif low is None:
+        elif s.low is None:
             stop_reason = "target not met even at the lowest rate tried"
     except _BudgetSpent:
         stop_reason = "max_iterations reached"
+    low, high = s.low, s.high
 
     converged = (
         stop_reason == "converged" and low is not None and high is not None

@@ -87,11 +87,25 @@ def test_limits_and_budget():
     short = search(deterministic, target=TARGET, start_rate=1.0, max_iterations=6)
     assert short.iterations == 6 and not short.converged
     assert short.stop_reason == "max_iterations reached"
+    # out of budget mid-ramp (1, 2, 4 pass; 8 would need the confirming run's call):
+    # the best rate so far is kept and confirmed
+    ramp = search(deterministic, target=TARGET, start_rate=1.0, max_iterations=4)
+    assert [p.rate_per_s for p in ramp.curve] == [1, 2, 4, 4]
+    assert ramp.capacity_rate_per_s == 4 and ramp.bracket == (4, None) and ramp.confirmed
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(target=0), dict(start_rate=0), dict(max_iterations=1), dict(rel_width=0), dict(growth=1)],
+    [
+        dict(target=0),
+        dict(start_rate=0),
+        dict(max_iterations=1),
+        dict(rel_width=0),
+        dict(growth=1),
+        dict(max_rate=0.5),
+        dict(min_rate=2.0),
+        dict(min_rate=3, max_rate=2),
+    ],  # fmt: skip
 )
 def test_bad_parameters(kwargs):
     args = dict(target=TARGET, start_rate=1.0) | kwargs
