@@ -118,7 +118,9 @@ def rate_verdict(
 
 
 def overall_verdict(verdicts: list[str]) -> str:
-    """fail if any objective fails, else inconclusive if any is, else pass (pass if none)."""
+    """fail if any objective fails, else inconclusive if any is or none was judged, else pass."""
+    if not verdicts:
+        return INCONCLUSIVE
     if FAIL in verdicts:
         return FAIL
     if INCONCLUSIVE in verdicts:

@@ -67,7 +67,7 @@ def test_percentiles_judged_over_ok_requests_error_rate_over_all():
 
 
 def test_overall_verdict():
-    assert overall_verdict([]) == "pass"
+    assert overall_verdict([]) == "inconclusive"  # nothing judged
     assert overall_verdict(["pass", "inconclusive"]) == "inconclusive"
     assert overall_verdict(["inconclusive", "fail", "pass"]) == "fail"
 
