@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from slo_runs import ms, write_run
 
@@ -191,3 +192,24 @@ def test_spec_recorded_in_the_manifest_is_used(tmp_path):
     assert s["goodput"]["attainment"] == approx(1 / 5)
     assert s["goodput"]["misses"] == {"not_ok": 2, "ttft_ms": 0, "tpot_ms": 2}
     assert slo.summarize(run, "p99")["slo"]["spec"]["name"] == "p99"
+
+
+def test_outcome_counts_keep_every_request():
+    counts = slo.metrics.outcome_counts(
+        np.array(["ok", None, "weird", "error"], dtype=object),
+        np.array([None, None, None, "http_5xx"], dtype=object),
+    )
+    assert counts["total"] == 4
+    assert counts["by_status"]["unknown"] == 1 and counts["by_status"]["weird"] == 1
+    assert sum(counts["by_status"].values()) == 4
+    assert counts["by_error_class"] == {"http_5xx": 1}
+
+
+def test_rows_without_any_times_stay_json_clean(tmp_path):
+    rows = [dict(request_id="a", status="unknown"), dict(request_id="b", status="cancelled")]
+    s = slo.summarize(write_run(tmp_path / "blank", rows, []), "p99", conventions="all")
+    json.dumps(s, allow_nan=False)
+    assert s["counts"]["total"] == 2 and s["window_s"] is None
+    assert s["goodput"]["attainment"] == 0 and s["goodput"]["request_per_s"] is None
+    assert s["little_law"]["mean_in_flight"] is None
+    assert [e["label"] for e in s["slices"]["phase"]] == ["unsent"]
