@@ -448,6 +448,7 @@ class _Builder:
             },
             "prompt_check": self.check.as_dict() | {"notes": self.check.notes},
             "sha256": table_sha256(table),
+            "sha256_of": "Arrow IPC stream of the table cast to REQUEST_SCHEMA, one record batch",
         }
         return Workload(table=table, manifest=_json_safe(manifest), closed_loop_concurrency=closed)
 

@@ -6,10 +6,17 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workloads import WorkloadOptions, resolve_workload
 from workloads.assemble import PromptCheck, plain_prompts
 from workloads.prompts import PromptSynthesizer, corpus_text
+
+
+@pytest.fixture(scope="module")
+def tiny_synth(tiny_tokenizer):
+    return PromptSynthesizer(tiny_tokenizer)
 
 
 def _assert_exact(tokenizer, prompts, lengths):
@@ -116,3 +123,16 @@ def test_smollm2_exact_counts_and_prefixes(smollm2_tokenizer):
         same = [j for j in range(len(ids)) if groups[j] == groups[i]]
         assert all(ids[j][:512] == ids[i][:512] for j in same)
         assert smollm2_tokenizer.encode(w.table.column("prompt")[i].as_py()) == ids[i]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=1, max_value=3000), min_size=1, max_size=8),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_property_exact_counts(tiny_tokenizer, tiny_synth, lengths, seed):
+    synth = tiny_synth
+    check = PromptCheck()
+    prompts = plain_prompts(synth, np.asarray(lengths), np.random.default_rng(seed), check)
+    _assert_exact(tiny_tokenizer, prompts, lengths)
+    assert check.repaired == 0  # the fast path needs no repair on this tokenizer
