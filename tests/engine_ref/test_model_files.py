@@ -185,3 +185,17 @@ def test_resolve_kinds(cache, tmp_path):
     gguf_file.write_bytes(PAYLOAD)
     resolved = resolve_model(gguf_file)
     assert (resolved.format, resolved.name, resolved.path) == ("gguf", "m", gguf_file.resolve())
+
+
+def test_sha256_of_user_file_is_remembered_until_it_changes(cache, tmp_path, monkeypatch):
+    path = tmp_path / "user.gguf"
+    path.write_bytes(PAYLOAD)
+    assert model_files.sha256_of(path) == hashlib.sha256(PAYLOAD).hexdigest()
+    calls = []
+    real = model_files._sha256_file
+    monkeypatch.setattr(model_files, "_sha256_file", lambda *a: calls.append(a) or real(*a))
+    assert model_files.sha256_of(path) == hashlib.sha256(PAYLOAD).hexdigest()
+    assert calls == []  # remembered
+    path.write_bytes(PAYLOAD + b"x")
+    assert model_files.sha256_of(path) == hashlib.sha256(PAYLOAD + b"x").hexdigest()
+    assert len(calls) == 1  # size changed: hashed again
