@@ -32,6 +32,8 @@ def test_thousand_prompts_exact_tiny_random(tiny_tokenizer):
     lengths = np.random.default_rng(5).integers(1, 700, size=1000)
     prompts = synth.prompts(lengths, np.random.default_rng(6))
     _assert_exact(tiny_tokenizer, prompts, lengths.tolist())
+    # and the other direction: decoding the ids gives the prompt text
+    assert all(tiny_tokenizer.decode(p.token_ids.tolist()) == p.text for p in prompts)
 
 
 @pytest.mark.parametrize("fixture", ["bpe_tokenizer", "bpe_tokenizer_nobatch"])
@@ -111,6 +113,7 @@ def test_smollm2_exact_counts_and_prefixes(smollm2_tokenizer):
     lengths = np.random.default_rng(11).integers(1, 2000, size=1000)
     prompts = plain_prompts(synth, lengths, np.random.default_rng(12), PromptCheck())
     _assert_exact(smollm2_tokenizer, prompts, lengths.tolist())
+    assert all(smollm2_tokenizer.decode(p.token_ids.tolist()) == p.text for p in prompts)
     w = resolve_workload(
         "shared-prefix",
         options=WorkloadOptions(num_requests=16),
