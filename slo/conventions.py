@@ -5,11 +5,15 @@ requests) or pooled over every gap; whether the first token (TTFT) is inside it;
 percentiles are taken. What each tool does, as read in its source (all latencies in ms
 here; requests are the ok ones):
 
-vLLM (`vllm/benchmarks/serve.py`, `calculate_metrics`): TPOT per request with more than
-one output token = (latency - ttft) / (output_len - 1), where latency ends at the last
-received chunk; ITL = every gap between consecutive streamed chunks, pooled over
-requests; E2EL = latency. Percentiles: `np.percentile` (linear). We map "chunk" to a
-token-bearing chunk; vLLM's chat client may also time a role-only first chunk (unsure).
+vLLM (`vllm/benchmarks/serve.py` `calculate_metrics`, and the clients in
+`vllm/benchmarks/lib/endpoint_request_func.py`): TPOT per request with more than one
+output token = (latency - ttft) / (output_len - 1); ITL = every gap between consecutive
+chunks that carry `choices`, pooled over requests; E2EL = latency. The completions
+client times chunks with `choices` (we use token-bearing chunks; a special token with
+empty text is one vLLM counts and we may not) and its latency ends at the last of them;
+the chat client's first timed chunk is the role-only one and its latency ends at the
+last chunk of any kind (the usage chunk), so the endpoint recorded in the manifest picks
+the variant. Percentiles: `np.percentile` (linear).
 
 GuideLLM (`guidellm` request stats `time_per_output_token_ms`, `inter_token_latency_ms`,
 and `DistributionSummary.from_distribution_function`): TPOT per request = (last token
@@ -35,6 +39,8 @@ p)] (nearest rank, no interpolation). No ITL.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -95,41 +101,73 @@ def _weighted_dist(values: np.ndarray, weights: np.ndarray) -> dict:
     return out
 
 
-def last_chunk_ns(chunks: pa.Table, request_ids: np.ndarray) -> np.ndarray:
-    """Arrival time (ns) of each request's last chunk of any kind; NaN with no chunks."""
-    out = np.full(len(request_ids), np.nan)
-    if chunks.num_rows == 0:
-        return out
-    grouped = chunks.group_by("request_id").aggregate([("t_ns", "max")])
-    last = dict(
-        zip(grouped["request_id"].to_pylist(), grouped["t_ns_max"].to_pylist(), strict=True)
-    )
-    for i, request_id in enumerate(request_ids):
-        value = last.get(request_id)
-        if value is not None:
-            out[i] = float(value)
-    return out
+CHUNK_KINDS = ("token", "content", "any", "through_last_token")
 
 
-def content_chunk_gaps_ms(chunks: pa.Table, request_ids: np.ndarray) -> np.ndarray:
-    """Gaps (ms) between consecutive chunks carrying tokens or text, pooled over requests."""
+@dataclass(frozen=True, eq=False)
+class ChunkView:
+    """Per-request first and last chunk times (ns, NaN with none; aligned with the request
+    ids asked for) and pooled gaps (ms) over one kind of chunk."""
+
+    first_ns: np.ndarray
+    last_ns: np.ndarray
+    gaps_ms: np.ndarray
+
+
+def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkView:
+    """Chunk times over the chunks of `kind`: "token" (n_tokens > 0), "content" (tokens or
+    text), "any", or "through_last_token" (every chunk up to a request's last token-bearing
+    one: a chat stream's leading role chunk in, a trailing usage-only chunk out)."""
+    if kind not in CHUNK_KINDS:
+        raise ValueError(f"kind must be one of {CHUNK_KINDS}")
+    n_ids = len(request_ids)
     if chunks.num_rows == 0:
-        return np.empty(0)
-    has_content = pc.or_(
-        pc.fill_null(pc.greater(chunks["n_tokens"], 0), False),
-        pc.fill_null(pc.greater(chunks["n_chars"], 0), False),
-    )
-    content = chunks.filter(has_content)
-    # reuse the token-chunk gap function by marking every content chunk as token-bearing
-    marked = content.set_column(
-        content.schema.get_field_index("n_tokens"),
+        return ChunkView(np.full(n_ids, np.nan), np.full(n_ids, np.nan), np.empty(0))
+    ordered = chunks.sort_by([("request_id", "ascending"), ("t_ns", "ascending")])
+    tokens = np.asarray(pc.fill_null(ordered["n_tokens"], 0).to_numpy(zero_copy_only=False))
+    chars = np.asarray(pc.fill_null(ordered["n_chars"], 0).to_numpy(zero_copy_only=False))
+    if kind == "token":
+        keep = tokens > 0
+    elif kind == "content":
+        keep = (tokens > 0) | (chars > 0)
+    elif kind == "any":
+        keep = np.ones(ordered.num_rows, bool)
+    else:
+        ids = ordered["request_id"].combine_chunks()
+        n = ordered.num_rows
+        changed = pc.fill_null(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)), True)
+        group = np.concatenate(
+            ([0], np.cumsum(np.asarray(changed.to_numpy(zero_copy_only=False), int)))
+        )
+        position = np.arange(n)
+        last_token = np.full(group[-1] + 1, -1)
+        np.maximum.at(last_token, group[tokens > 0], position[tokens > 0])
+        keep = position <= last_token[group]
+    selected = ordered.filter(pa.array(keep))
+    # mark every selected chunk as token-bearing to reuse the gap function
+    marked = selected.set_column(
+        selected.schema.get_field_index("n_tokens"),
         "n_tokens",
-        pa.array(np.ones(content.num_rows, np.int32)),
+        pa.array(np.ones(selected.num_rows, np.int32)),
     )
-    return metrics.pooled_itl_ms(metrics.itl_ms_by_request(marked), request_ids)
+    gaps = metrics.pooled_itl_ms(metrics.itl_ms_by_request(marked), request_ids)
+    first = np.full(n_ids, np.nan)
+    last = np.full(n_ids, np.nan)
+    if selected.num_rows:
+        grouped = selected.group_by("request_id").aggregate([("t_ns", "min"), ("t_ns", "max")])
+        index = {rid: i for i, rid in enumerate(grouped["request_id"].to_pylist())}
+        lows = grouped["t_ns_min"].to_pylist()
+        highs = grouped["t_ns_max"].to_pylist()
+        for i, request_id in enumerate(request_ids):
+            j = index.get(request_id)
+            if j is not None:
+                first[i], last[i] = lows[j], highs[j]
+    return ChunkView(first, last, gaps)
 
 
-def conventions_summary(rm: RequestMetrics, chunks: pa.Table) -> dict:
+def conventions_summary(
+    rm: RequestMetrics, chunks: pa.Table, endpoint: str = "completions"
+) -> dict:
     """The `conventions` block: per tool (`harness`, `vllm`, `guidellm`, `aiperf`, `mlperf`),
     `{source, percentile_method, metrics: {tool's metric name: {mean, p50, p90, p95, p99,
     max, n, definition}}}`, over ok requests, in ms."""
@@ -140,13 +178,25 @@ def conventions_summary(rm: RequestMetrics, chunks: pa.Table) -> dict:
     last_token = rm.t_last_token_ns[ok]
     sent = rm.t_sent_ns[ok]
     done = rm.t_done_ns[ok]
-    last_chunk = last_chunk_ns(chunks, ids)
-    last_chunk = np.where(np.isnan(last_chunk), done, last_chunk)
+    any_chunk = chunk_view(chunks, ids, "any")
+    last_chunk = np.where(np.isnan(any_chunk.last_ns), done, any_chunk.last_ns)
     multi = np.where(n_out >= 2, n_out - 1, np.nan)
     ttft = (first - sent) / metrics.NS_PER_MS
     pooled_itl = rm.pooled_itl_ms(ok)
 
-    vllm_tpot = (last_chunk - first) / metrics.NS_PER_MS / multi
+    # vLLM times chunks that carry `choices`: for chat that includes the leading role chunk
+    # and its latency runs to the last chunk of any kind (the usage chunk); for completions
+    # both end at the last chunk with text.
+    if endpoint == "chat":
+        vllm_view = chunk_view(chunks, ids, "through_last_token")
+        vllm_end = last_chunk
+    else:
+        vllm_view = chunk_view(chunks, ids, "token")
+        vllm_end = vllm_view.last_ns
+    vllm_ttft = (vllm_view.first_ns - sent) / metrics.NS_PER_MS
+    vllm_latency = (vllm_end - sent) / metrics.NS_PER_MS
+    vllm_tpot = (vllm_latency - vllm_ttft) / multi
+    aiperf_tpot = (last_chunk - first) / metrics.NS_PER_MS / multi
     guidellm_tpot = (last_token - sent) / metrics.NS_PER_MS / np.where(n_out >= 1, n_out, np.nan)
     guidellm_itl = (last_token - first) / metrics.NS_PER_MS / multi
     scheduled = rm.t_scheduled_ns[ok]
@@ -163,13 +213,14 @@ def conventions_summary(rm: RequestMetrics, chunks: pa.Table) -> dict:
                      "(last token - first token) / (output_tokens - 1), per request"),
             "itl": (_dist(pooled_itl, _linear), "token-bearing chunk gaps, pooled"),
         }),
-        "vllm": _convention("vllm/benchmarks/serve.py calculate_metrics", linear, {
-            "ttft": (_dist(ttft, _linear), "send to first streamed chunk"),
+        "vllm": _convention(f"vllm/benchmarks/serve.py calculate_metrics ({endpoint})", linear, {
+            "ttft": (_dist(vllm_ttft, _linear), "send to the first chunk with choices"),
             "tpot": (_dist(vllm_tpot, _linear),
-                     "(latency - ttft) / (output_len - 1), per request, latency to the last chunk"),
-            "itl": (_dist(pooled_itl, _linear), "gaps between streamed chunks, pooled"),
-            "e2el": (_dist((last_chunk - sent) / metrics.NS_PER_MS, _linear),
-                     "send to the last chunk"),
+                     "(latency - ttft) / (output_len - 1), per request"),
+            "itl": (_dist(vllm_view.gaps_ms, _linear),
+                    "gaps between chunks with choices, pooled"),
+            "e2el": (_dist(vllm_latency, _linear),
+                     "send to the last chunk timed (chat: any chunk; completions: with text)"),
         }),
         "guidellm": _convention("guidellm request stats and DistributionSummary", weighted, {
             "time_to_first_token_ms": (_dist(ttft, _linear), "request start to first token"),
@@ -182,10 +233,10 @@ def conventions_summary(rm: RequestMetrics, chunks: pa.Table) -> dict:
         }),
         "aiperf": _convention("aiperf docs/metrics_reference.md", linear, {
             "time_to_first_token": (_dist(ttft, _linear), "request start to first response"),
-            "inter_token_latency": (_dist(vllm_tpot, _linear),
+            "inter_token_latency": (_dist(aiperf_tpot, _linear),
                                     "(request_latency - ttft) / (output_sequence_length - 1), "
                                     "per request"),
-            "inter_chunk_latency": (_dist(content_chunk_gaps_ms(chunks, ids), _linear),
+            "inter_chunk_latency": (_dist(chunk_view(chunks, ids, "content").gaps_ms, _linear),
                                     "gaps between consecutive non-empty chunks, pooled"),
         }),
         "mlperf": _convention("mlcommons/inference loadgen", nearest, {

@@ -187,7 +187,9 @@ def summarize_tables(
         summary["slo"] = evaluate(rm, spec, rng=slo_rng)
         summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
     if conventions == "all":
-        summary["conventions"] = conventions_summary(rm, tables.chunks)
+        target = tables.manifest.get("target") or {}
+        endpoint = "chat" if "chat" in str(target.get("endpoint") or "") else "completions"
+        summary["conventions"] = conventions_summary(rm, tables.chunks, endpoint)
     return summary
 
 

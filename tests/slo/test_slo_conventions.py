@@ -50,3 +50,39 @@ def test_conventions_side_by_side(hand_run):
 def test_bad_conventions_value(hand_run):
     with pytest.raises(slo.SLOError, match="conventions must be 'all'"):
         slo.summarize(hand_run, conventions="vllm")
+
+
+def chat_stream(tmp_path, endpoint):
+    from slo_runs import ms, write_run
+
+    # role chunk at 40 ms, tokens at 100, 150, 210, usage chunk at 220, done at 225
+    rows = [dict(request_id="c1", t_scheduled_ns=0, t_sent_ns=0, t_first_token_ns=ms(100),
+                 t_last_token_ns=ms(210), t_done_ns=ms(225), status="ok", output_tokens=3)]  # fmt: skip
+    chunks = [("c1", ms(40), 0), ("c1", ms(100), 1), ("c1", ms(150), 1), ("c1", ms(210), 1),
+              ("c1", ms(220), 0)]  # fmt: skip
+    run = write_run(tmp_path / endpoint, rows, chunks, {"target": {"endpoint": endpoint}})
+    raw = slo.summarize(run, conventions="all")["conventions"]
+    return {tool: block["metrics"] for tool, block in raw.items()}
+
+
+def test_vllm_chat_times_the_role_chunk_and_the_usage_chunk(tmp_path):
+    c = chat_stream(tmp_path, "chat")
+    assert c["vllm"]["ttft"]["mean"] == pytest.approx(40)
+    assert c["vllm"]["itl"]["n"] == 3 and c["vllm"]["itl"]["mean"] == pytest.approx(170 / 3)
+    assert c["vllm"]["e2el"]["mean"] == pytest.approx(220)
+    assert c["vllm"]["tpot"]["mean"] == pytest.approx((220 - 40) / 2)
+    # the harness's own definitions ignore role and usage chunks
+    assert c["harness"]["ttft"]["mean"] == pytest.approx(100)
+    assert c["harness"]["tpot"]["mean"] == pytest.approx(55)
+    # AIPerf: (last response - ttft) / (osl - 1), its latency ending at the usage chunk
+    assert c["aiperf"]["inter_token_latency"]["mean"] == pytest.approx(60)
+    assert c["aiperf"]["inter_chunk_latency"]["n"] == 2
+    assert c["mlperf"]["tpot"]["mean"] == pytest.approx(62.5)
+
+
+def test_vllm_completions_times_text_chunks_only(tmp_path):
+    c = chat_stream(tmp_path, "completions")
+    assert c["vllm"]["ttft"]["mean"] == pytest.approx(100)
+    assert c["vllm"]["itl"]["n"] == 2
+    assert c["vllm"]["e2el"]["mean"] == pytest.approx(210)
+    assert c["vllm"]["tpot"]["mean"] == pytest.approx(55)
