@@ -59,9 +59,13 @@ def load_cli_tokenizer(ctx: click.Context, name_or_path: str) -> Any:
     loader = (ctx.obj or {}).get("load_tokenizer") if isinstance(ctx.obj, dict) else None
     if loader is None:
         raise WorkloadCliError(
-            f"Tokenizer {name_or_path!r} is not a file; pass a tokenizer.json path or run through `bench`."
+            f"Tokenizer {name_or_path!r} is not a file and no model tokenizer loader is wired in; "
+            "pass a tokenizer.json path."
         )
-    return loader(name_or_path)
+    try:
+        return loader(name_or_path)
+    except Exception as exc:  # the loader's errors are one sentence; keep them so
+        raise WorkloadCliError(f"Cannot load the tokenizer {name_or_path!r}: {exc}") from None
 
 
 @click.group(name="workload")

@@ -230,3 +230,15 @@ def test_cli_errors_exit_2(tmp_path, tiny_tokenizer):
         env={"BENCH_CACHE_DIR": str(tmp_path / "c")},
     )
     assert via_bench.exit_code == 0, via_bench.output
+
+
+def test_cli_tokenizer_loader_errors_are_one_sentence(tmp_path):
+    def failing(name):
+        raise ValueError(f"unknown model {name!r}.")
+
+    result = CliRunner().invoke(
+        workload_cli,
+        ["build", "random", "-o", str(tmp_path / "z.parquet"), "--tokenizer", "nope"],
+        obj={"load_tokenizer": failing},
+    )
+    assert result.exit_code == 2 and "unknown model 'nope'" in result.output
