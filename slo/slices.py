@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from slo import metrics
+from slo.errors import SLOError
 from slo.frame import RequestMetrics
 from slo.goodput import good_mask
 from slo.spec import SLOSpec
@@ -27,7 +28,7 @@ def bucket_labels(
     """(label, mask, [low, high]) per non-empty bucket of `values` by ascending `edges`."""
     edges = tuple(float(e) for e in edges)
     if any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
-        raise ValueError("bucket edges must be strictly ascending")
+        raise SLOError(f"slice bucket edges must be strictly ascending, not {list(edges)}.")
     values = np.asarray(values, float)
     out = []
     for i, low in enumerate(edges):
@@ -50,7 +51,7 @@ def bucket_labels(
 def phase_masks(rm: RequestMetrics, num_phases: int) -> list[tuple[str, np.ndarray, list]]:
     """(label, mask, [start_s, end_s]) per load phase; times in s from the window start."""
     if num_phases < 1:
-        raise ValueError("num_phases must be >= 1")
+        raise SLOError(f"the number of load phases must be at least 1, not {num_phases}.")
     window_s = rm.window_s()
     sent = rm.t_sent_ns
     out = []

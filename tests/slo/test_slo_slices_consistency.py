@@ -83,3 +83,12 @@ def test_littles_law_counts_a_broken_clock():
     assert law["negative_latencies"] == 1
     # L = 200/200 (a adds nothing); lambda W = 10/s * 0.075 s
     assert law["ratio"] == pytest.approx(1 / 0.75)
+
+
+def test_bad_slice_options_are_one_sentence(hand_run):
+    import slo
+
+    with pytest.raises(slo.SLOError, match="strictly ascending"):
+        slo.summarize(hand_run, input_edges=(0, 10, 10))
+    with pytest.raises(slo.SLOError, match="at least 1"):
+        slo.summarize(hand_run, num_phases=0)
