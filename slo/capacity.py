@@ -24,9 +24,11 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from slo.errors import SLOError
 
-class CapacitySearchError(ValueError):
-    """Bad search parameters or a probe result that cannot be used."""
+
+class CapacitySearchError(SLOError, ValueError):
+    """Bad search parameters or a probe result that cannot be used (one sentence)."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class ProbeResult:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.attainment, int | float) and 0 <= self.attainment <= 1):
-            raise CapacitySearchError(f"attainment must be in [0, 1], not {self.attainment!r}")
+            raise CapacitySearchError(f"attainment must be in [0, 1], not {self.attainment!r}.")
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ class _Search:
         result = self.probe(rate)
         if not isinstance(result, ProbeResult):
             raise CapacitySearchError(
-                f"probe must return a ProbeResult, not {type(result).__name__}"
+                f"probe must return a ProbeResult, not {type(result).__name__}."
             )
         if math.isclose(result.rate_per_s, rate, rel_tol=1e-9):
             return result
@@ -160,23 +162,23 @@ class _Search:
 
 def _check(target, start_rate, max_iterations, rel_width, growth, min_rate, max_rate) -> None:
     if not 0 < target <= 1:
-        raise CapacitySearchError("target attainment must be in (0, 1]")
+        raise CapacitySearchError("target attainment must be in (0, 1].")
     if not start_rate > 0 or not math.isfinite(start_rate):
-        raise CapacitySearchError("start_rate must be a positive, finite rate")
+        raise CapacitySearchError("start_rate must be a positive, finite rate.")
     if max_iterations < 2:
         raise CapacitySearchError(
-            "max_iterations must be at least 2 (one probe and the confirming run)"
+            "max_iterations must be at least 2 (one probe and the confirming run)."
         )
     if not 0 < rel_width < 1:
-        raise CapacitySearchError("rel_width must be in (0, 1)")
+        raise CapacitySearchError("rel_width must be in (0, 1).")
     if not growth > 1:
-        raise CapacitySearchError("growth must be > 1")
+        raise CapacitySearchError("growth must be > 1.")
     if min_rate is not None and max_rate is not None and not min_rate < max_rate:
-        raise CapacitySearchError("min_rate must be below max_rate")
+        raise CapacitySearchError("min_rate must be below max_rate.")
     if (min_rate is not None and start_rate < min_rate) or (
         max_rate is not None and start_rate > max_rate
     ):
-        raise CapacitySearchError("start_rate must lie between min_rate and max_rate")
+        raise CapacitySearchError("start_rate must lie between min_rate and max_rate.")
 
 
 def search(
