@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
 
 from workloads.prompts import encode_many
 from workloads.schema import WorkloadError
@@ -89,9 +91,50 @@ def _count(value: str | None, *, allow_zero: bool = False) -> int:
     return int(number)
 
 
+def _arrow_csv(path: Path, column_types: dict[str, Any]) -> dict[str, np.ndarray] | None:
+    """Columns of a well-formed CSV read with pyarrow (fast); None when any row is malformed
+    or null, so the caller falls back to its row-by-row reader, which names the bad line."""
+    try:
+        table = pacsv.read_csv(
+            path,
+            convert_options=pacsv.ConvertOptions(
+                column_types=column_types, include_columns=list(column_types)
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError):
+        return None
+    if any(table.column(c).null_count for c in column_types):
+        return None
+    out = {}
+    for c in column_types:
+        col = table.column(c)
+        if pa.types.is_timestamp(col.type):
+            out[c] = col.cast(pa.int64()).to_numpy() / 1e9
+        else:
+            out[c] = col.to_numpy()
+    return out
+
+
 def load_azure(path: Path, *, skip_malformed: bool = False) -> TraceRecords:
     """Azure LLM inference trace 2023 CSV: TIMESTAMP,ContextTokens,GeneratedTokens."""
     path = _open_checked(path)
+    cols = {
+        "TIMESTAMP": pa.timestamp("ns"),
+        "ContextTokens": pa.int64(),
+        "GeneratedTokens": pa.int64(),
+    }
+    fast = _arrow_csv(path, cols)
+    if (
+        fast is not None
+        and min(fast["ContextTokens"].min(initial=1), fast["GeneratedTokens"].min(initial=1)) >= 1
+    ):
+        return TraceRecords(
+            str(path), fast["TIMESTAMP"], fast["ContextTokens"], fast["GeneratedTokens"]
+        )
+    return _azure_rows(path, skip_malformed)
+
+
+def _azure_rows(path: Path, skip_malformed: bool) -> TraceRecords:
     errors = _RowErrors(path, skip_malformed)
     ts, ins, outs = [], [], []
     reader, fh = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
@@ -112,22 +155,41 @@ def load_azure(path: Path, *, skip_malformed: bool = False) -> TraceRecords:
     )
 
 
+BURSTGPT_COLUMNS = (
+    "Timestamp",
+    "Model",
+    "Request tokens",
+    "Response tokens",
+    "Total tokens",
+    "Log Type",
+)
+
+
 def load_burstgpt(path: Path, *, skip_malformed: bool = False) -> TraceRecords:
     """BurstGPT CSV: Timestamp (s), Model, Request tokens, Response tokens, Total tokens,
     Log Type. Failed requests (0 response tokens) are dropped and counted in `dropped_failed`."""
     path = _open_checked(path)
+    cols = {"Timestamp": pa.float64(), "Request tokens": pa.int64(), "Response tokens": pa.int64()}
+    fast = _arrow_csv(path, cols)
+    if fast is not None:
+        n_in, n_out = fast["Request tokens"], fast["Response tokens"]
+        ok = n_out > 0
+        if n_in[ok].min(initial=1) >= 1 and n_out.min(initial=0) >= 0:
+            return TraceRecords(
+                str(path),
+                fast["Timestamp"][ok],
+                n_in[ok],
+                n_out[ok],
+                dropped_failed=int((~ok).sum()),
+            )
+    return _burstgpt_rows(path, skip_malformed)
+
+
+def _burstgpt_rows(path: Path, skip_malformed: bool) -> TraceRecords:
     errors = _RowErrors(path, skip_malformed)
     ts, ins, outs = [], [], []
     failed = 0
-    columns = (
-        "Timestamp",
-        "Model",
-        "Request tokens",
-        "Response tokens",
-        "Total tokens",
-        "Log Type",
-    )
-    reader, fh = _read_csv(path, columns)
+    reader, fh = _read_csv(path, BURSTGPT_COLUMNS)
     with fh:
         for i, row in enumerate(reader):
             line_no = i + 2

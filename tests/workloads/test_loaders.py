@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 
 from workloads import WorkloadOptions, resolve_workload
-from workloads.loaders import ShareGPTRules, load_azure, load_burstgpt, load_mooncake, load_sharegpt
+from workloads.loaders import (
+    ShareGPTRules,
+    _azure_rows,
+    _burstgpt_rows,
+    load_azure,
+    load_burstgpt,
+    load_mooncake,
+    load_sharegpt,
+)
 from workloads.quantiles import QUANTILE_PROBS, bundled_quantiles, derive_azure
 from workloads.schema import WorkloadError
 
@@ -297,3 +305,25 @@ def test_trace_lengths_with_own_arrivals(tmp_path, tiny_tokenizer):
         str(spec), options=WorkloadOptions(output_len=9), tokenizer=tiny_tokenizer, use_cache=False
     )
     assert set(fixed.table.column("max_output_tokens").to_pylist()) == {9}
+
+
+def test_fast_csv_readers_agree_with_row_readers(tmp_path):
+    burst = tmp_path / "ok.csv"
+    burst.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5.5,ChatGPT,472,18,490,Conversation log\n"
+        "45,ChatGPT,1087,0,1087,Conversation log\n"
+        "118,GPT-4,417,276,693,API log\n"
+    )
+    fast, rows = load_burstgpt(burst), _burstgpt_rows(burst, False)
+    assert fast.timestamps_s.tolist() == rows.timestamps_s.tolist() == [5.5, 118.0]
+    assert fast.input_tokens.tolist() == rows.input_tokens.tolist() == [472, 417]
+    assert fast.dropped_failed == rows.dropped_failed == 1
+    azure = tmp_path / "az.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+    )
+    fast, rows = load_azure(azure), _azure_rows(azure, False)
+    assert fast.input_tokens.tolist() == rows.input_tokens.tolist() == [374, 396]
+    assert np.allclose(fast.timestamps_s, rows.timestamps_s, atol=1e-6)
