@@ -113,7 +113,7 @@ def over_time_svg(metric: str, series_by_label: dict[str, list], fault_windows: 
         ax.set_xlabel("send time (s from run start)")
         ax.set_ylabel(f"{metric} (ms)")
         ax.set_ylim(bottom=0)
-        ax.legend(loc="upper left", fontsize=7, ncols=2)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         return _to_svg(fig)
 
 
@@ -146,7 +146,7 @@ def failures_over_time_svg(
         ax.set_title(f"Outcomes per {bin_s:g} s (by completion time)")
         ax.set_xlabel("time (s from run start)")
         ax.set_ylabel("requests")
-        ax.legend(loc="upper left", fontsize=7, ncols=3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         return _to_svg(fig)
 
 
@@ -194,5 +194,8 @@ def capacity_svg(curves: dict[str, list[dict]]) -> str | None:
         ax2.grid(False)
         handles, labels = ax.get_legend_handles_labels()
         handles2, labels2 = ax2.get_legend_handles_labels()
-        ax.legend(handles + handles2, labels + labels2, loc="lower right", fontsize=7)
+        ax.legend(
+            handles + handles2, labels + labels2, loc="upper left", bbox_to_anchor=(1.12, 1.0),
+            fontsize=7, frameon=False,
+        )  # fmt: skip
         return _to_svg(fig)

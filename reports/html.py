@@ -46,6 +46,14 @@ def fmt_bytes(value) -> str:
     return f"{value:,.0f} B"
 
 
+GOODPUT_LABELS = (
+    ("request_per_s", "good requests/s"),
+    ("output_tokens_per_s", "output tokens/s of good requests"),
+    ("total_tokens_per_s", "total tokens/s of good requests"),
+    ("attainment", "SLO attainment (good / all requests)"),
+    ("good_requests", "good requests"),
+    ("total_requests", "all requests"),
+)
 ENV_FIELDS = (
     "engine",
     "model",
@@ -93,6 +101,7 @@ def _environment(loader_css: str) -> jinja2.Environment:
         OUTCOME_KINDS=OUTCOME_KINDS,
         METRIC_TITLES=charts.METRIC_TITLES,
         ENV_FIELDS=ENV_FIELDS,
+        GOODPUT_LABELS=GOODPUT_LABELS,
         environment_rows=environment_rows,
     )
     return env

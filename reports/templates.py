@@ -75,8 +75,9 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 </table>
 {% else %}<p class="empty">{% if card.slo_name %}The summary has no verdicts for this SLO.{% else %}No SLO was given for this run.{% endif %}</p>{% endif %}
 {% if card.goodput %}
-<table><tr>{% for k in card.goodput %}<th>{{ k }}</th>{% endfor %}</tr>
-<tr>{% for v in card.goodput.values() %}<td>{{ v | fmt(3) }}</td>{% endfor %}</tr></table>
+<table><tr><th>goodput</th><th>value</th></tr>
+{% for key, label in GOODPUT_LABELS if key in card.goodput %}<tr><td>{{ label }}</td><td>{{ card.goodput[key] | fmt(3) }}</td></tr>{% endfor %}
+</table>
 {% endif %}
 
 <h2>Throughput</h2>

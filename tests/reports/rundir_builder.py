@@ -187,7 +187,9 @@ def write_run(path: Path, spec: SyntheticRun) -> Path:
     kinds = [kind for kind, count in sorted(spec.failures.items()) for _ in range(count)]
     failed_at = {}
     if kinds:
-        positions = np.linspace(0, n - 1, num=len(kinds) + 2)[1:-1].astype(int)
+        if len(kinds) > n:
+            raise ValueError("more failures than requests")
+        positions = ((np.arange(len(kinds)) + 0.5) * n / len(kinds)).astype(int)
         failed_at = dict(zip(positions.tolist(), kinds, strict=True))
     ok_positions = [i for i in range(n) if i not in failed_at]
     wrong = set(ok_positions[1 : 1 + 7 * spec.wrong_output : 7][: spec.wrong_output])
