@@ -75,8 +75,11 @@ def _arrival_process(
             raise WorkloadError("burstiness needs a finite request_rate.")
         return arr.AllAtOnce()
     kind = raw["process"]
+    spec_process = (
+        None if kind == "trace" else arr.arrivals_from_spec(raw, where=f"{origin}: arrivals")
+    )
     if opts.request_rate is None and opts.burstiness is None:
-        return None if kind == "trace" else arr.arrivals_from_spec(raw, where=f"{origin}: arrivals")
+        return spec_process
     rate = opts.request_rate if opts.request_rate is not None else raw.get("rate")
     if rate is None:
         raise WorkloadError(
@@ -198,12 +201,15 @@ class _Builder:
         opts, data, kind = self.opts, self.data, self.source["kind"]
         if opts.dataset_path is not None and kind not in ("sharegpt", "trace"):
             raise WorkloadError(f"Workload {self.spec.name!r} reads no dataset; drop dataset_path.")
-        n_spec = (
-            opts.num_requests if opts.num_requests is not None else data.get("num_requests", 100)
-        )
         duration_s = opts.duration_s if opts.duration_s is not None else data.get("duration_s")
-        if opts.duration_s is not None and opts.num_requests is None:
+        if opts.num_requests is not None:
+            n_spec = opts.num_requests
+        elif opts.duration_s is not None:
             n_spec = None  # the duration decides
+        elif duration_s is not None:
+            n_spec = data.get("num_requests")  # a spec with a duration caps only if it says so
+        else:  # a trace replays all its rows unless told otherwise
+            n_spec = data.get("num_requests", None if kind == "trace" else 100)
         proc = _arrival_process(data, opts, self.spec.origin)
         prompts: list[Prompt] | None = None
         groups_col: list[str | None] | None = None

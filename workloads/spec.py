@@ -2,7 +2,7 @@
 
 A spec is a mapping with these keys (see `builtin/*.yaml` for examples):
   name, description        text
-  num_requests             int (default 100)
+  num_requests             int (default 100; traces: all rows)
   seed                     int (default 0)
   ignore_eos               bool (default true)
   endpoint                 completions | chat (default completions)

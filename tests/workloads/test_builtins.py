@@ -115,3 +115,22 @@ def test_range_ratio_on_random(tiny_tokenizer):
     outs = w.table.column("max_output_tokens").to_pylist()
     assert min(ins) >= 80 and max(ins) <= 120 and len(set(ins)) > 20
     assert min(outs) >= 40 and max(outs) <= 60
+
+
+def test_spec_duration_without_count_runs_for_the_duration(tmp_path, tiny_tokenizer):
+    path = tmp_path / "d.yaml"
+    path.write_text(
+        "name: d\nduration_s: 10\nsource: {kind: synthetic, input: 8, output: 4}\n"
+        "arrivals: {process: constant, rate: 30}\n"
+    )
+    w = resolve_workload(
+        str(path), options=WorkloadOptions(), tokenizer=tiny_tokenizer, use_cache=False
+    )
+    assert w.num_requests == 300  # not the default 100
+    capped = resolve_workload(
+        str(path),
+        options=WorkloadOptions(num_requests=20),
+        tokenizer=tiny_tokenizer,
+        use_cache=False,
+    )
+    assert capped.num_requests == 20
