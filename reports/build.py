@@ -57,20 +57,32 @@ def read_manifest(run_dir: Path) -> dict:
         raise ReportError(f"{path} is not valid JSON ({exc}).") from exc
 
 
-def read_capacity(run_dir: Path) -> list[dict]:
-    """The capacity curve [{rate, attainment, goodput}] of `capacity.json` ([] when absent).
+def _capacity_file(run_dir: Path) -> Path | None:
+    """`capacity.json` of the run, or of the capacity search directory holding it as a probe."""
+    for candidate in (Path(run_dir) / "capacity.json", Path(run_dir).parent / "capacity.json"):
+        if candidate.is_file():
+            return candidate
+    return None
 
-    Accepts a bare list of points, an object with a `curve` list, or
-    `slo.capacity.CapacityResult.to_dict()` (its `curve_points`, whose keys are `rate_per_s`
-    and `goodput_per_s`). Rows are sorted by rate.
-    """
-    path = Path(run_dir) / "capacity.json"
-    if not path.is_file():
-        return []
+
+def _read_json(path: Path):
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ReportError(f"{path} is not valid JSON ({exc}).") from exc
+
+
+def read_capacity(run_dir: Path) -> list[dict]:
+    """The capacity curve [{rate, attainment, goodput}] of the run's `capacity.json`, or of
+    its parent directory's when the run is a probe of a capacity search ([] when neither).
+
+    Accepts a bare list of points, or an object whose `curve_points` or `curve` is one (the
+    keys may be `rate`/`rate_per_s` and `goodput`/`goodput_per_s`). Rows are sorted by rate.
+    """
+    path = _capacity_file(run_dir)
+    if path is None:
+        return []
+    data = _read_json(path)
     if isinstance(data, dict):
         data = data.get("curve_points") or data.get("curve") or []
     rows = []
@@ -83,6 +95,24 @@ def read_capacity(run_dir: Path) -> list[dict]:
         goodput = row.get("goodput", row.get("goodput_per_s"))
         rows.append({"rate": rate, "attainment": row.get("attainment"), "goodput": goodput})
     return sorted(rows, key=lambda row: row["rate"])
+
+
+def resolve_run_dir(path: Path | str) -> Path:
+    """`path` itself when it is a run directory; for a capacity search directory (it holds
+    `capacity.json` and probe runs but no manifest), the probe run at the found capacity, else
+    its last probe. Raises ReportError when `path` is neither."""
+    path = Path(path)
+    if (path / "manifest.json").is_file() or not (path / "capacity.json").is_file():
+        return path
+    record = _read_json(path / "capacity.json")
+    probes = [p for p in (record.get("probes") or []) if isinstance(p, dict) and p.get("run_dir")]
+    at_capacity = [p for p in probes if p.get("rate_per_s") == record.get("capacity_rate_per_s")]
+    for probe in reversed(at_capacity or probes):
+        if (path / probe["run_dir"] / "manifest.json").is_file():
+            return path / probe["run_dir"]
+    raise ReportError(
+        f"{path} holds a capacity search but none of its probe runs; pass a run directory."
+    )
 
 
 def _environment(manifest: dict) -> Environment:
@@ -239,23 +269,27 @@ def build_card(
     run_dir: Path | str,
     *,
     slo_spec: dict | None = None,
+    summary: dict | None = None,
     rng: np.random.Generator | None = None,
     confidence: float = 0.95,
 ) -> Card:
-    """The report card of the run directory `run_dir`.
+    """The report card of the run directory `run_dir` (or of the probe at capacity, for a
+    capacity search directory; see `resolve_run_dir`).
 
-    `slo_spec` overrides the SLO recorded in the manifest (None: use the manifest's). `rng`
-    draws the bootstrap resamples of latency intervals that the summary lacks (None: a
-    generator seeded with 0, so the same run gives the same card). Raises ReportError when the
-    directory is not a readable run directory.
+    `slo_spec` overrides the SLO recorded in the manifest (None: use the manifest's).
+    `summary` is `slo.summarize`'s result for this run when the caller has it already (it is
+    computed otherwise). `rng` draws the bootstrap resamples of latency intervals that the
+    summary lacks (None: a generator seeded with 0, so the same run gives the same card).
+    Raises ReportError when the directory is not a readable run directory.
     """
     rng = rng if rng is not None else np.random.default_rng(0)
-    run_dir = Path(run_dir)
+    run_dir = resolve_run_dir(run_dir)
     manifest = read_manifest(run_dir)
     spec = slo_spec if slo_spec is not None else manifest.get("slo")
     try:
         tables = load_run(run_dir)
-        summary = slo.summarize(run_dir, spec)
+        if summary is None:
+            summary = slo.summarize(run_dir, spec)
     except slo.SLOError as exc:
         raise ReportError(str(exc)) from exc
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)

@@ -7,14 +7,17 @@ golden strings); `render_summary(card_or_summary, console)` prints the end-of-ru
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from reports import slo_view
-from reports.build import THROUGHPUT_LABELS, latency_rows_from_summary
+from reports.build import THROUGHPUT_LABELS, build_card, latency_rows_from_summary
 from reports.card import Card, LatencyRow, SLOVerdict, Throughput
+from reports.errors import ReportError
 from reports.taxonomy import OUTCOME_KINDS
 
 VERDICT_STYLES = {
@@ -169,12 +172,27 @@ def summary_renderable(summary: dict) -> RenderableType:
     return Group(*parts)
 
 
-def render_summary(card_or_summary: Card | dict, console: Console) -> None:
-    """Print the end-of-run summary to `console`: a Card, or an `slo.summarize` dict."""
+def render_summary(
+    card_or_summary: Card | dict, console: Console, *, run_dir: Path | str | None = None
+) -> None:
+    """Print the end-of-run summary to `console`: a Card, or an `slo.summarize` dict.
+
+    With a summary dict and its `run_dir`, the full card is shown (failure taxonomy, latency
+    intervals, notes) without recomputing the summary; should the run directory be unreadable,
+    the summary alone is shown.
+    """
     if isinstance(card_or_summary, Card):
         console.print(card_renderable(card_or_summary))
-    else:
-        console.print(summary_renderable(card_or_summary))
+        return
+    if run_dir is not None:
+        try:
+            card = build_card(run_dir, summary=card_or_summary)
+        except ReportError:
+            card = None
+        if card is not None:
+            console.print(card_renderable(card))
+            return
+    console.print(summary_renderable(card_or_summary))
 
 
 def gate_renderable(result) -> RenderableType:

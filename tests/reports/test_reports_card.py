@@ -143,3 +143,31 @@ def test_memory_per_request_when_the_target_reports_it(tmp_path):
 def test_missing_run_directory_is_a_report_error(tmp_path):
     with pytest.raises(ReportError, match="no manifest.json"):
         build_card(tmp_path)
+
+
+def test_capacity_search_directory_reports_the_probe_at_capacity(tmp_path):
+    # The layout `bench capacity --out DIR` writes: probe runs and capacity.json beside them.
+    for name in ("probe-00-2rps", "probe-01-4rps", "probe-02-3rps"):
+        write_run(tmp_path / name, SyntheticRun(n_requests=15, write_summary=False))
+    record = {
+        "capacity_rate_per_s": 3.0,
+        "curve": [
+            {"rate_per_s": 2.0, "n_probes": 1, "attainment": 1.0, "goodput_per_s": 2.0},
+            {"rate_per_s": 3.0, "n_probes": 1, "attainment": 0.95, "goodput_per_s": 2.8},
+            {"rate_per_s": 4.0, "n_probes": 1, "attainment": 0.7, "goodput_per_s": 2.5},
+        ],
+        "probes": [
+            {"rate_per_s": 2.0, "run_dir": "probe-00-2rps", "attainment": 1.0},
+            {"rate_per_s": 4.0, "run_dir": "probe-01-4rps", "attainment": 0.7},
+            {"rate_per_s": 3.0, "run_dir": "probe-02-3rps", "attainment": 0.95},
+        ],
+    }
+    (tmp_path / "capacity.json").write_text(json.dumps(record))
+    card = build_card(tmp_path)
+    assert card.run_id == "probe-02-3rps"
+    assert card.series.capacity == [
+        {"rate": 2.0, "attainment": 1.0, "goodput": 2.0},
+        {"rate": 3.0, "attainment": 0.95, "goodput": 2.8},
+        {"rate": 4.0, "attainment": 0.7, "goodput": 2.5},
+    ]
+    assert build_card(tmp_path / "probe-00-2rps").series.capacity == card.series.capacity

@@ -53,3 +53,18 @@ def test_console_shows_verdicts_and_every_outcome(golden_run, source):
         assert word in text
     if source == "card":
         assert "wrong output" in text and "oom" in text
+
+
+def test_summary_with_run_dir_shows_the_full_card(golden_run, tmp_path):
+    # What `bench run` calls: the summary it has, plus the run directory.
+    summary = slo.summarize(golden_run)
+    out = io.StringIO()
+    console = Console(file=out, width=110, color_system=None, force_terminal=False)
+    render_summary(summary, console, run_dir=golden_run)
+    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
+    assert text == (GOLDEN_DIR / "console_card.txt").read_text()
+    fallback = _render(summary)
+    out = io.StringIO()
+    console = Console(file=out, width=110, color_system=None, force_terminal=False)
+    render_summary(summary, console, run_dir=tmp_path / "gone")
+    assert "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n" == fallback
