@@ -333,6 +333,8 @@ class _Builder:
             self.source["format"],
             path,
             skip_malformed=bool(self.source.get("skip_malformed", False)),
+            model=self.source.get("model"),
+            log_type=self.source.get("log_type"),
         )
         if len(rec) == 0:
             raise WorkloadError(f"Trace {path} holds no usable request.")
@@ -346,6 +348,7 @@ class _Builder:
             "rows": len(rec),
             "skipped_rows": rec.skipped_rows,
             "dropped_failed": rec.dropped_failed,
+            "filtered_rows": rec.filtered_rows,
         }
         if proc is None:  # recorded timestamps, rows in time order
             a = dict(self.data["arrivals"])

@@ -38,6 +38,7 @@ class TraceRecords:
     hash_ids: list[list[int]] | None = None
     skipped_rows: int = 0
     dropped_failed: int = 0
+    filtered_rows: int = 0
 
     def __len__(self) -> int:
         return len(self.input_tokens)
@@ -165,34 +166,61 @@ BURSTGPT_COLUMNS = (
 )
 
 
-def load_burstgpt(path: Path, *, skip_malformed: bool = False) -> TraceRecords:
+def load_burstgpt(
+    path: Path,
+    *,
+    skip_malformed: bool = False,
+    model: str | None = None,
+    log_type: str | None = None,
+) -> TraceRecords:
     """BurstGPT CSV: Timestamp (s), Model, Request tokens, Response tokens, Total tokens,
-    Log Type. Failed requests (0 response tokens) are dropped and counted in `dropped_failed`."""
+    Log Type. Failed requests (0 response tokens) are dropped and counted in `dropped_failed`.
+    `model` / `log_type` keep only matching rows (vLLM's loader keeps `model="GPT-4"`), the
+    others counted in `filtered_rows`."""
     path = _open_checked(path)
-    cols = {"Timestamp": pa.float64(), "Request tokens": pa.int64(), "Response tokens": pa.int64()}
+    cols = {
+        "Timestamp": pa.float64(),
+        "Model": pa.string(),
+        "Request tokens": pa.int64(),
+        "Response tokens": pa.int64(),
+        "Log Type": pa.string(),
+    }
     fast = _arrow_csv(path, cols)
     if fast is not None:
         n_in, n_out = fast["Request tokens"], fast["Response tokens"]
-        ok = n_out > 0
+        keep = np.ones(len(n_in), dtype=bool)
+        if model is not None:
+            keep &= fast["Model"] == model
+        if log_type is not None:
+            keep &= fast["Log Type"] == log_type
+        ok = keep & (n_out > 0)
         if n_in[ok].min(initial=1) >= 1 and n_out.min(initial=0) >= 0:
             return TraceRecords(
                 str(path),
                 fast["Timestamp"][ok],
                 n_in[ok],
                 n_out[ok],
-                dropped_failed=int((~ok).sum()),
+                dropped_failed=int((keep & (n_out <= 0)).sum()),
+                filtered_rows=int((~keep).sum()),
             )
-    return _burstgpt_rows(path, skip_malformed)
+    return _burstgpt_rows(path, skip_malformed, model, log_type)
 
 
-def _burstgpt_rows(path: Path, skip_malformed: bool) -> TraceRecords:
+def _burstgpt_rows(
+    path: Path, skip_malformed: bool, model: str | None = None, log_type: str | None = None
+) -> TraceRecords:
     errors = _RowErrors(path, skip_malformed)
     ts, ins, outs = [], [], []
-    failed = 0
+    failed = filtered = 0
     reader, fh = _read_csv(path, BURSTGPT_COLUMNS)
     with fh:
         for i, row in enumerate(reader):
             line_no = i + 2
+            if (model is not None and row["Model"] != model) or (
+                log_type is not None and row["Log Type"] != log_type
+            ):
+                filtered += 1
+                continue
             try:
                 t = float(row["Timestamp"])
                 n_in = _count(row["Request tokens"], allow_zero=True)
@@ -216,6 +244,7 @@ def _burstgpt_rows(path: Path, skip_malformed: bool) -> TraceRecords:
         np.asarray(outs),
         skipped_rows=errors.count,
         dropped_failed=failed,
+        filtered_rows=filtered,
     )
 
 
@@ -258,12 +287,18 @@ def load_mooncake(path: Path, *, skip_malformed: bool = False) -> TraceRecords:
     )
 
 
-def load_trace(fmt: str, path: Path, *, skip_malformed: bool = False) -> TraceRecords:
-    """Dispatch on `fmt` (azure, burstgpt, mooncake)."""
+def load_trace(
+    fmt: str, path: Path, *, skip_malformed: bool = False, **filters: str | None
+) -> TraceRecords:
+    """Dispatch on `fmt` (azure, burstgpt, mooncake); `filters` (model, log_type) are
+    BurstGPT's."""
     loaders = {"azure": load_azure, "burstgpt": load_burstgpt, "mooncake": load_mooncake}
     if fmt not in loaders:
         raise WorkloadError(f"Unknown trace format {fmt!r}; known: {', '.join(TRACE_FORMATS)}.")
-    return loaders[fmt](Path(path), skip_malformed=skip_malformed)
+    given = {k: v for k, v in filters.items() if v is not None}
+    if given and fmt != "burstgpt":
+        raise WorkloadError(f"Trace format {fmt!r} takes no {', '.join(sorted(given))} filter.")
+    return loaders[fmt](Path(path), skip_malformed=skip_malformed, **given)
 
 
 # -- ShareGPT -------------------------------------------------------------------------------

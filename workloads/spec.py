@@ -55,7 +55,7 @@ SOURCE_KINDS = {
         "shuffle",
         "skip_malformed",
     },
-    "trace": {"kind", "format", "path", "skip_malformed", "sample"},
+    "trace": {"kind", "format", "path", "skip_malformed", "sample", "model", "log_type"},
 }
 
 

@@ -18,6 +18,7 @@ from workloads.loaders import (
     load_burstgpt,
     load_mooncake,
     load_sharegpt,
+    load_trace,
 )
 from workloads.quantiles import QUANTILE_PROBS, bundled_quantiles, derive_azure
 from workloads.schema import WorkloadError
@@ -327,3 +328,55 @@ def test_fast_csv_readers_agree_with_row_readers(tmp_path):
     fast, rows = load_azure(azure), _azure_rows(azure, False)
     assert fast.input_tokens.tolist() == rows.input_tokens.tolist() == [374, 396]
     assert np.allclose(fast.timestamps_s, rows.timestamps_s, atol=1e-6)
+
+
+def test_burstgpt_model_filter_like_vllm(tmp_path):
+    path = tmp_path / "b.csv"
+    path.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "1,ChatGPT,10,5,15,Conversation log\n"
+        "2,GPT-4,20,6,26,Conversation log\n"
+        "3,GPT-4,30,0,30,API log\n"
+        "4,GPT-4,40,8,48,API log\n"
+    )
+    rec = load_burstgpt(path, model="GPT-4")
+    assert rec.input_tokens.tolist() == [20, 40]
+    assert rec.filtered_rows == 1 and rec.dropped_failed == 1
+    rows = _burstgpt_rows(path, False, "GPT-4", None)
+    assert rows.input_tokens.tolist() == [20, 40] and rows.filtered_rows == 1
+    assert load_burstgpt(path, log_type="API log").input_tokens.tolist() == [40]
+    with pytest.raises(WorkloadError, match="takes no model filter"):
+        load_trace("azure", path, model="GPT-4")
+
+
+def test_trace_bootstrap_and_jitter(tmp_path, tiny_tokenizer):
+    path = tmp_path / "burst.csv"
+    rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    rows += [f"{i},GPT-4,{10 + i},{100 + i},{110 + 2 * i},API log" for i in range(50)]
+    path.write_text("\n".join(rows) + "\n")
+    spec = tmp_path / "b.yaml"
+    spec.write_text(
+        f"name: b\nnum_requests: 40\nsource: {{kind: trace, format: burstgpt, path: {path.name}, sample: bootstrap}}\n"
+        "arrivals: {process: poisson, rate: 5}\n"
+    )
+    w = resolve_workload(
+        str(spec), options=WorkloadOptions(seed=1), tokenizer=tiny_tokenizer, use_cache=False
+    )
+    ins = w.table.column("input_tokens").to_pylist()
+    outs = w.table.column("max_output_tokens").to_pylist()
+    assert all(o - i == 90 for i, o in zip(ins, outs, strict=True))  # rows sampled jointly
+    assert len(set(ins)) < 40  # with replacement
+    jit = tmp_path / "j.yaml"
+    jit.write_text(
+        f"name: j\nsource: {{kind: trace, format: burstgpt, path: {path.name}}}\n"
+        "arrivals: {process: trace, jitter_s: 2.0}\n"
+    )
+    w = resolve_workload(
+        str(jit), options=WorkloadOptions(), tokenizer=tiny_tokenizer, use_cache=False
+    )
+    times = w.table.column("arrival_s").to_pylist()
+    ins = w.table.column("input_tokens").to_pylist()
+    outs = w.table.column("max_output_tokens").to_pylist()
+    assert times == sorted(times) and len(times) == 50
+    assert ins != sorted(ins)  # re-ordered by the jittered times ...
+    assert all(o - i == 90 for i, o in zip(ins, outs, strict=True))  # ... keeping each row whole
