@@ -42,6 +42,9 @@ class LengthDist:
     def describe(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _bounds(self) -> dict[str, Any]:
+        return {"min": self.min, "max": self.max}
+
 
 @dataclass(frozen=True)
 class Fixed(LengthDist):
@@ -56,7 +59,7 @@ class Fixed(LengthDist):
         return np.full(n, self.value, dtype=np.float64)
 
     def describe(self) -> dict[str, Any]:
-        return {"dist": "fixed", "value": self.value}
+        return {"dist": "fixed", "value": self.value} | self._bounds()
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class Uniform(LengthDist):
         return rng.integers(self.low, self.high + 1, size=n).astype(np.float64)
 
     def describe(self) -> dict[str, Any]:
-        return {"dist": "uniform", "low": self.low, "high": self.high}
+        return {"dist": "uniform", "low": self.low, "high": self.high} | self._bounds()
 
 
 def uniform_bounds(value: int, range_ratio: float) -> tuple[int, int]:
@@ -106,7 +109,7 @@ class Normal(LengthDist):
         return rng.normal(self.mean, self.std, size=n)
 
     def describe(self) -> dict[str, Any]:
-        return {"dist": "normal", "mean": self.mean, "std": self.std}
+        return {"dist": "normal", "mean": self.mean, "std": self.std} | self._bounds()
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class LogNormal(LengthDist):
         return rng.lognormal(self.mu, self.sigma, size=n)
 
     def describe(self) -> dict[str, Any]:
-        return {"dist": "lognormal", "mu": self.mu, "sigma": self.sigma}
+        return {"dist": "lognormal", "mu": self.mu, "sigma": self.sigma} | self._bounds()
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ class Empirical(LengthDist):
         return {
             "dist": "empirical",
             "quantiles": [list(q) for q in zip(self.probs, self.values, strict=True)],
-        }
+        } | self._bounds()
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,7 @@ class Sampled(LengthDist):
         ]
 
     def describe(self) -> dict[str, Any]:
-        return {"dist": "file", "source": self.source, "count": len(self.observed)}
+        return {"dist": "file", "source": self.source, "count": len(self.observed)} | self._bounds()
 
 
 def read_length_file(path: Path, column: str | None) -> list[int]:

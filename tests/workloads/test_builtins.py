@@ -134,3 +134,33 @@ def test_spec_duration_without_count_runs_for_the_duration(tmp_path, tiny_tokeni
         use_cache=False,
     )
     assert capped.num_requests == 20
+
+
+@pytest.mark.parametrize(
+    "name", ["chat", "code", "long-context", "mixed", "shared-prefix", "sharegpt", "random"]
+)
+def test_builtins_fit_an_8k_context(name, tiny_tokenizer):
+    # every built-in must run against SmolLM2-135M (8192-token context) without rejections
+    spec_lengths = _resolve(tiny_tokenizer, name, num_requests=2).manifest["parameters"][
+        "effective"
+    ]
+    bounds = []
+    for part in spec_lengths.get("components", [spec_lengths]):
+        hi = []
+        for key in ("input_lengths", "output_lengths", "input", "output"):
+            d = part.get(key)
+            if d is not None:
+                hi.append(_upper(d))
+        bounds.append(sum(hi))
+    prefix = spec_lengths.get("prefix", {}).get("prefix_len", 0)
+    assert max(bounds) + prefix <= 8192
+
+
+def _upper(d: dict) -> float:
+    if d["dist"] == "fixed":
+        return d["value"]
+    if d["dist"] == "uniform":
+        return d["high"]
+    if d["dist"] == "empirical":
+        return min(d["quantiles"][-1][1], d.get("max") or float("inf"))
+    return d["max"]
