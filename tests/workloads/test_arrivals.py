@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workloads.arrivals import (
     AllAtOnce,
@@ -116,3 +118,24 @@ def test_closed_loop_has_no_times():
 def test_spec_errors(spec, match):
     with pytest.raises(WorkloadError, match=match):
         arrivals_from_spec(spec)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rate=st.floats(0.01, 1000.0),
+    burstiness=st.floats(0.05, 50.0),
+    n=st.integers(1, 500),
+    seed=st.integers(0, 2**32 - 1),
+    normalize=st.booleans(),
+)
+def test_property_gamma_schedules(rate, burstiness, n, seed, normalize):
+    times = GammaProcess(rate=rate, burstiness=burstiness, normalize_total=normalize).times(
+        n, None, rng(seed)
+    )
+    assert len(times) == n and np.all(times >= 0) and np.all(np.diff(times) >= 0)
+    if normalize:
+        assert times[-1] == pytest.approx(n / rate)
+    again = GammaProcess(rate=rate, burstiness=burstiness, normalize_total=normalize).times(
+        n, None, rng(seed)
+    )
+    assert np.array_equal(times, again)
