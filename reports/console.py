@@ -196,24 +196,29 @@ def render_summary(
 
 
 def gate_renderable(result) -> RenderableType:
-    """A `reports.gate.GateResult` as a table of metrics and the overall verdict."""
-    table = Table(box=box.SIMPLE_HEAD)
-    for name, justify in (("metric", "left"), ("baseline", "right"), ("candidate", "right"),
-                          ("ratio [CI]", "right"), ("MWU p", "right"), ("verdict", "left"),
-                          ("why", "left")):  # fmt: skip
-        table.add_column(name, justify=justify)
+    """A `reports.gate.GateResult`: the overall verdict, one table row per metric (ratio is
+    candidate / baseline with its bootstrap interval), then why each non-passing metric got
+    its verdict."""
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False)
+    for name in ("metric", "base", "cand", "ratio", "95% CI", "MWU p", "verdict"):
+        table.add_column(
+            name, justify="left" if name in ("metric", "verdict") else "right", no_wrap=True
+        )
+    reasons = []
     for r in result.results:
         e = r.estimate
-        ratio = "-" if e.ratio != e.ratio else f"{e.ratio:.3f}" + _ci(e.ci_low, e.ci_high, 3)
+        defined = e.ratio == e.ratio  # NaN when the baseline is zero or undefined
         table.add_row(
-            f"{r.label} ({r.unit})",
+            r.metric,
             _num(e.baseline),
             _num(e.candidate),
-            ratio,
+            f"{e.ratio:.3f}" if defined else "-",
+            _ci(e.ci_low, e.ci_high, 2).strip() if defined else "",
             _num(r.mann_whitney_p, 4),
             verdict_text(r.verdict),
-            r.reason,
         )
+        if r.verdict != "pass":
+            reasons.append(Text(f"{r.metric}: {r.verdict}, {r.reason}"))
     header = Text.assemble(("Regression gate  ", "bold"), verdict_text(result.verdict))
     notes = [Text(f"! {n}", style="yellow") for n in result.notes]
-    return Group(header, table, *notes)
+    return Group(header, table, *reasons, *notes)

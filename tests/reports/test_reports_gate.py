@@ -202,3 +202,26 @@ def test_cli_help_documents_exit_codes():
     text = CliRunner().invoke(compare, ["--help"]).output
     for line in ("0  pass", "1  regression", "3  inconclusive"):
         assert line in text
+
+
+def test_gate_console_view_matches_golden(runs):
+    """Regenerate with UPDATE_GOLDEN=1 (review the diff)."""
+    import io
+    import os
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from reports.console import gate_renderable
+
+    result = run_gate(runs["base"], runs["slow"], config=GateConfig(n_resamples=200))
+    out = io.StringIO()
+    Console(file=out, width=100, color_system=None, force_terminal=False).print(
+        gate_renderable(result)
+    )
+    text = "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
+    text = text.replace(str(runs["base"].parent), "<runs>")
+    golden = Path(__file__).parent / "golden" / "console_gate.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
