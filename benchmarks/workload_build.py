@@ -51,7 +51,7 @@ def main() -> None:
     sample = lengths[: args.baseline_sample]
     t0 = time.perf_counter()
     for n in sample.tolist():
-        synth._slow_prompt(int(n), rng, lead=True)
+        synth.retokenised_prompt(int(n), rng, lead=True)
     naive_s = (time.perf_counter() - t0) * len(lengths) / len(sample)
     print(
         f"baseline (decode + re-encode each prompt, timed on {len(sample)}, scaled): {naive_s:.2f} s "

@@ -66,7 +66,7 @@ def plain_prompts(
     """Prompts of exactly `lengths` tokens, verified; failures are rebuilt on the slow path."""
     prompts = synth.prompts(lengths, rng)
     for i in _verify(synth.tokenizer, prompts, rng, check):
-        prompts[i] = synth._slow_prompt(int(lengths[i]), rng, lead=True)
+        prompts[i] = synth.retokenised_prompt(int(lengths[i]), rng, lead=True)
         check.repaired += 1
     return prompts
 

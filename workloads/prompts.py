@@ -196,10 +196,12 @@ class PromptSynthesizer:
         if len(lengths) and lengths.min() < (1 if lead else 0):
             raise WorkloadError(f"A prompt needs at least 1 token, got {int(lengths.min())}.")
         if not self.fast:
-            return [self._slow_prompt(int(n), rng, lead=lead) for n in lengths.tolist()]
+            return [self.retokenised_prompt(int(n), rng, lead=lead) for n in lengths.tolist()]
         k, found = self._pick(lengths, rng, lead)
         return [
-            self._assemble(int(k[i]), n, lead) if found[i] else self._slow_prompt(n, rng, lead=lead)
+            self._assemble(int(k[i]), n, lead)
+            if found[i]
+            else self.retokenised_prompt(n, rng, lead=lead)
             for i, n in enumerate(lengths.tolist())
         ]
 
@@ -210,7 +212,10 @@ class PromptSynthesizer:
             return Prompt("", np.empty(0, dtype=np.int64))
         return self.prompts([n_tokens], rng, lead=False)[0]
 
-    def _slow_prompt(self, n_tokens: int, rng: np.random.Generator, *, lead: bool) -> Prompt:
+    def retokenised_prompt(self, n_tokens: int, rng: np.random.Generator, *, lead: bool) -> Prompt:
+        """The slow path for any tokenizer: decode a stream window, re-encode, and trim or
+        extend until the text encodes to exactly `n_tokens` ids; other offsets are tried
+        when that fails. Raises `WorkloadError` when no offset works."""
         starts = self.word_starts if len(self.word_starts) else np.arange(len(self.stream))
         for _ in range(256):
             start = int(starts[rng.integers(len(starts))])
