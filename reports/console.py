@@ -20,6 +20,30 @@ from reports.card import Card, LatencyRow, SLOVerdict, Throughput
 from reports.errors import ReportError
 from reports.taxonomy import OUTCOME_KINDS
 
+
+def _spaced(parts: list[RenderableType]) -> Group:
+    """The parts one under another, a blank line before each table."""
+    out: list[RenderableType] = []
+    for part in parts:
+        if isinstance(part, Table):
+            out.append(Text(""))
+        out.append(part)
+    return Group(*out)
+
+
+def _table(title: str | None = None) -> Table:
+    """A compact table: a rule under the header, one space between columns, no edges, so
+    the card fits an 80-column terminal."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+        show_edge=False,
+    )
+
+
 VERDICT_STYLES = {
     "pass": "bold green",
     "fail": "bold red",
@@ -51,7 +75,7 @@ def verdict_text(verdict: str) -> Text:
 
 def slo_table(verdicts: list[SLOVerdict], slo_name: str | None) -> Table:
     """One row per SLO objective: observed value with its interval, threshold, verdict."""
-    table = Table(title=f"SLO {slo_name or ''}".strip(), box=box.SIMPLE_HEAD, title_justify="left")
+    table = _table(f"SLO {slo_name or ''}".strip())
     for name, justify in (("objective", "left"), ("observed", "right"), ("threshold", "right"),
                           ("n", "right"), ("verdict", "left")):  # fmt: skip
         table.add_column(name, justify=justify)
@@ -69,7 +93,7 @@ def slo_table(verdicts: list[SLOVerdict], slo_name: str | None) -> Table:
 
 def throughput_table(rates: list[Throughput], goodput: dict | None) -> Table:
     """Labelled throughputs, goodput first when there is one."""
-    table = Table(title="Throughput", box=box.SIMPLE_HEAD, title_justify="left")
+    table = _table("Throughput")
     table.add_column("rate")
     table.add_column("value", justify="right")
     if goodput is not None:
@@ -82,7 +106,7 @@ def throughput_table(rates: list[Throughput], goodput: dict | None) -> Table:
 
 def latency_table(rows: list[LatencyRow]) -> Table:
     """Latency distributions (ms) with the p50 and p99 intervals where present."""
-    table = Table(title="Latency (ms, ok requests)", box=box.SIMPLE_HEAD, title_justify="left")
+    table = _table("Latency (ms, ok requests; 95% intervals)")
     for name in ("metric", "n", "mean", "p50", "p90", "p99", "max"):
         table.add_column(name, justify="left" if name == "metric" else "right")
     for r in rows:
@@ -102,7 +126,7 @@ def latency_table(rows: list[LatencyRow]) -> Table:
 
 def outcomes_table(counts: dict[str, int], total: int) -> Table:
     """Requests per outcome kind with their share of all requests."""
-    table = Table(title="Outcomes", box=box.SIMPLE_HEAD, title_justify="left")
+    table = _table("Outcomes")
     table.add_column("outcome")
     table.add_column("requests", justify="right")
     table.add_column("share", justify="right")
@@ -117,9 +141,12 @@ def _header(card: Card) -> Text:
     text = Text.assemble(
         ("Report card ", "bold"), (card.run_id, "bold cyan"), "  ", verdict_text(card.headline)
     )
+    engine = (
+        f"{env.engine} {env.engine_version or ''}".strip() if env.engine else "engine not recorded"
+    )
     text.append(
-        f"\n{env.engine or '?'} {env.engine_version or ''} | {env.model or '?'} | workload "
-        f"{env.workload_name or '?'} | window {_num(card.window_s, 1)} s"
+        f"\n{engine} | model {env.model or '?'} | workload {env.workload_name or '?'} | "
+        f"window {_num(card.window_s, 1)} s"
     )
     return text
 
@@ -144,8 +171,9 @@ def card_renderable(card: Card) -> RenderableType:
     parts.append(latency_table(card.latency))
     counts = {kind: getattr(card.failures, kind) for kind in OUTCOME_KINDS}
     parts.append(outcomes_table(counts, card.failures.total))
+    parts.append(Text(""))
     parts.append(_health_line(card))
-    return Group(*parts)
+    return _spaced(parts)
 
 
 def summary_renderable(summary: dict) -> RenderableType:
@@ -162,6 +190,7 @@ def summary_renderable(summary: dict) -> RenderableType:
     counts = summary.get("counts") or {}
     parts.append(outcomes_table(dict(counts.get("by_status") or {}), int(counts.get("total") or 0)))
     lag = summary.get("dispatch_lag_ms") or {}
+    parts.append(Text(""))
     parts.append(
         Text(
             f"client dispatch lag p50 {_num(lag.get('p50'), 3)} ms, p99 {_num(lag.get('p99'), 3)} "
@@ -169,7 +198,7 @@ def summary_renderable(summary: dict) -> RenderableType:
             style="bold red" if summary.get("client_bound") else "dim",
         )
     )
-    return Group(*parts)
+    return _spaced(parts)
 
 
 def render_summary(
@@ -199,7 +228,7 @@ def gate_renderable(result) -> RenderableType:
     """A `reports.gate.GateResult`: the overall verdict, one table row per metric (ratio is
     candidate / baseline with its bootstrap interval), then why each non-passing metric got
     its verdict."""
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False)
+    table = _table()
     for name in ("metric", "base", "cand", "ratio", "95% CI", "MWU p", "verdict"):
         table.add_column(
             name, justify="left" if name in ("metric", "verdict") else "right", no_wrap=True
@@ -221,4 +250,4 @@ def gate_renderable(result) -> RenderableType:
             reasons.append(Text(f"{r.metric}: {r.verdict}, {r.reason}"))
     header = Text.assemble(("Regression gate  ", "bold"), verdict_text(result.verdict))
     notes = [Text(f"! {n}", style="yellow") for n in result.notes]
-    return Group(header, table, *reasons, *notes)
+    return _spaced([header, table, Text(""), *reasons, *notes])
