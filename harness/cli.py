@@ -71,8 +71,18 @@ class LazyGroup(click.Group):
     cls=LazyGroup, epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.version_option(package_name="llm-bench-harness")
-def bench() -> None:
+@click.pass_context
+def bench(ctx: click.Context) -> None:
     """Benchmark and reliability harness for LLM serving engines."""
+    # `bench workload build --tokenizer NAME` resolves reference-engine tokenizers through this,
+    # so `workloads` never imports `engine_ref` itself.
+    ctx.ensure_object(dict)["load_tokenizer"] = _load_tokenizer
+
+
+def _load_tokenizer(name: str):
+    from engine_ref.weights import load_tokenizer
+
+    return load_tokenizer(name)
 
 
 def _drop_none(**kwargs) -> dict:
@@ -127,7 +137,7 @@ def _drop_none(**kwargs) -> dict:
     default=None,
     help="Ask the server to generate exactly max_tokens.",
 )
-@click.option("--seed", type=int, help="Seed for lengths, arrivals and prompts (default 0).")
+@click.option("--seed", type=int, help="Seed for lengths, arrivals and prompts (default: the workload's own seed).")
 @click.option(
     "--warmup", type=int, help="Requests sent before the measured phase, excluded from metrics."
 )

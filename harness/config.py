@@ -41,7 +41,7 @@ class RunConfig:
     range_ratio: float | None = None
     ignore_eos: bool | None = None
     dataset_path: str | None = None
-    seed: int = 0
+    seed: int | None = None  # None: the workload spec's own seed
     warmup: int = 0
     timeout_s: float = 600.0
     out: Path | None = None
