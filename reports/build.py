@@ -31,6 +31,7 @@ from reports.taxonomy import classify_outcomes, count_outcomes
 from slo.frame import RequestMetrics
 from slo.run_tables import RunTables, float_column, load_run
 from slo.stats import bootstrap_quantile_ci
+from slo.summary import DEFAULT_CLIENT_BOUND_MS
 
 THROUGHPUT_LABELS = (
     ("request_per_s", "requests/s (finished ok)"),
@@ -42,6 +43,13 @@ THROUGHPUT_LABELS = (
 MEMORY_COLUMNS = ("peak_memory_bytes", "memory_bytes", "kv_cache_bytes")
 MIN_VALUES_FOR_CI = 10
 CI_RESAMPLES = 1000
+
+
+def client_bound_ms(manifest: dict) -> float:
+    """The dispatch-lag bound the run was recorded with (manifest `config.client_bound_ms`),
+    else slo's default."""
+    value = (manifest.get("config") or {}).get("client_bound_ms")
+    return float(value) if isinstance(value, int | float) and value > 0 else DEFAULT_CLIENT_BOUND_MS
 
 
 def read_manifest(run_dir: Path) -> dict:
@@ -289,7 +297,7 @@ def build_card(
     try:
         tables = load_run(run_dir)
         if summary is None:
-            summary = slo.summarize(run_dir, spec)
+            summary = slo.summarize(run_dir, spec, client_bound_ms=client_bound_ms(manifest))
     except slo.SLOError as exc:
         raise ReportError(str(exc)) from exc
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)

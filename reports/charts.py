@@ -79,7 +79,7 @@ def latency_cdf_svg(metric: str, cdfs: dict[str, list]) -> str | None:
     if not drawn:
         return None
     with matplotlib.rc_context(_RC):
-        fig = _new_figure(4.6, 2.8)
+        fig = _new_figure(6.4, 3.4)
         ax = fig.add_subplot()
         for i, (label, points) in enumerate(drawn.items()):
             xs = [p[0] for p in points]

@@ -25,15 +25,17 @@ from pathlib import Path
 
 import numpy as np
 
-from reports.build import read_manifest
+from reports.build import client_bound_ms, read_manifest
 from reports.compare import find_mismatches
 from reports.errors import ReportError
 from reports.gate_config import GateConfig, MetricSpec
 from slo.comparison import RatioEstimate, Sample, Statistic, bootstrap_ratio, mann_whitney
+from slo.errors import SLOError
 from slo.frame import RequestMetrics
 from slo.goodput import good_mask
 from slo.run_tables import load_run
 from slo.spec import as_spec
+from slo.summary import dispatch_summary
 
 GATE_VERDICTS = ("pass", "regressed", "improved", "inconclusive")
 EXIT_CODES = {"pass": 0, "regressed": 1, "inconclusive": 3}
@@ -94,16 +96,30 @@ class _RunData:
     rm: RequestMetrics
     window_s: float
     good: np.ndarray | None
+    warnings: tuple[str, ...]
 
 
 def _load(path: Path, slo_spec) -> _RunData:
-    tables = load_run(path)
+    try:
+        tables = load_run(path)
+    except SLOError as exc:
+        raise ReportError(str(exc)) from exc
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
     window_s = rm.window_s()
     if window_s is None:
         raise ReportError(f"{path} has no measured window (no request was sent and finished).")
     good = good_mask(rm, slo_spec) if slo_spec is not None else None
-    return _RunData(rm=rm, window_s=window_s, good=good)
+    warnings = []
+    if tables.manifest.get("complete") is False:
+        warnings.append(
+            f"run {path.name} is incomplete ({tables.manifest.get('interrupted_reason') or 'no reason recorded'})"
+        )
+    _, bound = dispatch_summary(rm, client_bound_ms(tables.manifest))
+    if bound:
+        warnings.append(
+            f"run {path.name} was client bound: the load generator fell behind its schedule"
+        )
+    return _RunData(rm=rm, window_s=window_s, good=good, warnings=tuple(warnings))
 
 
 def metric_sample(run: _RunData, metric: MetricSpec) -> Sample | None:
@@ -194,6 +210,7 @@ def run_gate(
     spec = as_spec(raw_slo) if raw_slo else None
     base_runs = [_load(p, spec) for p in base_dirs]
     cand_runs = [_load(p, spec) for p in cand_dirs]
+    notes += [w for run in (*base_runs, *cand_runs) for w in run.warnings]
     rng = np.random.default_rng(config.seed)
     results = []
     for metric in config.metric_specs():

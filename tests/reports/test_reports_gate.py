@@ -225,3 +225,29 @@ def test_gate_console_view_matches_golden(runs):
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+def test_incomplete_and_client_bound_runs_are_noted(tmp_path):
+    import json
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from reports.build import build_card
+
+    base = write_run(tmp_path / "base", SyntheticRun(n_requests=40, write_summary=False))
+    cand = write_run(tmp_path / "cand", SyntheticRun(n_requests=40, seed=1, write_summary=False))
+    manifest = json.loads((cand / "manifest.json").read_text())
+    manifest.update(complete=False, interrupted_reason="SIGINT")
+    (cand / "manifest.json").write_text(json.dumps(manifest))
+    # Every request sent 20 ms after its scheduled time: p99 dispatch lag above the 10 ms bound.
+    table = pq.read_table(cand / "requests.parquet")
+    late = pc.add(table["t_scheduled_ns"], 20_000_000)
+    table = table.set_column(table.column_names.index("t_sent_ns"), "t_sent_ns", late)
+    pq.write_table(table, cand / "requests.parquet")
+    result = run_gate(base, cand, config=GateConfig(n_resamples=100, only=("ttft_p50_ms",)))
+    assert "run cand is incomplete (SIGINT)" in result.notes
+    assert any("run cand was client bound" in note for note in result.notes)
+    card = build_card(cand)
+    assert card.client_health.client_bound is True
+    assert any("client was the bottleneck" in note for note in card.notes)
