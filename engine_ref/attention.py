@@ -2,8 +2,10 @@
 
 A step's tokens are one flattened batch of T rows: first the decode rows (one new token per
 sequence), then the prefill chunks (one or more new tokens per sequence, possibly continuing a
-cached prefix). Each layer writes the new K/V into its pools through `slot_mapping`, then attends
-with one batched SDPA call per group:
+cached prefix). A layer's pool is [num_blocks, block_size, 2 * kvh, hd]: its key pool
+[num_blocks, block_size, kvh, hd] and value pool side by side, so one index_copy_ stores a step's
+new K/V and one index_select gathers both. Each layer writes the new K/V through
+`slot_mapping`, then attends with one batched SDPA call per group:
 
 - decode: K/V gathered through the block tables into [Bd, L, kvh, hd]; the G = h / kvh query
   heads that share a KV head are folded into the query-length axis, so GQA needs no K/V expansion:
@@ -29,12 +31,12 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] long: flat pool slot (block * block_size + offset) per row
     num_decode_tokens: int
     decode_block_tables: torch.Tensor | None  # [Bd, nbd] long
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Ld] bool, True = attend
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Ld] additive: 0 = attend, -inf = masked
     num_prefill_tokens: int
     prefill_block_tables: torch.Tensor | None  # [Bp, nbp] long
     prefill_q_index: torch.Tensor | None  # [Bp * Qmax] long: prefill row feeding each padded slot
     prefill_out_index: torch.Tensor | None  # [Tp] long: padded slot holding each prefill row
-    prefill_mask: torch.Tensor | None  # [Bp, 1, G * Qmax, Lp] bool, True = attend
+    prefill_mask: torch.Tensor | None  # [Bp, 1, G * Qmax, Lp] additive, like decode_mask
     prefill_q_max: int
 
 
@@ -46,6 +48,7 @@ def build_attention_metadata(
     block_size: int,
     num_queries_per_kv: int,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> AttentionMetadata:
     """Metadata for one step. Sequence i contributes `num_new_tokens[i]` rows at positions
     `start_positions[i]`, `start_positions[i] + 1`, ...; its KV lives in `block_tables[i]`,
@@ -98,16 +101,22 @@ def build_attention_metadata(
     def to(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device, non_blocking=True)
 
+    def additive(mask: torch.Tensor | None) -> torch.Tensor | None:
+        # SDPA would convert a boolean mask in every layer; convert once per step instead.
+        if mask is None:
+            return None
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf")).to(device)
+
     return AttentionMetadata(
         slot_mapping=to(slot_mapping),
         num_decode_tokens=num_decode,
         decode_block_tables=to(decode_tables),
-        decode_mask=to(decode_mask),
+        decode_mask=additive(decode_mask),
         num_prefill_tokens=num_prefill_tokens,
         prefill_block_tables=to(prefill_tables),
         prefill_q_index=to(q_index),
         prefill_out_index=to(out_index),
-        prefill_mask=to(prefill_mask),
+        prefill_mask=additive(prefill_mask),
         prefill_q_max=q_max,
     )
 
@@ -121,48 +130,35 @@ def _pad_tables(
     return torch.tensor(padded, dtype=torch.long)
 
 
-def write_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    slots: torch.Tensor,
-) -> None:
-    """Store k, v [T, kvh, hd] at flat slots [T] of the pools [num_blocks, block_size, kvh, hd]."""
-    num_slots = k_pool.shape[0] * k_pool.shape[1]
-    k_pool.view(num_slots, *k_pool.shape[2:]).index_copy_(0, slots, k)
-    v_pool.view(num_slots, *v_pool.shape[2:]).index_copy_(0, slots, v)
-
-
-def gather_kv(pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[B, nb * block_size, kvh, hd] keys or values of the blocks in block_tables [B, nb]."""
+def gather_kv(kv_pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[B, nb * block_size, 2 * kvh, hd] keys and values of the blocks in block_tables [B, nb]."""
     batch, nb = block_tables.shape
-    flat = pool.view(pool.shape[0], -1).index_select(0, block_tables.flatten())
-    return flat.view(batch, nb * pool.shape[1], pool.shape[2], pool.shape[3])
+    flat = kv_pool.view(kv_pool.shape[0], -1).index_select(0, block_tables.flatten())
+    return flat.view(batch, nb * kv_pool.shape[1], kv_pool.shape[2], kv_pool.shape[3])
 
 
 def paged_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
+    kv: torch.Tensor,
+    kv_pool: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Attention output [T, h, hd] for q [T, h, hd] and new k, v [T, kvh, hd]."""
-    write_kv(k, v, k_pool, v_pool, meta.slot_mapping)
+    """Attention output [T, h, hd] for q [T, h, hd] and the new keys and values kv [T, 2 * kvh,
+    hd] (keys in the first kvh heads). `kv_pool` [num_blocks, block_size, 2 * kvh, hd] holds one
+    layer's keys (heads :kvh) and values (heads kvh:); the new rows are stored there first."""
+    num_slots = kv_pool.shape[0] * kv_pool.shape[1]
+    kv_pool.view(num_slots, *kv_pool.shape[2:]).index_copy_(0, meta.slot_mapping, kv)
     num_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k.shape[1]
+    kv_heads = kv.shape[1] // 2
     g = num_heads // kv_heads
     parts = []
     nd = meta.num_decode_tokens
     if nd:
-        keys = gather_kv(k_pool, meta.decode_block_tables).transpose(1, 2)  # [Bd, kvh, L, hd]
-        values = gather_kv(v_pool, meta.decode_block_tables).transpose(1, 2)
+        both = gather_kv(kv_pool, meta.decode_block_tables).transpose(1, 2)  # [Bd, 2kvh, L, hd]
         qd = q[:nd].view(nd, kv_heads, g, head_dim)  # [Bd, kvh, G, hd]
         out = F.scaled_dot_product_attention(
-            qd, keys, values, attn_mask=meta.decode_mask, scale=scale
+            qd, both[:, :kv_heads], both[:, kv_heads:], attn_mask=meta.decode_mask, scale=scale
         )
         parts.append(out.reshape(nd, num_heads, head_dim))
     if meta.num_prefill_tokens:
@@ -171,10 +167,9 @@ def paged_attention(
         qp = q[nd:].index_select(0, meta.prefill_q_index)  # [Bp * Qmax, h, hd]
         qp = qp.view(batch, q_max, kv_heads, g, head_dim).permute(0, 2, 3, 1, 4)
         qp = qp.reshape(batch, kv_heads, g * q_max, head_dim)  # [Bp, kvh, G * Qmax, hd]
-        keys = gather_kv(k_pool, meta.prefill_block_tables).transpose(1, 2)  # [Bp, kvh, Lp, hd]
-        values = gather_kv(v_pool, meta.prefill_block_tables).transpose(1, 2)
+        both = gather_kv(kv_pool, meta.prefill_block_tables).transpose(1, 2)  # [Bp, 2kvh, Lp, hd]
         out = F.scaled_dot_product_attention(
-            qp, keys, values, attn_mask=meta.prefill_mask, scale=scale
+            qp, both[:, :kv_heads], both[:, kv_heads:], attn_mask=meta.prefill_mask, scale=scale
         )
         out = out.view(batch, kv_heads, g, q_max, head_dim).permute(0, 3, 1, 2, 4)
         out = out.reshape(batch * q_max, num_heads, head_dim)

@@ -89,12 +89,11 @@ class LLMEngine:
                 "raise it or set num_blocks."
             )
         self.max_model_len = min(max_len, num_blocks * bs)
-        pool_shape = (num_blocks, bs, mc.num_key_value_heads, mc.head_dim)
+        # Per layer: keys [num_blocks, bs, kvh, hd] and values side by side (see attention.py).
+        # Zeroed, not empty: masked slots are multiplied by 0 and must not hold NaN.
+        pool_shape = (num_blocks, bs, 2 * mc.num_key_value_heads, mc.head_dim)
         self.kv_caches = [
-            (
-                torch.zeros(pool_shape, dtype=self.dtype, device=self.device),
-                torch.zeros(pool_shape, dtype=self.dtype, device=self.device),
-            )
+            torch.zeros(pool_shape, dtype=self.dtype, device=self.device)
             for _ in range(mc.num_hidden_layers)
         ]
         self.block_manager = BlockManager(
@@ -233,6 +232,7 @@ class LLMEngine:
             num_queries_per_kv=self.model_config.num_attention_heads
             // self.model_config.num_key_value_heads,
             device=self.device,
+            dtype=self.dtype,
         )
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
@@ -377,6 +377,5 @@ class LLMEngine:
             return
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
-        for k_pool, v_pool in self.kv_caches:
-            k_pool.index_copy_(0, dst, k_pool.index_select(0, src))
-            v_pool.index_copy_(0, dst, v_pool.index_select(0, src))
+        for pool in self.kv_caches:
+            pool.index_copy_(0, dst, pool.index_select(0, src))

@@ -15,7 +15,8 @@ from torch import nn
 from engine_ref.attention import AttentionMetadata, paged_attention
 from engine_ref.config import ModelConfig
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # k_pool, v_pool: [num_blocks, block_size, kvh, hd]
+# One layer's KV pool [num_blocks, block_size, 2 * kvh, hd]: keys in heads :kvh, values after.
+KVCache = torch.Tensor
 
 
 class RMSNorm(nn.Module):
@@ -25,26 +26,27 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 as Hugging Face does, then cast back before the weight.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # One fused op (it accumulates in float32 for low-precision inputs).
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_tables(
     head_dim: int, max_positions: int, theta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_positions, head_dim / 2] in float32."""
+    """cos, signed sin [max_positions, head_dim] in float32, laid out for `apply_rope`: the
+    angle of pair j appears at j and j + hd/2; sin is negated in the first half."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    cos = torch.cat((angles.cos(), angles.cos()), dim=-1)
+    sin = torch.cat((-angles.sin(), angles.sin()), dim=-1)
+    return cos, sin
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, hd] rotated by cos, sin [T, 1, hd / 2] (rotate_half pairing)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """x [T, heads, hd] rotated by cos, signed sin [T, heads or 1, hd] (Hugging Face's
+    rotate_half pairing: x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1))."""
+    swapped = torch.roll(x, x.shape[-1] // 2, dims=-1)  # (x2, x1)
+    return torch.addcmul(x * cos, swapped, sin)
 
 
 class Attention(nn.Module):
@@ -54,7 +56,6 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
@@ -68,11 +69,11 @@ class Attention(nn.Module):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = apply_rope(q.view(tokens, self.num_heads, self.head_dim), cos, sin)  # [T, h, hd]
-        k = apply_rope(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)  # [T, kvh, hd]
-        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        qkv = self.qkv_proj(x).view(tokens, -1, self.head_dim)  # [T, h + 2 kvh, hd]
+        # cos/sin are the identity rotation on the value heads: one RoPE call for all three.
+        qkv = apply_rope(qkv, cos, sin)
+        q, kv = qkv[:, : self.num_heads], qkv[:, self.num_heads :]  # [T, h, hd], [T, 2kvh, hd]
+        out = paged_attention(q, kv, kv_cache, meta, self.scale)
         return self.o_proj(out.view(tokens, -1))
 
 
@@ -176,11 +177,22 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         """hidden [T, D] (before the final norm) for input_ids, positions [T]."""
         x = self.embed_tokens(input_ids)  # [T, D]
-        cos = self.rope_cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, hd / 2]
-        sin = self.rope_sin[positions].to(x.dtype).unsqueeze(1)
+        cos, sin = self._rope_for(positions, x.dtype)  # [T, h + 2 kvh, hd]
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, meta, kv_cache)
         return x
+
+    def _rope_for(self, positions: torch.Tensor, dtype: torch.dtype):
+        """cos, signed sin [T, h + 2 kvh, hd]: RoPE for query and key heads, identity (1, 0)
+        for value heads. Built once per step."""
+        c = self.config
+        tokens, rotated = positions.shape[0], c.num_attention_heads + c.num_key_value_heads
+        shape = (tokens, rotated + c.num_key_value_heads, c.head_dim)
+        cos = torch.ones(shape, dtype=dtype, device=positions.device)
+        sin = torch.zeros(shape, dtype=dtype, device=positions.device)
+        cos[:, :rotated] = self.rope_cos[positions].to(dtype).unsqueeze(1)
+        sin[:, :rotated] = self.rope_sin[positions].to(dtype).unsqueeze(1)
+        return cos, sin
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, vocab] for hidden [N, D]."""

@@ -177,8 +177,8 @@ def teacher_forced_logprobs(engine: LLMEngine, tokens: list[int]) -> torch.Tenso
     mc = engine.model_config
     bs = 8
     table = list(range((len(tokens) + bs - 1) // bs))
-    shape = (len(table), bs, mc.num_key_value_heads, mc.head_dim)
-    pools = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(mc.num_hidden_layers)]
+    shape = (len(table), bs, 2 * mc.num_key_value_heads, mc.head_dim)
+    pools = [torch.zeros(shape) for _ in range(mc.num_hidden_layers)]
     meta = build_attention_metadata(
         start_positions=[0],
         num_new_tokens=[len(tokens)],

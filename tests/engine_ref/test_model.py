@@ -86,11 +86,11 @@ def model(weights):
 
 
 def new_pools(num_blocks: int = 64):
-    shape = (num_blocks, BLOCK_SIZE, CONFIG.num_key_value_heads, CONFIG.head_dim)
-    return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(CONFIG.num_hidden_layers)]
+    shape = (num_blocks, BLOCK_SIZE, 2 * CONFIG.num_key_value_heads, CONFIG.head_dim)
+    return [torch.zeros(shape) for _ in range(CONFIG.num_hidden_layers)]
 
 
-def run_steps(model, pools, steps):
+def run_steps(model, pools, steps, dtype=torch.float32):
     """Run forwards; `steps` is a list of batches [(ids, start, block_table), ...] with
     single-token rows first. Returns the logits of every row of every step, per step."""
     out = []
@@ -102,6 +102,7 @@ def run_steps(model, pools, steps):
             block_size=BLOCK_SIZE,
             num_queries_per_kv=CONFIG.num_attention_heads // CONFIG.num_key_value_heads,
             device=torch.device("cpu"),
+            dtype=dtype,
         )
         ids = torch.tensor([t for seq_ids, _, _ in batch for t in seq_ids])
         pos = torch.tensor([s + j for seq_ids, s, _ in batch for j in range(len(seq_ids))])
@@ -163,8 +164,8 @@ def test_bfloat16_close_to_float32(weights):
     )
     table = list(range(10))
     a = chunked(m32, ids, 16, table)
-    pools = [(k.bfloat16(), v.bfloat16()) for k, v in new_pools()]
-    b = torch.cat(run_steps(m16, pools, [[(ids, 0, table)]]))
+    pools = [p.bfloat16() for p in new_pools()]
+    b = torch.cat(run_steps(m16, pools, [[(ids, 0, table)]], dtype=torch.bfloat16))
     # bf16 has ~3 significant digits; logits here are O(10).
     assert (a - b).abs().max() < 0.05 * a.abs().max()
 

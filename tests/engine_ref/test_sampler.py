@@ -1,0 +1,112 @@
+"""Sampler: greedy, temperature, top-k, top-p against hand-computed distributions; seeded rows
+reproduce whatever else is in the batch; banned tokens; logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine_ref.engine_config import SamplingParams
+from engine_ref.sampler import SampleRow, sample
+
+DRAWS = 20000
+
+
+def frequencies(logits_row: list[float], params: SamplingParams) -> list[float]:
+    logits = torch.tensor([logits_row] * DRAWS)
+    out = sample(logits, [SampleRow(params)] * DRAWS, torch.Generator().manual_seed(0))
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=len(logits_row))
+    return (counts.float() / DRAWS).tolist()
+
+
+def assert_freq(got: list[float], expected: list[float]) -> None:
+    for g, e in zip(got, expected, strict=True):
+        # 5 standard errors of a binomial proportion (0 when e is 0 or 1).
+        assert abs(g - e) <= 5 * math.sqrt(e * (1 - e) / DRAWS) + 1e-9, (got, expected)
+
+
+def test_greedy_is_argmax_per_row():
+    logits = torch.tensor([[0.1, 3.0, 2.0], [5.0, -1.0, 4.9], [0.0, 0.0, 7.0]])
+    out = sample(logits, [SampleRow(SamplingParams(temperature=0))] * 3)
+    assert out.token_ids == [1, 0, 2]
+
+
+def test_temperature_scales_the_distribution():
+    row = [0.0, math.log(2.0)]
+    assert_freq(frequencies(row, SamplingParams(temperature=1.0)), [1 / 3, 2 / 3])
+    s2 = math.sqrt(2.0)  # T = 2: p proportional to [1, 2 ** 0.5]
+    assert_freq(frequencies(row, SamplingParams(temperature=2.0)), [1 / (1 + s2), s2 / (1 + s2)])
+
+
+def test_top_k_keeps_the_k_most_likely():
+    row = [math.log(p) for p in (0.1, 0.4, 0.2, 0.3)]
+    # top-2: tokens 1 and 3, renormalised 0.4 / 0.7 and 0.3 / 0.7
+    assert_freq(frequencies(row, SamplingParams(top_k=2)), [0, 4 / 7, 0, 3 / 7])
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    row = [math.log(p) for p in (0.5, 0.3, 0.15, 0.05)]
+    # Sorted mass before each token: 0, 0.5, 0.8, 0.95; top_p 0.8 keeps the first two.
+    assert_freq(frequencies(row, SamplingParams(top_p=0.8)), [0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    # top_p 0.81 also keeps the third (mass before it is 0.8 < 0.81).
+    assert_freq(
+        frequencies(row, SamplingParams(top_p=0.81)), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0]
+    )
+
+
+def test_top_k_and_top_p_combine_per_row():
+    row = [math.log(p) for p in (0.5, 0.3, 0.15, 0.05)]
+    got = frequencies(row, SamplingParams(top_k=3, top_p=0.9))
+    # top-3 renormalised: 0.5/0.95, 0.3/0.95, 0.15/0.95; mass before the third 0.842 < 0.9.
+    assert_freq(got, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0])
+
+
+def test_mixed_batch_greedy_and_random_rows():
+    logits = torch.tensor([[0.0, 9.0, 0.0], [0.0, 0.0, 0.0], [3.0, 0.0, 0.0]])
+    rows = [SampleRow(SamplingParams(temperature=0)), SampleRow(SamplingParams(top_k=1)),
+            SampleRow(SamplingParams(temperature=0))]  # fmt: skip
+    out = sample(logits, rows, torch.Generator().manual_seed(1))
+    assert out.token_ids[0] == 1 and out.token_ids[2] == 0
+
+
+def test_seeded_row_reproduces_regardless_of_batch():
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 50, generator=gen)
+    params = SamplingParams(temperature=1.0)
+
+    def seeded_token(batch_rows: int) -> int:
+        rows = [SampleRow(params, torch.Generator().manual_seed(42))]
+        rows += [SampleRow(params)] * (batch_rows - 1)
+        out = sample(logits[:batch_rows].clone(), rows, torch.Generator().manual_seed(batch_rows))
+        return out.token_ids[0]
+
+    tokens = {seeded_token(n) for n in (1, 3, 6)}
+    assert len(tokens) == 1
+    draws = {
+        sample(logits[:1].clone(), [SampleRow(params, torch.Generator().manual_seed(s))]).token_ids[
+            0
+        ]
+        for s in range(30)
+    }
+    assert len(draws) > 1  # different seeds do differ
+
+
+def test_banned_tokens_are_never_sampled():
+    logits = torch.tensor([[0.0, 10.0, 0.0]] * 2)
+    rows = [SampleRow(SamplingParams(temperature=0), banned_token_ids=(1,)),
+            SampleRow(SamplingParams(temperature=1.0), banned_token_ids=(1, 2))]  # fmt: skip
+    assert sample(logits, rows).token_ids == [0, 0]
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_logprobs_of_sampled_and_top_tokens(k):
+    probs = [0.1, 0.6, 0.3]
+    logits = torch.tensor([[math.log(p) + 7.0 for p in probs]])  # shift-invariant
+    out = sample(logits, [SampleRow(SamplingParams(temperature=0, logprobs=k))])
+    entry = out.logprobs[0]
+    expected = {1: math.log(0.6)} if k == 0 else {1: math.log(0.6), 2: math.log(0.3)}
+    assert entry.keys() == expected.keys()
+    for token, value in expected.items():
+        assert abs(entry[token] - value) < 1e-5
