@@ -5,8 +5,9 @@ For each metric the gate estimates candidate/baseline with a seeded bootstrap in
 several repetitions) and, where the samples allow, a Mann-Whitney U test. The verdict of one
 metric, with "worse" meaning higher for latencies and lower for rates:
 
-1. inconclusive: fewer pooled values than the metric needs on either side (`min_samples`,
-   and for p99 at least 100), or no ratio (a zero baseline);
+1. inconclusive: too few samples on either side: fewer independent units (requests; whole
+   runs count their requests) than `min_samples`, or fewer values than a tail quantile needs
+   (100 for p99; pooled inter-token gaps count as values), or no ratio (a zero baseline);
 2. pass: the absolute change is within the metric's noise floor (e.g. 1 ms for latencies);
 3. regressed: the ratio is worse than the relative threshold and the interval excludes 1;
 4. inconclusive: the ratio is worse than the threshold but the interval includes 1;
@@ -145,12 +146,22 @@ def metric_sample(run: _RunData, metric: MetricSpec) -> Sample | None:
 
 
 def judge(
-    estimate: RatioEstimate, *, higher_is_better: bool, relative: float, floor: float, min_n: int
+    estimate: RatioEstimate,
+    *,
+    higher_is_better: bool,
+    relative: float,
+    floor: float,
+    min_n: int,
+    min_values: int = 0,
 ) -> tuple[str, str]:
-    """(verdict, reason) for one metric by the rules in this module's docstring."""
+    """(verdict, reason) for one metric by the rules in this module's docstring: `min_n` is
+    the fewest units (requests) and `min_values` the fewest pooled values per side."""
     n = min(estimate.units_baseline, estimate.units_candidate)
     if n < min_n:
         return "inconclusive", f"too few samples ({n} < {min_n})"
+    n_values = min(estimate.n_baseline, estimate.n_candidate)
+    if n_values < min_values:
+        return "inconclusive", f"too few samples ({n_values} < {min_values})"
     if not math.isfinite(estimate.ratio):
         return "inconclusive", "no ratio: the baseline figure is zero or undefined"
     change = estimate.ratio - 1.0
@@ -233,7 +244,8 @@ def run_gate(
             higher_is_better=metric.higher_is_better,
             relative=threshold.relative,
             floor=threshold.floor,
-            min_n=metric.statistic.min_samples(config.min_samples),
+            min_n=config.min_samples,
+            min_values=metric.statistic.min_samples(config.min_samples),
         )
         results.append(
             MetricResult(

@@ -61,7 +61,7 @@ def test_too_few_samples_is_inconclusive(runs):
     result = run_gate(runs["base"], runs["tiny"], config=FAST)
     assert result.verdict == "inconclusive" and result.exit_code == 3
     ttft_p99 = next(r for r in result.results if r.metric == "ttft_p99_ms")
-    assert ttft_p99.verdict == "inconclusive" and "too few samples (12 < 100)" in ttft_p99.reason
+    assert ttft_p99.verdict == "inconclusive" and "too few samples (12 < 20)" in ttft_p99.reason
 
 
 def test_improvement_is_reported_as_improved(runs):
@@ -131,6 +131,15 @@ def test_verdict_rules(estimate, higher_is_better, expected):
         estimate, higher_is_better=higher_is_better, relative=0.05, floor=1.0, min_n=20
     )
     assert verdict == expected, reason
+
+
+def test_tail_quantile_needs_enough_values():
+    # 60 requests pass the 20-request floor, but a p99 needs 100 values.
+    estimate = _estimate(1.20, 1.15, 1.25, n=60)
+    verdict, reason = judge(
+        estimate, higher_is_better=False, relative=0.05, floor=1.0, min_n=20, min_values=100
+    )
+    assert (verdict, reason) == ("inconclusive", "too few samples (60 < 100)")
 
 
 def test_thresholds_file_overrides_defaults(tmp_path, runs):
