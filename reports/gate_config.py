@@ -18,7 +18,7 @@ A YAML file (`--thresholds FILE`) overrides any of them:
     metrics:               # per metric relative threshold and floor, wins over both
       ttft_p99_ms: {relative: 0.15, floor: 5.0}
     only: [ttft_p50_ms, ttft_p99_ms, output_tokens_per_s]   # compare just these
-    min_samples: 20        # fewest values per side (p99 needs at least 100 regardless)
+    min_samples: 20        # fewest requests per side (a p99 also needs 100 values)
     confidence: 0.95       # bootstrap interval level
     n_resamples: 2000
     seed: 0

@@ -12,7 +12,7 @@ _HEAD = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
 <title>{{ title }}</title>
-<style>{{ css }}</style>
+<style>{{ css | safe }}</style>
 </head>
 <body>
 """

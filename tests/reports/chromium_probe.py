@@ -62,6 +62,7 @@ class PageReport:
     charts: list[dict] = field(default_factory=list)
     screenshot_png: bytes = b""
     pdf: bytes = b""
+    values: dict = field(default_factory=dict)
 
 
 class _DevTools:
@@ -113,7 +114,9 @@ def _devtools_port(profile: Path, process: subprocess.Popen, deadline: float) ->
     raise TimeoutError("chromium did not open its DevTools port")
 
 
-async def _drive(port: int, url: str, report: PageReport, width: int) -> None:
+async def _drive(
+    port: int, url: str, report: PageReport, width: int, expressions: dict[str, str]
+) -> None:
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{port}/json/list") as response:
             targets = await response.json()
@@ -132,6 +135,9 @@ async def _drive(port: int, url: str, report: PageReport, width: int) -> None:
                 "Runtime.evaluate", expression=CHART_STATS_JS, returnByValue=True
             )
             report.charts = json.loads(result["result"]["value"])
+            for name, expression in expressions.items():
+                value = await dt.call("Runtime.evaluate", expression=expression, returnByValue=True)
+                report.values[name] = value["result"].get("value")
             metrics = await dt.call("Page.getLayoutMetrics")
             size = metrics["cssContentSize"]
             shot = await dt.call(
@@ -147,8 +153,15 @@ async def _drive(port: int, url: str, report: PageReport, width: int) -> None:
             await dt.call("Runtime.evaluate", expression="1")
 
 
-def probe_page(path: Path, *, timeout_s: float = 90.0, width: int = 1366) -> PageReport:
-    """Load `path` in headless Chromium (a laptop-sized window `width` CSS px wide)."""
+def probe_page(
+    path: Path,
+    *,
+    timeout_s: float = 90.0,
+    width: int = 1366,
+    expressions: dict[str, str] | None = None,
+) -> PageReport:
+    """Load `path` in headless Chromium (a laptop-sized window `width` CSS px wide); the
+    JavaScript `expressions` are evaluated after load, their values put in `report.values`."""
     report = PageReport()
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
     # Own process group, so the browser's helper processes stop with it.
@@ -163,7 +176,8 @@ def probe_page(path: Path, *, timeout_s: float = 90.0, width: int = 1366) -> Pag
         port = _devtools_port(Path(profile), process, deadline)
         remaining = max(1.0, deadline - time.monotonic())
         url = Path(path).resolve().as_uri()
-        asyncio.run(asyncio.wait_for(_drive(port, url, report, width), remaining))
+        driving = _drive(port, url, report, width, expressions or {})
+        asyncio.run(asyncio.wait_for(driving, remaining))
     finally:
         _stop(process)
         shutil.rmtree(profile, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,8 @@ def test_run_card_html_is_self_contained(golden_run):
     assert html.count("<svg") == RUN_CHARTS
     assert "@media print" in html and card.run_id in html
     assert "Content-Security-Policy" in html
+    # The stylesheet goes in verbatim: HTML-escaping quotes inside <style> would break it.
+    assert (resources.files("reports") / "card.css").read_text() in html
 
 
 def test_chart_without_data_says_so(tmp_path):
@@ -92,9 +95,11 @@ def test_comparison_card_in_headless_chromium(tmp_path):
     path = tmp_path / "compare.html"
     path.write_text(render_comparison_html(compare_runs(runs)))
     _assert_self_contained(path.read_text())
-    report = probe_page(path)
+    best_marker = "getComputedStyle(document.querySelector('td.best'), '::after').content"
+    report = probe_page(path, expressions={"best_marker": best_marker})
     assert report.console == [] and report.exceptions == []
     assert report.requests == [path.resolve().as_uri()]
+    assert report.values["best_marker"] == '" ★"'
     assert len(report.charts) == 6  # four overlaid CDFs, TTFT and TPOT over time
     assert all(chart["drawn_paths"] >= 3 for chart in report.charts)
     assert _blank_fraction(report.screenshot_png)[0] > 0.05
