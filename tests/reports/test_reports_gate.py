@@ -260,3 +260,17 @@ def test_incomplete_and_client_bound_runs_are_noted(tmp_path):
     card = build_card(cand)
     assert card.client_health.client_bound is True
     assert any("client was the bottleneck" in note for note in card.notes)
+
+
+def test_goodput_needs_an_slo(tmp_path):
+    base = write_run(tmp_path / "base", SyntheticRun(n_requests=40, slo=None, write_summary=False))
+    cand = write_run(
+        tmp_path / "cand", SyntheticRun(n_requests=40, seed=1, slo=None, write_summary=False)
+    )
+    config = GateConfig(n_resamples=100, only=("goodput_request_per_s", "ttft_p50_ms"))
+    without = run_gate(base, cand, config=config)
+    assert [r.metric for r in without.results] == ["ttft_p50_ms"]
+    assert "goodput_request_per_s skipped: goodput needs an SLO (pass --slo)" in without.notes
+    with_slo = run_gate(base, cand, config=config, slo_spec=slo.load_slo("p99"))
+    assert [r.metric for r in with_slo.results] == ["goodput_request_per_s", "ttft_p50_ms"]
+    assert with_slo.slo_name == "p99"
