@@ -51,3 +51,16 @@ def git_sha() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
+
+
+def software_versions() -> dict:
+    """Versions of Python and the packages whose behaviour shapes the figures (no imports)."""
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for dist in ("llm-bench-harness", "aiohttp", "uvloop", "orjson", "pyarrow", "numpy", "torch"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions

@@ -18,7 +18,7 @@ from rich.console import Console
 import harness
 from harness.client import ClientOptions, RawResult, RequestPayload, build_body, make_session
 from harness.config import RunConfig
-from harness.environment import git_sha, hardware_info
+from harness.environment import git_sha, hardware_info, software_versions
 from harness.errors import HarnessError
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServerConfig, managed_server
@@ -209,6 +209,7 @@ def _run_against(
         "command_line": sys.argv,
         "target": target,
         "hardware": hardware_info(),
+        "versions": software_versions(),
         "workload": workload.manifest,
         "slo": slo_spec,
         "fault_plan": None,
