@@ -60,6 +60,7 @@ async def _one(session, url, prompt_ids, output_len, t0):
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "return_token_ids": True,
     }
     times = []
     completion_tokens = None
@@ -72,7 +73,7 @@ async def _one(session, url, prompt_ids, output_len, t0):
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 completion_tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
+            if chunk["choices"] and chunk["choices"][0]["token_ids"]:
                 times.append(now)
     return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], completion_tokens
 

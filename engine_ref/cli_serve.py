@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import re
+import signal
 import sys
 import typing
 from pathlib import Path
@@ -33,6 +34,16 @@ _SIZE_UNITS = {
     "mib": 2**20,
     "gib": 2**30,
 }
+
+
+def _run_event_loop(main: Any) -> None:
+    """Run `main` on uvloop where it is installed (faster socket and SSE writes), else asyncio."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 class ByteSize(click.ParamType):
@@ -129,10 +140,16 @@ def serve(
         click.echo(f"listening on {url}")
         sys.stdout.flush()
 
+    async def until_signalled() -> None:
+        # SIGINT and SIGTERM stop the server cleanly, so an engine process never outlives it.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await run_server(config, on_listening=announce, stop=stop)
+
     try:
-        asyncio.run(run_server(config, on_listening=announce))
-    except KeyboardInterrupt:
-        pass
+        _run_event_loop(until_signalled())
     except (ServerError, EngineLoopError, EngineConfigError, ModelFileError) as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)

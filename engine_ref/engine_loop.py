@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import multiprocessing
+import os
 import pickle
 import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,7 +289,8 @@ class ProcessEngineLoop(EngineLoop):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._process.start()
+        with _child_environment():
+            self._process.start()
         kind, payload = await self._loop.run_in_executor(None, self._await_ready)
         if kind != "ready":
             self._process.join(5.0)
@@ -341,6 +345,21 @@ class ProcessEngineLoop(EngineLoop):
             return  # "stopped" or "dead"
 
 
+@contextlib.contextmanager
+def _child_environment() -> Iterator[None]:
+    """Environment for spawning the engine process. Unless the user chose otherwise, its
+    OpenMP workers sleep when idle instead of spinning (`OMP_WAIT_POLICY=PASSIVE`): spinning
+    workers take the cores the HTTP process needs between steps. The variable must be set
+    before the child loads torch, hence at spawn; the server process's own value is restored."""
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+
+
 def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
     """Entry point of the engine process: build the engine, then serve command batches."""
     from engine_ref import LLMEngine
@@ -352,9 +371,10 @@ def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
         return
     messages_out.put(("ready", (_engine_info(engine), engine.stats())))
     driver = _EngineDriver(engine)
+    parent = multiprocessing.parent_process()
     while True:
         if not engine.has_unfinished():
-            first = commands_in.get()  # idle: block until work arrives
+            first = _wait_for_commands(commands_in, parent)
             rest = None if first is None else _drain(commands_in)
             commands = None if rest is None else first + rest
         else:
@@ -364,6 +384,17 @@ def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
             return
         batch = driver.run_iteration(commands)
         messages_out.put(("batch", _picklable(batch)))
+
+
+def _wait_for_commands(commands_in: Any, parent: Any) -> list[Any] | None:
+    """Block until a command batch arrives (None: stop). Wakes once a second to stop when the
+    server process died without saying so."""
+    while True:
+        try:
+            return commands_in.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return None
 
 
 def _drain(commands_in: Any) -> list[Any] | None:

@@ -349,7 +349,7 @@ class _Run:
                     break
                 for index in changed:
                     choice = self.choices[index]
-                    if choice.has_pending(with_token_ids=self.gen.return_token_ids):
+                    if choice.has_pending():
                         await write(self._chunk(choice))
             if self.gen.include_usage:
                 await write(self._usage_chunk())

@@ -412,16 +412,11 @@ class ChoiceAccumulator:
         if finish_reason is not None:
             self.finish_reason = finish_reason
 
-    def has_pending(self, *, with_token_ids: bool) -> bool:
-        """Whether a chunk is due: new text, new logprobs, new ids (when the client asked for
-        them), or an unsent finish reason. New tokens whose text is still held back (an
-        incomplete UTF-8 character) make no chunk of their own."""
-        return bool(
-            any(self._pending_text)
-            or self._pending_logprobs
-            or (with_token_ids and self._pending_ids)
-            or (self.finish_reason is not None and not self._finish_sent)
-        )
+    def has_pending(self) -> bool:
+        """Whether a chunk is due: new tokens (even when their text is empty: a special token,
+        or a character still incomplete and held back) or an unsent finish reason. One chunk
+        per engine output keeps chunk times equal to token times, as vLLM streams them."""
+        return bool(self._pending_ids) or (self.finish_reason is not None and not self._finish_sent)
 
     def take_pending(self) -> tuple[str, list[int], list[TokenLogprob], str | None]:
         text = "".join(self._pending_text)

@@ -186,9 +186,14 @@ def test_chunks_carry_only_unsent_text_and_finish_once():
         "finish_reason": None,
         "token_ids": [1, 2],
     }
-    assert not choice.has_pending(with_token_ids=True)
-    choice.add("", [3], [], "stop", 3)
-    assert choice.has_pending(with_token_ids=False)  # the finish reason is due
+    assert not choice.has_pending()
+    choice.add("", [0], [], None, 3)  # a special token: no text, yet a chunk is due
+    assert choice.has_pending()
+    assert chunk_body("chat", "c", 0, MODEL, choice, with_logprobs=False, with_token_ids=False)[
+        "choices"
+    ][0]["delta"] == {"content": ""}
+    choice.add("", [3], [], "stop", 4)
+    assert choice.has_pending()  # the finish reason is due
     last = chunk_body(
         "chat", "chatcmpl-1", 0, MODEL, choice, with_logprobs=False, with_token_ids=False
     )
@@ -198,4 +203,4 @@ def test_chunks_carry_only_unsent_text_and_finish_once():
         "logprobs": None,
         "finish_reason": "stop",
     }
-    assert not choice.has_pending(with_token_ids=True)
+    assert not choice.has_pending()
