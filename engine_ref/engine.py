@@ -242,16 +242,17 @@ class LLMEngine:
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
 
-        row_index = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        logits_rows = list(range(len(sample_rows)))
+        # A request with n > 1 forks when its prompt is done: its children sample from the
+        # parent's logits row.
+        logits_rows: list[int] = []
         rows_seqs: list[Sequence] = []
         for r, seq in enumerate(sampling_seqs):
-            rows_seqs.append(seq)
-            if seq.request.needs_fork:
-                for child in self._fork(seq):
-                    rows_seqs.append(child)
-                    logits_rows.append(r)
-        logits = self.model.compute_logits(hidden.index_select(0, row_index))  # [N, V]
+            family = [seq, *self._fork(seq)] if seq.request.needs_fork else [seq]
+            rows_seqs += family
+            logits_rows += [r] * len(family)
+        if len(sample_rows) < len(input_ids):
+            hidden = hidden.index_select(0, torch.tensor(sample_rows, device=self.device))
+        logits = self.model.compute_logits(hidden)  # [N, V] float32
         if len(logits_rows) != len(sample_rows):
             logits = logits.index_select(0, torch.tensor(logits_rows, device=self.device))
         result = sample(logits, [self._sample_row(s) for s in rows_seqs], self.generator)
@@ -272,7 +273,8 @@ class LLMEngine:
         for seq, token, lp in zip(seqs, token_ids, logprobs, strict=True):
             seq.token_ids.append(token)
             if lp is not None:
-                seq.logprobs = (seq.logprobs or []) + [lp]
+                seq.logprobs = seq.logprobs or []
+                seq.logprobs.append(lp)
             new_text = self._update_text_and_finish(seq, token)
             if seq.finish_reason is not None:
                 self.scheduler.remove(seq)  # blocks freed when the step ends

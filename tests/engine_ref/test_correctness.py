@@ -195,16 +195,21 @@ def teacher_forced_logprobs(engine: LLMEngine, tokens: list[int]) -> torch.Tenso
 def test_parallel_sampling_copy_on_write_keeps_each_sequence_kv(varied_model):
     engine = make_engine(varied_model)
     prompt = prompts(1, seed=9)[0][:21]  # 21 tokens: the third block is shared and partial
+    other = prompts(2, seed=10)[1]
     params = SamplingParams(
         n=3, max_tokens=10, temperature=1.5, seed=4, ignore_eos=True, logprobs=0
     )
-    got = run(engine, [prompt], params)
-    outputs = [got[("r0", i)] for i in range(3)]
-    assert len({tuple(t) for t, _ in outputs}) > 1  # they diverged, so COW was exercised
-    for tokens, lps in outputs:
-        ref = teacher_forced_logprobs(engine, prompt + tokens)
+    # The n = 3 request forks in the same step as another request samples.
+    engine.add_request("forked", prompt, params)
+    engine.add_request("single", other, SamplingParams(max_tokens=10, temperature=1.5, seed=5,
+                                                       ignore_eos=True, logprobs=0))  # fmt: skip
+    got = run(engine, [])
+    outputs = [(prompt, got[("forked", i)]) for i in range(3)] + [(other, got[("single", 0)])]
+    assert len({tuple(t) for _, (t, _) in outputs[:3]}) > 1  # they diverged: COW exercised
+    for p, (tokens, lps) in outputs:
+        ref = teacher_forced_logprobs(engine, p + tokens)
         for j, (token, lp) in enumerate(zip(tokens, lps, strict=True)):
-            assert abs(lp[token] - ref[len(prompt) - 1 + j, token].item()) < LOGPROB_ATOL
+            assert abs(lp[token] - ref[len(p) - 1 + j, token].item()) < LOGPROB_ATOL
     assert engine.stats().num_blocks_used == 0
 
 
