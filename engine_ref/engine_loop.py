@@ -23,6 +23,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -277,11 +278,15 @@ class ProcessEngineLoop(EngineLoop):
         self._config = config
         self._startup_timeout_s = startup_timeout_s
         context = multiprocessing.get_context("spawn")
+        # Commands go through a queue (its feeder thread keeps the event loop from blocking
+        # on a full pipe); output batches come back over a bare pipe that the engine process
+        # writes synchronously, so a batch never waits for a feeder thread to get a core
+        # while the engine's OpenMP workers hold them.
         self._to_child = context.Queue()
-        self._from_child = context.Queue()
+        self._from_child, self._child_end = context.Pipe(duplex=False)
         self._process = context.Process(
             target=_child_main,
-            args=(config, self._to_child, self._from_child),
+            args=(config, self._to_child, self._child_end),
             name="engine-process",
             daemon=True,
         )
@@ -291,6 +296,7 @@ class ProcessEngineLoop(EngineLoop):
         self._loop = asyncio.get_running_loop()
         with _child_environment():
             self._process.start()
+        self._child_end.close()  # so the pipe reports EOF once the child is gone
         kind, payload = await self._loop.run_in_executor(None, self._await_ready)
         if kind != "ready":
             self._process.join(5.0)
@@ -300,11 +306,21 @@ class ProcessEngineLoop(EngineLoop):
         self._reader.start()
 
     def _await_ready(self) -> tuple[str, Any]:
-        try:
-            return self._from_child.get(timeout=self._startup_timeout_s)
-        except queue.Empty:
-            self._process.kill()
-            return "failed", f"engine process did not start within {self._startup_timeout_s:.0f} s"
+        deadline = time.monotonic() + self._startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._from_child.poll(1.0):
+                try:
+                    return self._from_child.recv()
+                except (EOFError, OSError):
+                    break
+            if not self._process.is_alive():
+                break
+        self._process.kill()
+        return "failed", (
+            f"engine process exited with code {self._process.exitcode} before it was ready"
+            if self._process.exitcode is not None
+            else f"engine process did not start within {self._startup_timeout_s:.0f} s"
+        )
 
     async def close(self) -> None:
         if self._process.is_alive():
@@ -326,13 +342,14 @@ class ProcessEngineLoop(EngineLoop):
         assert self._loop is not None
         while True:
             try:
-                message = self._from_child.get(timeout=1.0)
-            except queue.Empty:
-                if self._process.is_alive():
-                    continue
-                message = ("dead", f"engine process exited with code {self._process.exitcode}")
+                if not self._from_child.poll(1.0):
+                    if self._process.is_alive():
+                        continue
+                    raise EOFError
+                message = self._from_child.recv()
             except (EOFError, OSError):
-                message = ("dead", "engine process connection closed")
+                self._process.join(1.0)
+                message = ("dead", f"engine process exited with code {self._process.exitcode}")
             kind, payload = message
             try:
                 if kind == "batch":
@@ -361,15 +378,23 @@ def _child_environment() -> Iterator[None]:
 
 
 def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
-    """Entry point of the engine process: build the engine, then serve command batches."""
+    """Entry point of the engine process: build the engine, then serve command batches.
+    `messages_out` is the writing end of a pipe."""
+    try:
+        _serve_engine(config, commands_in, messages_out)
+    finally:
+        messages_out.close()
+
+
+def _serve_engine(config: Any, commands_in: Any, messages_out: Any) -> None:
     from engine_ref import LLMEngine
 
     try:
         engine = LLMEngine(config)
     except Exception as exc:
-        messages_out.put(("failed", str(exc) or repr(exc)))
+        messages_out.send(("failed", str(exc) or repr(exc)))
         return
-    messages_out.put(("ready", (_engine_info(engine), engine.stats())))
+    messages_out.send(("ready", (_engine_info(engine), engine.stats())))
     driver = _EngineDriver(engine)
     parent = multiprocessing.parent_process()
     while True:
@@ -380,10 +405,10 @@ def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
         else:
             commands = _drain(commands_in)
         if commands is None:
-            messages_out.put(("stopped", None))
+            messages_out.send(("stopped", None))
             return
         batch = driver.run_iteration(commands)
-        messages_out.put(("batch", _picklable(batch)))
+        messages_out.send(("batch", _picklable(batch)))
 
 
 def _wait_for_commands(commands_in: Any, parent: Any) -> list[Any] | None:

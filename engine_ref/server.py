@@ -95,7 +95,7 @@ def create_app(
 ) -> web.Application:
     """The aiohttp application; it starts `engine_loop` on startup and closes it on cleanup.
     `served_model_name` None means the engine's model name."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_json_errors])
     app[_STATE] = _State(engine_loop, served_model_name, retry_after_s)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
@@ -105,6 +105,24 @@ def create_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     return app
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error answer carries an OpenAI error body: aiohttp's own (unknown path, wrong
+    method, body too large) and any unexpected exception (500; the server keeps serving)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        message = f"{exc.reason} ({request.method} {request.path})."
+        return _json(error_body(message, type=kind), status=exc.status)
+    except Exception as exc:
+        LOG.exception("unexpected error serving %s %s", request.method, request.path)
+        message = f"Internal server error: {type(exc).__name__}: {exc}."
+        return _json(error_body(message, type="server_error"), status=500)
 
 
 async def _on_startup(app: web.Application) -> None:
@@ -254,7 +272,6 @@ class _Run:
         of the choices it changed. Raises EngineLoopError when the engine failed."""
         item = await self.sink.get()
         if isinstance(item, BaseException):
-            self.unfinished.discard(getattr(item, "request_id", None))
             raise item
         rid = item.request_id
         base = self.prompt_index[rid] * self.gen.params.n

@@ -20,7 +20,7 @@ MODEL = "tiny-random"
 SMALL_KV_BYTES = 512 * 16 * 1024
 
 
-def _config(**engine_overrides) -> ServerConfig:
+def _config(engine_loop: str = "thread", **engine_overrides) -> ServerConfig:
     engine = EngineConfig(
         model=MODEL,
         dtype="float32",
@@ -29,12 +29,16 @@ def _config(**engine_overrides) -> ServerConfig:
         kv_cache_memory_bytes=SMALL_KV_BYTES,
         **engine_overrides,
     )
-    return ServerConfig(engine=engine, port=0)
+    return ServerConfig(engine=engine, port=0, engine_loop=engine_loop)
 
 
-@pytest.fixture(scope="module")
-def server_url():
-    with running_server(_config()) as url:
+# The process mode spawns an engine process that imports torch afresh (~5 s): slow tests only.
+LOOP_MODES = ["thread", pytest.param("process", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="module", params=LOOP_MODES)
+def server_url(request):
+    with running_server(_config(request.param)) as url:
         yield url
 
 
@@ -280,7 +284,8 @@ def test_streams_never_split_utf8_characters(server_url):
     assert split_characters > 0
 
 
-def test_full_waiting_queue_answers_429_and_keeps_serving():
+@pytest.mark.parametrize("engine_loop", LOOP_MODES)
+def test_full_waiting_queue_answers_429_and_keeps_serving(engine_loop):
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 30, "ignore_eos": True}
 
     async def post(url):
@@ -291,7 +296,7 @@ def test_full_waiting_queue_answers_429_and_keeps_serving():
     async def burst(url):
         return await asyncio.gather(*(post(url) for _ in range(24)))
 
-    with running_server(_config(max_waiting_requests=2, max_num_seqs=2)) as url:
+    with running_server(_config(engine_loop, max_waiting_requests=2, max_num_seqs=2)) as url:
         results = asyncio.run(burst(url))
         statuses = sorted(status for status, _, _ in results)
         assert set(statuses) == {200, 429}, statuses

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import aiohttp
+import pytest
 
 from engine_ref.detokenizer import IncrementalDetokenizer
 from engine_ref.engine_config import SamplingParams
@@ -52,7 +53,7 @@ class _FakeRequest:
 class FakeEngine:
     """Emits the tokens of SCRIPT_TEXT in a cycle, one per step per sample, until max_tokens.
     At most `max_running` requests run; `max_waiting` more may wait. `fail_next_step` makes
-    the next step raise. Each running sample holds one KV "block"."""
+    the next step raise, `fail_next_add` the next add (as a bug would). Each running sample holds one KV "block"."""
 
     def __init__(self, *, max_running: int = 64, max_waiting: int = 64, step_s: float = 0.0):
         self.tokenizer = build_tiny_tokenizer()
@@ -63,12 +64,16 @@ class FakeEngine:
         self.max_waiting = max_waiting
         self.step_s = step_s
         self.fail_next_step = False
+        self.fail_next_add = False
         self.running: dict[str, _FakeRequest] = {}
         self.waiting: dict[str, _FakeRequest] = {}
         self.aborted: list[str] = []
         self.total_blocks = 256
 
     def add_request(self, request_id, prompt_token_ids, params, *, priority=0):
+        if self.fail_next_add:
+            self.fail_next_add = False
+            raise KeyError("unexpected bug")
         if len(self.waiting) >= self.max_waiting:
             raise QueueFullError("waiting queue full")
         detoks = [
@@ -315,3 +320,47 @@ def test_full_queue_answers_429_with_retry_after():
             assert headers["Retry-After"] == "3"
             assert body_out["error"]["code"] == "rate_limit_exceeded"
     assert after[0] == 200
+
+
+def test_unexpected_errors_and_unknown_routes_get_json_error_bodies():
+    engine = FakeEngine()
+    engine.fail_next_add = True
+    body = {"prompt": "Hello", "max_tokens": 2}
+
+    async def calls(url):
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url + "/v1/nothing") as response:
+                missing = response.status, await response.json()
+            async with session.get(url + "/v1/completions") as response:
+                wrong_method = response.status, await response.json()
+        return missing, wrong_method
+
+    with _serve(engine) as url:
+        status, _, failed = asyncio.run(_post(url, "/v1/completions", body))
+        missing, wrong_method = asyncio.run(calls(url))
+        status_after, _, _ = asyncio.run(_post(url, "/v1/completions", body))
+    assert status == 500 and "unexpected bug" in failed["error"]["message"]
+    assert failed["error"]["type"] == "server_error"
+    assert missing[0] == 404 and missing[1]["error"]["type"] == "invalid_request_error"
+    assert wrong_method[0] == 405 and "error" in wrong_method[1]
+    assert status_after == 200
+
+
+def test_non_streaming_client_that_gives_up_is_aborted():
+    engine = FakeEngine(step_s=0.01)
+    body = {"prompt": "Hello", "max_tokens": 120}
+
+    async def impatient(url):
+        timeout = aiohttp.ClientTimeout(total=0.3)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            with pytest.raises(asyncio.TimeoutError):
+                async with session.post(url + "/v1/completions", json=body) as response:
+                    await response.read()
+
+    with _serve(engine) as url:
+        asyncio.run(impatient(url))
+        deadline = time.monotonic() + 10
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not engine.has_unfinished()
+    assert len(engine.aborted) == 1
