@@ -137,7 +137,11 @@ def _drop_none(**kwargs) -> dict:
     default=None,
     help="Ask the server to generate exactly max_tokens.",
 )
-@click.option("--seed", type=int, help="Seed for lengths, arrivals and prompts (default: the workload's own seed).")
+@click.option(
+    "--seed",
+    type=int,
+    help="Seed for lengths, arrivals and prompts (default: the workload's own seed).",
+)
 @click.option(
     "--warmup", type=int, help="Requests sent before the measured phase, excluded from metrics."
 )

@@ -20,6 +20,8 @@ class RunConfig:
       closed loop with that many users; with both, `concurrency` caps in-flight requests.
     - `warmup`: requests sent before the measured phase and excluded from its metrics.
     - `timeout_s`: per-request limit; a request past it is recorded as `timeout`.
+    - `scrape_interval_s`: how often the target's `/metrics` is sampled into
+      `server_metrics.parquet` (0: never; targets without `/metrics` are skipped).
     - `client_bound_ms`: dispatch-lag p99 above this marks the run `client_bound`.
     - `tokenizer`: counts prompt tokens and, where the server reports no usage, output tokens;
       a reference-engine model name, GGUF path or HF directory (default: the target model when
@@ -49,6 +51,7 @@ class RunConfig:
     tokenizer: str | None = None
     client_bound_ms: float = 10.0
     flush_interval_s: float = 5.0
+    scrape_interval_s: float = 1.0  # Prometheus /metrics polling; 0 turns it off
     server_args: tuple[str, ...] = field(default_factory=tuple)
     startup_timeout_s: float = 600.0
     api_key: str | None = None

@@ -25,6 +25,7 @@ from harness.managed import ManagedServerConfig, managed_server
 from harness.progress import ProgressDisplay
 from harness.recorder import RunRecorder, prepare_run_dir, write_json_atomic
 from harness.records import RecordContext
+from harness.scraper import MetricsScraper
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -218,9 +219,13 @@ def _run_against(
     }
     context_holder: dict = {}
     recorder_holder: dict = {}
+    scraper = MetricsScraper(
+        base_url.rstrip("/").removesuffix("/v1") + "/metrics", config.scrape_interval_s
+    )
 
     def start(t0_ns: int) -> None:
         manifest["t0_ns"] = t0_ns
+        recorder_holder["t0"] = t0_ns
         context = RecordContext(
             t0_ns=t0_ns,
             is_chat=options.is_chat,
@@ -242,7 +247,9 @@ def _run_against(
     reason: str | None = "the harness stopped unexpectedly"
     try:
         reason = asyncio.run(
-            _drive(config, options, plan, start, on_result, recorder_holder, console, quiet)
+            _drive(
+                config, options, plan, start, on_result, recorder_holder, console, quiet, scraper
+            )
         )
     except BaseException as exc:
         reason = f"the harness crashed: {type(exc).__name__}: {exc}"
@@ -250,7 +257,10 @@ def _run_against(
     finally:
         if "rec" not in recorder_holder:  # stopped during warm-up: still leave a readable run
             start(time.perf_counter_ns())
-        recorder_holder["rec"].close(complete=reason is None, reason=reason)
+        scraped = scraper.write(run_dir)
+        recorder_holder["rec"].close(
+            complete=reason is None, reason=reason, extra={"server_metrics_samples": scraped}
+        )
     return _summarise(run_dir, slo_spec, config, reason)
 
 
@@ -279,7 +289,7 @@ def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan
 
 
 async def _drive(
-    config, options, plan, start, on_result, recorder_holder, console, quiet
+    config, options, plan, start, on_result, recorder_holder, console, quiet, scraper
 ) -> str | None:
     """Run the load loop with signal handling and periodic flushes; returns why it stopped early."""
     loop = asyncio.get_running_loop()
@@ -303,6 +313,7 @@ async def _drive(
 
     max_connections = plan.concurrency or max(len(plan.payloads), len(plan.warmup), 1)
     flush_task = asyncio.create_task(flusher())
+    scrape_task = None
     display = (
         ProgressDisplay(len(plan.payloads), console)
         if (not quiet and console is not None)
@@ -310,12 +321,18 @@ async def _drive(
     )
     try:
         async with make_session(options, max_connections=min(max_connections, 4096)) as session:
+            if config.scrape_interval_s > 0:
+                scrape_task = asyncio.create_task(
+                    scraper.run(session, lambda: recorder_holder.get("t0"))
+                )
             with display or contextlib.nullcontext():
                 await run_load(session, options, plan, on_result, display, start_callback=start)
     except asyncio.CancelledError:
         return stop_reason.get("reason", "cancelled")
     finally:
         flush_task.cancel()
+        if scrape_task is not None:
+            scrape_task.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)

@@ -1,0 +1,58 @@
+"""The managed reference server (tiny-random) end to end, and the /metrics scraper."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness.config import RunConfig
+from harness.errors import HarnessError
+from harness.managed import ManagedServerConfig, managed_server
+from harness.run import run_benchmark
+from harness.scraper import parse_metrics
+
+EXPOSITION = """# HELP vllm:num_requests_running Requests running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+# HELP vllm:prompt_tokens Prompt tokens.
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{model_name="m"} 120.0
+"""
+
+
+def test_parse_metrics_keeps_every_sample_with_its_labels():
+    rows = parse_metrics(EXPOSITION)
+    assert ("vllm:num_requests_running", '{"model_name": "m"}', 3.0) in rows
+    assert ("vllm:prompt_tokens_total", '{"model_name": "m"}', 120.0) in rows
+
+
+def test_managed_reference_engine_run(tmp_path):
+    config = RunConfig(model="tiny-random", workload="random", input_len=16, output_len=8, num_requests=6,
+                       request_rate=float("inf"), out=tmp_path / "run", scrape_interval_s=0.2,
+                       startup_timeout_s=120)  # fmt: skip
+    outcome = run_benchmark(config)
+    assert outcome.complete
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["target"]["kind"] == "managed"
+    assert manifest["target"]["url"].startswith("http://127.0.0.1:")
+    req = pq.read_table(tmp_path / "run" / "requests.parquet").to_pydict()
+    assert req["status"] == ["ok"] * 6
+    assert req["output_tokens"] == [8] * 6 and set(req["output_tokens_source"]) == {"usage"}
+    metrics = pq.read_table(tmp_path / "run" / "server_metrics.parquet").to_pydict()
+    assert "vllm:num_requests_running" in set(metrics["name"])
+
+
+def test_managed_server_that_cannot_start_shows_its_log():
+    with pytest.raises(HarnessError, match="exited with code") as info:
+        with managed_server(ManagedServerConfig(model="no-such-model", startup_timeout_s=60)):
+            pass
+    assert "no-such-model" in str(info.value)
+
+
+def test_mock_without_metrics_is_not_scraped(mock_server, tmp_path):
+    with mock_server("--ttft-ms", "1", "--itl-ms", "1") as url:
+        run_benchmark(RunConfig(url=url, workload="random", input_len=8, output_len=2, num_requests=3,
+                                tokenizer="tiny-random", out=tmp_path / "run", scrape_interval_s=0.1))  # fmt: skip
+    assert not (tmp_path / "run" / "server_metrics.parquet").exists()
