@@ -6,11 +6,23 @@ Two modes share one async face (`EngineLoop`):
   step's outputs go back to the event loop in one `call_soon_threadsafe` call, which routes
   them to per-request asyncio queues.
 - `ProcessEngineLoop`: the engine lives in a child process (spawned, so torch starts clean);
-  commands and per-step output batches travel over two multiprocessing queues, and a reader
-  thread in the server process hands each batch to the event loop.
+  commands travel over a multiprocessing queue, per-step output batches back over a pipe, and
+  a reader thread in the server process hands each batch to the event loop.
 
 Both keep the engine's latest `stats()` snapshot (taken after every step and after every batch
 of commands), so /metrics never touches the engine from the HTTP thread.
+
+The server defaults to the thread mode. Measured with `benchmarks/server_loop_modes.py` on the
+2-core development machine (shared with other work, so noisy; medians of interleaved rounds),
+the two modes stream at the same rate within noise: tiny-random 64 x 128 prompt x 256 output
+tokens, 4.49k (thread) vs 4.58k (process) output tokens/s over 5 rounds; smollm2-135m 32 x 128
+x 64, 130 vs 133 over 3 rounds (earlier 2-round sets: 136 vs 117, 135 vs 116). With speed a
+tie, the thread mode starts seconds sooner and holds one copy of torch. What did matter for
+the process mode: idle OpenMP workers must sleep, not spin, on a loaded machine
+(`OMP_WAIT_POLICY=PASSIVE`, set for the engine process: 227 -> 4,141 tokens/s on tiny-random;
+the thread mode gets it only from the environment the server starts in), and output batches
+go over a bare pipe (through a `multiprocessing.Queue`, whose feeder thread waits for a core
+behind the OpenMP workers, batches arrived 11-200 ms apart instead of a steady 10 ms).
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -380,6 +393,8 @@ def _child_environment() -> Iterator[None]:
 def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
     """Entry point of the engine process: build the engine, then serve command batches.
     `messages_out` is the writing end of a pipe."""
+    # Ctrl-C reaches the whole process group; the server process decides when this one stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _serve_engine(config, commands_in, messages_out)
     finally:

@@ -449,7 +449,7 @@ async def serve(
         url = f"http://{config.host}:{port}"
         if config.port_file is not None:
             config.port_file.write_text(f"{port}\n")
-        LOG.info("listening on %s", url)
+        LOG.info("serving %s at %s", app[_STATE].served_model_name, url)
         if on_listening is not None:
             on_listening(url)
         await (stop or asyncio.Event()).wait()
