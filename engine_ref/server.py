@@ -435,7 +435,9 @@ async def serve(
     app = create_app(
         engine_loop, served_model_name=config.served_model_name, retry_after_s=config.retry_after_s
     )
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # Requests still streaming at shutdown get 2 s, then are cancelled (and aborted), so a
+    # SIGTERM stops the server well within a launcher's grace period.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port)

@@ -129,8 +129,20 @@ def test_process_mode_subprocess_serves_and_stops_cleanly(tmp_path):
         )
         assert chunks[0].choices[0].delta.role == "assistant"
         assert chunks[-1].usage.completion_tokens == 5
+        # A stream still in flight must not hold up the shutdown.
+        stream = client.completions.create(
+            model="tiny-random",
+            prompt="Hi",
+            max_tokens=1500,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        next(iter(stream))
+        t_signal_s = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
+        assert time.monotonic() - t_signal_s < 10
+        stream.close()
         time.sleep(0.2)
         assert not [
             pid
