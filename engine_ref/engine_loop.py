@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ENGINE_LOOP_MODES = ("thread", "process")
+_STALL_WAIT_S = 0.005
 
 
 class EngineLoopError(RuntimeError):
@@ -68,13 +69,16 @@ class _Add:
 @dataclass(frozen=True)
 class _StepBatch:
     """What the engine side reports after one iteration: the outcome of each add (None or the
-    exception), the step's outputs, the ids failed by an engine error, and fresh stats."""
+    exception), the step's outputs, the ids failed by an engine error, and fresh stats.
+    `stalled`: the engine has work but its step did nothing (nothing fits yet); the loop then
+    waits briefly for new commands instead of spinning."""
 
     add_results: dict[str, BaseException | None]
     outputs: list[Any]
     failed_ids: tuple[str, ...]
     error: str | None
     stats: Any
+    stalled: bool = False
 
 
 class _EngineDriver:
@@ -83,6 +87,7 @@ class _EngineDriver:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.live_ids: set[str] = set()
+        self.latest_stats = engine.stats()
 
     def run_iteration(self, commands: list[Any]) -> _StepBatch:
         add_results: dict[str, BaseException | None] = {}
@@ -105,6 +110,7 @@ class _EngineDriver:
         outputs: list[Any] = []
         failed: tuple[str, ...] = ()
         error = None
+        steps_before = getattr(self.latest_stats, "num_steps", None)
         if self.engine.has_unfinished():
             try:
                 outputs = self.engine.step()
@@ -122,7 +128,17 @@ class _EngineDriver:
         for output in outputs:
             if output.finished:
                 self.live_ids.discard(output.request_id)
-        return _StepBatch(add_results, outputs, failed, error, self.engine.stats())
+        stats = self.engine.stats()
+        steps_after = getattr(stats, "num_steps", None)
+        stalled = (
+            not outputs
+            and error is None
+            and steps_before is not None
+            and steps_before == steps_after
+            and self.engine.has_unfinished()
+        )
+        self.latest_stats = stats
+        return _StepBatch(add_results, outputs, failed, error, stats, stalled)
 
 
 class EngineLoop:
@@ -281,6 +297,10 @@ class ThreadEngineLoop(EngineLoop):
                 self._loop.call_soon_threadsafe(self._on_batch, batch)
             except RuntimeError:  # the event loop closed under us
                 return
+            if batch.stalled:
+                with self._cond:
+                    if not (self._commands or self._stopping):
+                        self._cond.wait(_STALL_WAIT_S)
 
 
 class ProcessEngineLoop(EngineLoop):
@@ -424,6 +444,8 @@ def _serve_engine(config: Any, commands_in: Any, messages_out: Any) -> None:
             return
         batch = driver.run_iteration(commands)
         messages_out.send(("batch", _picklable(batch)))
+        if batch.stalled:
+            time.sleep(_STALL_WAIT_S)
 
 
 def _wait_for_commands(commands_in: Any, parent: Any) -> list[Any] | None:
@@ -461,4 +483,6 @@ def _picklable(batch: _StepBatch) -> _StepBatch:
             except Exception:
                 exc = EngineLoopError(f"{type(exc).__name__}: {exc}")
         results[request_id] = exc
-    return _StepBatch(results, batch.outputs, batch.failed_ids, batch.error, batch.stats)
+    return _StepBatch(
+        results, batch.outputs, batch.failed_ids, batch.error, batch.stats, batch.stalled
+    )

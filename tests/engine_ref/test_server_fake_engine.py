@@ -65,6 +65,9 @@ class FakeEngine:
         self.step_s = step_s
         self.fail_next_step = False
         self.fail_next_add = False
+        self.stalled = False
+        self.step_calls = 0
+        self.num_steps = 0
         self.running: dict[str, _FakeRequest] = {}
         self.waiting: dict[str, _FakeRequest] = {}
         self.aborted: list[str] = []
@@ -89,6 +92,10 @@ class FakeEngine:
         return bool(self.running or self.waiting)
 
     def step(self):
+        self.step_calls += 1
+        if self.stalled:  # nothing can be scheduled: no progress, no outputs
+            return []
+        self.num_steps += 1
         time.sleep(self.step_s)
         if self.fail_next_step:
             self.fail_next_step = False
@@ -137,6 +144,7 @@ class FakeEngine:
             prompt_tokens_total=0,
             generation_tokens_total=0,
             max_model_len=self.max_model_len,
+            num_steps=self.num_steps,
         )
 
 
@@ -364,3 +372,22 @@ def test_non_streaming_client_that_gives_up_is_aborted():
             time.sleep(0.05)
     assert not engine.has_unfinished()
     assert len(engine.aborted) == 1
+
+
+def test_engine_loop_waits_instead_of_spinning_while_the_engine_is_stalled():
+    engine = FakeEngine()
+    engine.stalled = True
+    body = {"prompt": "Hello", "max_tokens": 3}
+
+    async def stalled_then_released(url):
+        request = asyncio.ensure_future(_post(url, "/v1/completions", body))
+        await asyncio.sleep(0.5)
+        calls_while_stalled = engine.step_calls
+        engine.stalled = False
+        return calls_while_stalled, await request
+
+    with _serve(engine) as url:
+        calls, (status, _, answer) = asyncio.run(stalled_then_released(url))
+    # A 5 ms wait between fruitless steps allows at most ~100 in 0.5 s; spinning makes thousands.
+    assert 1 <= calls <= 150
+    assert status == 200 and answer["usage"]["completion_tokens"] == 3
