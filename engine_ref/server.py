@@ -300,7 +300,7 @@ class _Run:
                 ),
                 "stop",
             )
-            self.timers[rid].finished(reason)
+            self.timers[rid].finished(reason, num_prompt_tokens=item.num_prompt_tokens)
         return changed
 
     def _logprobs(self, completion: Any) -> list[TokenLogprob]:

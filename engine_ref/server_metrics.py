@@ -17,6 +17,8 @@ outcomes are observed by the server as requests stream. All metrics live in the
 | `vllm:time_to_first_token_seconds` | histogram | server: arrival to first token out |
 | `vllm:inter_token_latency_seconds` | histogram | server: gap between token-bearing outputs |
 | `vllm:e2e_request_latency_seconds` | histogram | server: arrival to finish |
+| `vllm:request_time_per_output_token_seconds` | histogram | server: per request TPOT |
+| `vllm:request_prompt_tokens`, `vllm:request_generation_tokens` | histogram | server |
 | `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort |
 | `vllm:request_rejected_total` (engine_ref extension) | counter | server: 429 answers |
 """
@@ -102,6 +104,8 @@ _E2E_BUCKETS_S = (
     1920.0,
 )
 
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+
 # (metric suffix, EngineStats attribute, help)
 _GAUGES = (
     ("num_requests_running", "num_running", "Number of requests in the running batch."),
@@ -168,6 +172,27 @@ class ServerMetrics:
             registry=self.registry,
             buckets=_E2E_BUCKETS_S,
         ).labels(model_name)
+        self.tpot_s = Histogram(
+            PREFIX + "request_time_per_output_token_seconds",
+            "Per request: (last token time - first token time) / (output tokens - 1).",
+            labels,
+            registry=self.registry,
+            buckets=_ITL_BUCKETS_S,
+        ).labels(model_name)
+        self.prompt_tokens = Histogram(
+            PREFIX + "request_prompt_tokens",
+            "Prompt length of each finished request, in tokens.",
+            labels,
+            registry=self.registry,
+            buckets=_TOKEN_BUCKETS,
+        ).labels(model_name)
+        self.generation_tokens = Histogram(
+            PREFIX + "request_generation_tokens",
+            "Output tokens of each finished request (all its samples).",
+            labels,
+            registry=self.registry,
+            buckets=_TOKEN_BUCKETS,
+        ).labels(model_name)
         self._success = Counter(
             PREFIX + "request_success",
             "Finished requests by finish reason (abort: client gone or engine failure).",
@@ -203,7 +228,9 @@ class RequestTimer:
     def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
         self.t_arrival_s = time.perf_counter()
+        self._t_first_token_s: float | None = None
         self._t_last_token_s: float | None = None
+        self._num_tokens = 0
 
     def tokens_out(self, num_tokens: int) -> None:
         """Call once per output that carried `num_tokens` > 0 new tokens."""
@@ -212,10 +239,22 @@ class RequestTimer:
         now = time.perf_counter()
         if self._t_last_token_s is None:
             self._metrics.ttft_s.observe(now - self.t_arrival_s)
+            self._t_first_token_s = now
         else:
             self._metrics.itl_s.observe(now - self._t_last_token_s)
         self._t_last_token_s = now
+        self._num_tokens += num_tokens
 
-    def finished(self, finished_reason: str) -> None:
-        self._metrics.e2e_s.observe(time.perf_counter() - self.t_arrival_s)
-        self._metrics.request_finished(finished_reason)
+    def finished(self, finished_reason: str, *, num_prompt_tokens: int | None = None) -> None:
+        """Call once when the request ends; `num_prompt_tokens` None (aborted before the
+        engine reported it) skips the token histograms."""
+        metrics = self._metrics
+        metrics.e2e_s.observe(time.perf_counter() - self.t_arrival_s)
+        metrics.request_finished(finished_reason)
+        if self._num_tokens > 1 and self._t_first_token_s is not None:
+            assert self._t_last_token_s is not None
+            gap_s = self._t_last_token_s - self._t_first_token_s
+            metrics.tpot_s.observe(gap_s / (self._num_tokens - 1))
+        if num_prompt_tokens is not None:
+            metrics.prompt_tokens.observe(num_prompt_tokens)
+            metrics.generation_tokens.observe(self._num_tokens)

@@ -241,6 +241,9 @@ def test_metrics_count_tokens_and_latencies(server_url):
     assert delta("vllm:inter_token_latency_seconds_count", model_name=MODEL) == 3
     assert delta("vllm:e2e_request_latency_seconds_count", model_name=MODEL) == 1
     assert 0 < delta("vllm:prompt_tokens_total", model_name=MODEL) <= 4
+    assert delta("vllm:request_time_per_output_token_seconds_count", model_name=MODEL) == 1
+    assert delta("vllm:request_prompt_tokens_sum", model_name=MODEL) == 4
+    assert delta("vllm:request_generation_tokens_sum", model_name=MODEL) == 4
 
 
 def test_streams_never_split_utf8_characters(server_url):
