@@ -312,3 +312,20 @@ def test_full_waiting_queue_answers_429_and_keeps_serving(engine_loop):
         rejected = _metric(_scrape(url), "vllm:request_rejected_total", model_name=MODEL)
         assert rejected == statuses.count(429)
         assert asyncio.run(post(url))[0] == 200
+
+
+def test_stop_string_ends_the_text_before_it(server_url):
+    client = _client(server_url)
+    kwargs = dict(
+        model=MODEL,
+        prompt="The capital of France is",
+        temperature=0,
+        max_tokens=12,
+        extra_body={"ignore_eos": True},
+    )
+    text = client.completions.create(**kwargs).choices[0].text
+    assert len(text) >= 4
+    stop = text[2:4]
+    stopped = client.completions.create(stop=[stop], **kwargs).choices[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == text[: text.find(stop)]
