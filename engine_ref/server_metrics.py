@@ -108,8 +108,8 @@ _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 2
 
 # (metric suffix, EngineStats attribute, help)
 _GAUGES = (
-    ("num_requests_running", "num_running", "Number of requests in the running batch."),
-    ("num_requests_waiting", "num_waiting", "Number of requests waiting to be scheduled."),
+    ("num_requests_running", "num_running", "Sequences in the running batch (n>1: n each)."),
+    ("num_requests_waiting", "num_waiting", "Sequences waiting to be scheduled."),
     ("kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV-cache blocks in use (0 to 1)."),
     ("kv_cache_blocks_used", "num_blocks_used", "KV-cache blocks held by requests."),
     ("kv_cache_blocks_free", "num_blocks_free", "KV-cache blocks free (including cached ones)."),
