@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -38,7 +39,8 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 ENGINE_LOOP_MODES = ("thread", "process")
@@ -56,6 +58,7 @@ class EngineInfo:
     tokenizer: Any
     max_model_len: int
     model_name: str
+    description: dict = field(default_factory=dict)  # engine, version, dtype, device, config
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,26 @@ def _engine_info(engine: Any) -> EngineInfo:
         tokenizer=engine.tokenizer,
         max_model_len=engine.stats().max_model_len,
         model_name=engine.config.model,
+        description=describe_engine(engine),
     )
+
+
+def describe_engine(engine: Any) -> dict:
+    """What a benchmark manifest records about this engine (JSON-serialisable)."""
+    try:
+        version = metadata.version("llm-bench-harness")
+    except metadata.PackageNotFoundError:
+        version = None
+    config = {k: (v if isinstance(v, str | int | float | bool | type(None)) else str(v))
+              for k, v in dataclasses.asdict(engine.config).items()}  # fmt: skip
+    return {
+        "engine": "engine_ref",
+        "version": version,
+        "model": engine.config.model,
+        "dtype": str(engine.config.torch_dtype()).removeprefix("torch."),
+        "device": str(getattr(engine, "device", "")),
+        "engine_config": config,
+    }
 
 
 class ThreadEngineLoop(EngineLoop):

@@ -103,6 +103,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
+    app.router.add_get("/info", _info)
     app.router.add_get("/metrics", _metrics)
     return app
 
@@ -159,6 +160,14 @@ async def _health(request: web.Request) -> web.Response:
     if dead is not None:
         return _json(error_body(dead, type="server_error"), status=503)
     return web.Response(text="ok")
+
+
+async def _info(request: web.Request) -> web.Response:
+    """Engine name, version, model, dtype, device and engine config, for benchmark manifests."""
+    state: _State = request.app[_STATE]
+    return _json(
+        {**state.engine_loop.info.description, "served_model_name": state.served_model_name}
+    )
 
 
 async def _models(request: web.Request) -> web.Response:

@@ -53,8 +53,12 @@ def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
         "--model", config.model, "--host", "127.0.0.1", "--port", "0",
         "--port-file", str(port_file), *config.extra_args,
     ]  # fmt: skip
+    env = os.environ.copy()
+    # Idle OpenMP workers that spin take the cores the server's HTTP side needs (measured in
+    # benchmarks/server_loop_modes.py); let them sleep unless the user chose otherwise.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         base_url = _wait_ready(proc, port_file, log_path, config.startup_timeout_s)
         yield ManagedServer(base_url=base_url, pid=proc.pid, log_path=log_path)

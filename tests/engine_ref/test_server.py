@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+import urllib.request
 
 import aiohttp
 import openai
@@ -329,3 +330,12 @@ def test_stop_string_ends_the_text_before_it(server_url):
     stopped = client.completions.create(stop=[stop], **kwargs).choices[0]
     assert stopped.finish_reason == "stop"
     assert stopped.text == text[: text.find(stop)]
+
+
+
+def test_info_describes_the_engine_for_manifests(server_url):
+    with urllib.request.urlopen(server_url + "/info", timeout=10) as resp:
+        info = json.loads(resp.read())
+    assert info["engine"] == "engine_ref" and info["model"] == MODEL
+    assert info["dtype"] == "float32" and info["device"] == "cpu"
+    assert info["engine_config"]["kv_cache_memory_bytes"] == SMALL_KV_BYTES
