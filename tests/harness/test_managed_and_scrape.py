@@ -37,6 +37,7 @@ def test_managed_reference_engine_run(tmp_path):
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["target"]["kind"] == "managed"
     assert manifest["target"]["url"].startswith("http://127.0.0.1:")
+    assert manifest["target"]["engine"] == "engine_ref" and manifest["target"]["engine_config"]
     req = pq.read_table(tmp_path / "run" / "requests.parquet").to_pydict()
     assert req["status"] == ["ok"] * 6
     assert req["output_tokens"] == [8] * 6 and set(req["output_tokens_source"]) == {"usage"}
