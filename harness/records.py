@@ -6,46 +6,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from harness.client import RawResult
 from harness.sse import ParsedStream, parse_body, parse_stream
-
-REQUESTS_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.string()),
-        ("t_scheduled_ns", pa.int64()),
-        ("t_sent_ns", pa.int64()),
-        ("t_first_byte_ns", pa.int64()),
-        ("t_first_token_ns", pa.int64()),
-        ("t_last_token_ns", pa.int64()),
-        ("t_done_ns", pa.int64()),
-        ("status", pa.string()),
-        ("http_status", pa.int32()),
-        ("error_class", pa.string()),
-        ("error_message", pa.string()),
-        ("finish_reason", pa.string()),
-        ("input_tokens", pa.int32()),
-        ("usage_prompt_tokens", pa.int32()),
-        ("usage_completion_tokens", pa.int32()),
-        ("client_output_tokens", pa.int32()),
-        ("output_tokens", pa.int32()),
-        ("output_tokens_source", pa.string()),
-        ("output_chars", pa.int32()),
-        ("output_sha256", pa.string()),
-        ("num_chunks", pa.int32()),
-        ("is_warmup", pa.bool_()),
-    ]
-)
-
-CHUNKS_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.string()),
-        ("t_ns", pa.int64()),
-        ("n_tokens", pa.int32()),
-        ("n_chars", pa.int32()),
-    ]
-)
 
 TokenCounter = Callable[[str], int]
 

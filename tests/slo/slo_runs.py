@@ -8,40 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-REQUESTS_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.string()),
-        ("is_warmup", pa.bool_()),
-        ("t_scheduled_ns", pa.int64()),
-        ("t_sent_ns", pa.int64()),
-        ("t_first_byte_ns", pa.int64()),
-        ("t_first_token_ns", pa.int64()),
-        ("t_last_token_ns", pa.int64()),
-        ("t_done_ns", pa.int64()),
-        ("status", pa.string()),
-        ("http_status", pa.int32()),
-        ("error_class", pa.string()),
-        ("error_message", pa.string()),
-        ("finish_reason", pa.string()),
-        ("input_tokens", pa.int32()),
-        ("usage_prompt_tokens", pa.int32()),
-        ("usage_completion_tokens", pa.int32()),
-        ("client_output_tokens", pa.int32()),
-        ("output_tokens", pa.int32()),
-        ("output_tokens_source", pa.string()),
-        ("output_chars", pa.int32()),
-        ("output_sha256", pa.string()),
-        ("num_chunks", pa.int32()),
-    ]
-)
-CHUNKS_SCHEMA = pa.schema(
-    [
-        ("request_id", pa.string()),
-        ("t_ns", pa.int64()),
-        ("n_tokens", pa.int32()),
-        ("n_chars", pa.int32()),
-    ]
-)
+from slo.run_tables import CHUNKS_SCHEMA, REQUESTS_SCHEMA
 
 
 def ms(value_ms: float | None) -> int | None:
