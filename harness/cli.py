@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from harness.cli_options import target_and_workload_options
 from harness.errors import HarnessError
 
 EXAMPLES = """
@@ -90,77 +91,30 @@ def _drop_none(**kwargs) -> dict:
 
 
 @bench.command(epilog=EXAMPLES)
-@click.option(
-    "--url",
-    help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1. Without it, the reference engine is started on loopback.",
-)
-@click.option(
-    "--model",
-    help="Model name to request (default: the target's first model; for the managed engine, smollm2-135m).",
-)
-@click.option(
-    "--endpoint",
-    type=click.Choice(["completions", "chat"]),
-    help="API to drive (default completions).",
-)
-@click.option(
-    "--workload",
-    help="Built-in workload name or a workload file (YAML spec or built .parquet). Default: random.",
-)
-@click.option(
-    "--dataset-path",
-    help="Dataset or trace file for workloads that read one (e.g. a ShareGPT JSON).",
-)
-@click.option("--num-requests", type=int, help="Number of measured requests.")
-@click.option(
-    "--duration",
-    "duration_s",
-    type=float,
-    help="Stop dispatching after this many seconds, then drain.",
-)
+@target_and_workload_options
 @click.option("--request-rate", type=float, help="Requests per second; inf sends all at once.")
-@click.option("--burstiness", type=float, help="Gamma shape of inter-arrival gaps (1 = Poisson).")
 @click.option(
     "--concurrency",
     type=int,
     help="Closed loop with this many users; with --request-rate, a cap on in-flight requests.",
 )
-@click.option("--input-len", type=int, help="Prompt tokens per request (fixed-length workloads).")
-@click.option("--output-len", type=int, help="Output tokens per request (max_tokens).")
 @click.option(
     "--range-ratio",
     type=float,
     help="Uniform length spread around --input-len/--output-len, as vLLM's --random-range-ratio.",
 )
 @click.option(
-    "--ignore-eos/--no-ignore-eos",
-    default=None,
-    help="Ask the server to generate exactly max_tokens.",
-)
-@click.option(
-    "--seed",
-    type=int,
-    help="Seed for lengths, arrivals and prompts (default: the workload's own seed).",
+    "--dataset-path",
+    help="Dataset or trace file for workloads that read one (e.g. a ShareGPT JSON).",
 )
 @click.option(
     "--warmup", type=int, help="Requests sent before the measured phase, excluded from metrics."
 )
-@click.option("--timeout", "timeout_s", type=float, help="Per-request timeout in seconds.")
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Run directory (default runs/<time>-<workload>)."
 )
 @click.option("--slo", help="SLO spec: built-in name (p99, interactive) or a YAML file.")
-@click.option(
-    "--tokenizer",
-    help="Tokenizer for token counts: reference model name, GGUF path or HF directory.",
-)
 @click.option("--no-stream", is_flag=True, help="Use non-streaming requests.")
-@click.option(
-    "--server-arg",
-    "server_args",
-    multiple=True,
-    help="Extra argument for the managed reference server (repeatable).",
-)
 @click.option("--quiet", is_flag=True, help="No progress bar or summary table (for CI).")
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
     """Drive a target with a workload, record every request and chunk, and summarise."""

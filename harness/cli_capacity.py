@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from harness.cli_options import target_and_workload_options
 from harness.errors import HarnessError
 
 
@@ -15,25 +16,7 @@ from harness.errors import HarnessError
     required=True,
     help="SLO spec (built-in name or YAML file); its attainment target is searched for.",
 )
-@click.option("--workload", help="Workload name or file (default random).")
-@click.option(
-    "--url",
-    help="OpenAI-compatible base URL; without it the reference engine is started once for all probes.",
-)
-@click.option("--model")
-@click.option("--endpoint", type=click.Choice(["completions", "chat"]))
-@click.option("--num-requests", type=int, help="Requests per probe.")
-@click.option(
-    "--duration", "duration_s", type=float, help="Seconds per probe (instead of a count)."
-)
-@click.option("--input-len", type=int)
-@click.option("--output-len", type=int)
-@click.option("--ignore-eos/--no-ignore-eos", default=None)
-@click.option("--burstiness", type=float)
-@click.option("--seed", type=int)
-@click.option("--timeout", "timeout_s", type=float)
-@click.option("--tokenizer")
-@click.option("--server-arg", "server_args", multiple=True)
+@target_and_workload_options
 @click.option(
     "--start-rate",
     type=float,

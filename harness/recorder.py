@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 
 from harness.client import RawResult
 from harness.errors import HarnessError
-from harness.records import CHUNKS_SCHEMA, REQUESTS_SCHEMA, RecordContext, to_rows
+from harness.records import RecordContext, to_rows
+from slo.run_tables import CHUNKS_SCHEMA, REQUESTS_SCHEMA
 
 MANIFEST_SCHEMA_VERSION = 1
 

@@ -1,0 +1,67 @@
+"""Options shared by `bench run` and `bench capacity` (one definition, so they cannot drift)."""
+
+from __future__ import annotations
+
+import click
+
+_SHARED = (
+    click.option(
+        "--url",
+        help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1. Without it, the reference engine is started on loopback.",
+    ),
+    click.option(
+        "--model",
+        help="Model name to request (default: the target's first model; for the managed engine, smollm2-135m).",
+    ),
+    click.option(
+        "--endpoint",
+        type=click.Choice(["completions", "chat"]),
+        help="API to drive (default completions).",
+    ),
+    click.option(
+        "--workload",
+        help="Built-in workload name or a workload file (YAML spec or built .parquet). Default: random.",
+    ),
+    click.option("--num-requests", type=int, help="Number of measured requests."),
+    click.option(
+        "--duration",
+        "duration_s",
+        type=float,
+        help="Stop dispatching after this many seconds, then drain.",
+    ),
+    click.option(
+        "--burstiness", type=float, help="Gamma shape of inter-arrival gaps (1 = Poisson)."
+    ),
+    click.option(
+        "--input-len", type=int, help="Prompt tokens per request (fixed-length workloads)."
+    ),
+    click.option("--output-len", type=int, help="Output tokens per request (max_tokens)."),
+    click.option(
+        "--ignore-eos/--no-ignore-eos",
+        default=None,
+        help="Ask the server to generate exactly max_tokens.",
+    ),
+    click.option(
+        "--seed",
+        type=int,
+        help="Seed for lengths, arrivals and prompts (default: the workload's own seed).",
+    ),
+    click.option("--timeout", "timeout_s", type=float, help="Per-request timeout in seconds."),
+    click.option(
+        "--tokenizer",
+        help="Tokenizer for token counts: reference model name, GGUF path or HF directory.",
+    ),
+    click.option(
+        "--server-arg",
+        "server_args",
+        multiple=True,
+        help="Extra argument for the managed reference server (repeatable).",
+    ),
+)
+
+
+def target_and_workload_options(command):
+    """Add the target, workload and client options every load-driving command takes."""
+    for option in reversed(_SHARED):
+        command = option(command)
+    return command
