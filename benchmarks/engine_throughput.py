@@ -114,6 +114,38 @@ def rates(result: dict, num_prompt_tokens: int) -> dict:
     }
 
 
+def print_row(name: str, row: dict) -> None:
+    for system in ("engine", "hf"):
+        if system in row:
+            r = row[system]
+            print(
+                f"{name:<10} {system:<7} {r['elapsed_s']:>8.2f} {r['output_tok_s']:>10.1f}"
+                f" {r['total_tok_s']:>12.1f}",
+                flush=True,
+            )
+    if "ratio_output" in row:
+        print(f"{name:<10} ratio engine/hf (useful output tok/s): {row['ratio_output']:.2f}x")
+
+
+def profile_decode(engine: LLMEngine, prompts: list[list[int]], steps: int = 5) -> str:
+    """torch.profiler table of `steps` decode steps with every prompt running."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+        engine.add_request(f"p{i}", prompt, params)
+    total_prompt_tokens = sum(len(p) for p in prompts)
+    while engine.stats().prompt_tokens_total < total_prompt_tokens:  # prefill everything
+        engine.step()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    per_step_ms = (time.perf_counter() - t0) / steps * 1000
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    return f"decode step with {len(prompts)} running: {per_step_ms:.1f} ms (profiled)\n{table}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -128,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--profile", action="store_true", help="print torch.profiler's top ops for decode steps"
+    )
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -159,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         run_hf(hf_model, warmup_prompts, [4, 4])
 
     report: dict = {"config": vars(args) | {"json": str(args.json)}, "scenarios": {}}
+    print(f"{'scenario':<10} {'system':<7} {'time s':>8} {'out tok/s':>10} {'total tok/s':>12}")
     for name in args.scenarios.split(","):
         lengths = scenarios[name]
         row = {"output_lengths_sum": sum(lengths), "output_lengths_max": max(lengths)}
@@ -171,18 +207,9 @@ def main(argv: list[str] | None = None) -> int:
             row["hf"] = rates(run_hf(hf_model, prompts, lengths), num_prompt_tokens)
             row["ratio_output"] = row["engine"]["output_tok_s"] / row["hf"]["output_tok_s"]
         report["scenarios"][name] = row
-
-    print(f"{'scenario':<10} {'system':<7} {'time s':>8} {'out tok/s':>10} {'total tok/s':>12}")
-    for name, row in report["scenarios"].items():
-        for system in ("engine", "hf"):
-            if system in row:
-                r = row[system]
-                print(
-                    f"{name:<10} {system:<7} {r['elapsed_s']:>8.2f} {r['output_tok_s']:>10.1f}"
-                    f" {r['total_tok_s']:>12.1f}"
-                )
-        if "ratio_output" in row:
-            print(f"{name:<10} ratio engine/hf (useful output tok/s): {row['ratio_output']:.2f}x")
+        print_row(name, row)
+    if args.profile:
+        print(profile_decode(LLMEngine(config, loaded=loaded), prompts))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))
     return 0

@@ -252,7 +252,7 @@ class LLMEngine:
             logits_rows += [r] * len(family)
         if len(sample_rows) < len(input_ids):
             hidden = hidden.index_select(0, torch.tensor(sample_rows, device=self.device))
-        logits = self.model.compute_logits(hidden)  # [N, V] float32
+        logits = self.model.compute_logits(hidden)  # [N, V]
         if len(logits_rows) != len(sample_rows):
             logits = logits.index_select(0, torch.tensor(logits_rows, device=self.device))
         result = sample(logits, [self._sample_row(s) for s in rows_seqs], self.generator)

@@ -195,5 +195,5 @@ class LlamaModel(nn.Module):
         return cos, sin
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [N, vocab] for hidden [N, D]."""
-        return F.linear(self.norm(hidden), self.lm_head_weight).float()
+        """Logits [N, vocab] in the model's dtype for hidden [N, D]."""
+        return F.linear(self.norm(hidden), self.lm_head_weight)

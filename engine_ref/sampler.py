@@ -35,7 +35,10 @@ class SamplerOutput:
 def sample(
     logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None = None
 ) -> SamplerOutput:
-    """Sample one token per row of float32 logits [N, V]. `generator` drives unseeded rows."""
+    """Sample one token per row of logits [N, V] (any float dtype; modified in place where
+    tokens are banned). `generator` drives unseeded rows. An all-greedy batch without logprobs
+    is one argmax in the logits' own dtype (exact: upcasting preserves order); anything else
+    is computed in float32."""
     num_rows = logits.shape[0]
     for i, row in enumerate(rows):
         if row.banned_token_ids:
@@ -44,7 +47,10 @@ def sample(
     greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
     if len(greedy) == num_rows:
         token_ids = logits.argmax(dim=-1).tolist()
-        return SamplerOutput(token_ids, _logprobs(logits, rows, token_ids))
+        if all(r.params.logprobs is None for r in rows):
+            return SamplerOutput(token_ids, [None] * num_rows)
+        return SamplerOutput(token_ids, _logprobs(logits.float(), rows, token_ids))
+    logits = logits.float()
     tokens = torch.empty(num_rows, dtype=torch.long, device=logits.device)
     if greedy:
         index = torch.tensor(greedy, device=logits.device)

@@ -29,7 +29,8 @@ def smollm2(smollm2_path):
 
 @pytest.fixture(scope="module")
 def hf_model(smollm2):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    transformers = pytest.importorskip("transformers")
+    LlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
 
     from engine_ref.export import hf_config_dict
 
