@@ -62,6 +62,8 @@ class LLMEngine:
         self.config = config
         self.device = config.torch_device()
         self.dtype = config.torch_dtype()
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError("CUDA is not available on this machine; use device='cpu'.")
         if self.device.type == "cpu":
             torch.set_num_threads(config.threads())
         if loaded is None:

@@ -170,6 +170,15 @@ def test_invalid_requests_raise_one_sentence(tiny_model, prompt):
         EngineConfig(scheduling_policy="lifo")
 
 
+def test_missing_cuda_is_a_clear_error(tiny_model):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(EngineError, match="CUDA is not available"):
+        make(tiny_model, device="cuda")
+
+
 def test_max_model_len_ends_with_length(tiny_model, prompt):
     engine = make(tiny_model, max_model_len=len(prompt) + 3)
     engine.add_request("a", prompt, SamplingParams(max_tokens=100, temperature=0, ignore_eos=True))
