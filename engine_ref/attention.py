@@ -23,6 +23,23 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+# A decode group's keys are padded to its longest context; a new group starts when a context
+# exceeds DECODE_GROUP_SPAN times the group's shortest plus DECODE_GROUP_SLACK tokens, so padding
+# wastes a bounded share of work and memory (contexts of 100 and 8,000 tokens are never gathered
+# together) while short contexts still share one call.
+DECODE_GROUP_SPAN = 1.5
+DECODE_GROUP_SLACK = 16
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Decode rows [start_row, end_row) of the batch, attended with one SDPA call."""
+
+    start_row: int
+    end_row: int
+    block_tables: torch.Tensor  # [Bg, nb] long
+    mask: torch.Tensor  # [Bg, 1, 1, nb * block_size] additive: 0 = attend, -inf = masked
+
 
 @dataclass(frozen=True)
 class AttentionMetadata:
@@ -30,13 +47,12 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] long: flat pool slot (block * block_size + offset) per row
     num_decode_tokens: int
-    decode_block_tables: torch.Tensor | None  # [Bd, nbd] long
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Ld] additive: 0 = attend, -inf = masked
+    decode_groups: tuple[DecodeGroup, ...]
     num_prefill_tokens: int
     prefill_block_tables: torch.Tensor | None  # [Bp, nbp] long
     prefill_q_index: torch.Tensor | None  # [Bp * Qmax] long: prefill row feeding each padded slot
     prefill_out_index: torch.Tensor | None  # [Tp] long: padded slot holding each prefill row
-    prefill_mask: torch.Tensor | None  # [Bp, 1, G * Qmax, Lp] additive, like decode_mask
+    prefill_mask: torch.Tensor | None  # [Bp, 1, G * Qmax, Lp] additive, like DecodeGroup.mask
     prefill_q_max: int
 
 
@@ -53,7 +69,8 @@ def build_attention_metadata(
     """Metadata for one step. Sequence i contributes `num_new_tokens[i]` rows at positions
     `start_positions[i]`, `start_positions[i] + 1`, ...; its KV lives in `block_tables[i]`,
     which must cover every position up to the last new one. Sequences with one new token must
-    come before those with more (decode rows first)."""
+    come before those with more (decode rows first); decode rows sorted by position group best.
+    Masks are additive in `dtype`."""
     num_decode = 0
     while num_decode < len(num_new_tokens) and num_new_tokens[num_decode] == 1:
         num_decode += 1
@@ -66,12 +83,17 @@ def build_attention_metadata(
             slots.append(table[pos // block_size] * block_size + pos % block_size)
     slot_mapping = torch.tensor(slots, dtype=torch.long)
 
-    decode_tables = decode_mask = None
-    if num_decode:
-        context_lens = torch.tensor([s + 1 for s in start_positions[:num_decode]])
-        decode_tables = _pad_tables(block_tables[:num_decode], context_lens, block_size)
-        span = decode_tables.shape[1] * block_size
-        decode_mask = (torch.arange(span)[None, :] < context_lens[:, None]).view(-1, 1, 1, span)
+    groups = []
+    for lo, hi in _decode_group_bounds(start_positions[:num_decode]):
+        context_lens = torch.tensor([s + 1 for s in start_positions[lo:hi]])
+        tables = _pad_tables(block_tables[lo:hi], context_lens, block_size)
+        span = tables.shape[1] * block_size
+        mask = (torch.arange(span)[None, :] < context_lens[:, None]).view(-1, 1, 1, span)
+        groups.append(
+            DecodeGroup(
+                lo, hi, tables.to(device, non_blocking=True), _additive(mask, dtype, device)
+            )
+        )
 
     prefill_tables = q_index = out_index = prefill_mask = None
     q_max = 0
@@ -101,24 +123,37 @@ def build_attention_metadata(
     def to(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device, non_blocking=True)
 
-    def additive(mask: torch.Tensor | None) -> torch.Tensor | None:
-        # SDPA would convert a boolean mask in every layer; convert once per step instead.
-        if mask is None:
-            return None
-        return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf")).to(device)
-
     return AttentionMetadata(
         slot_mapping=to(slot_mapping),
         num_decode_tokens=num_decode,
-        decode_block_tables=to(decode_tables),
-        decode_mask=additive(decode_mask),
+        decode_groups=tuple(groups),
         num_prefill_tokens=num_prefill_tokens,
         prefill_block_tables=to(prefill_tables),
         prefill_q_index=to(q_index),
         prefill_out_index=to(out_index),
-        prefill_mask=additive(prefill_mask),
+        prefill_mask=None if prefill_mask is None else _additive(prefill_mask, dtype, device),
         prefill_q_max=q_max,
     )
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # SDPA would convert a boolean mask in every layer; convert once per step instead.
+    additive = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    return additive.to(device, non_blocking=True)
+
+
+def _decode_group_bounds(positions: list[int]) -> list[tuple[int, int]]:
+    """[lo, hi) row ranges of consecutive decode rows whose contexts stay within
+    DECODE_GROUP_SPAN of the range's shortest (positions sorted ascending give fewest groups)."""
+    bounds = []
+    lo = 0
+    for i in range(1, len(positions) + 1):
+        shortest = min(positions[lo:i]) + 1
+        limit = DECODE_GROUP_SPAN * shortest + DECODE_GROUP_SLACK
+        if i == len(positions) or positions[i] + 1 > limit:
+            bounds.append((lo, i))
+            lo = i
+    return bounds
 
 
 def _pad_tables(
@@ -154,13 +189,16 @@ def paged_attention(
     g = num_heads // kv_heads
     parts = []
     nd = meta.num_decode_tokens
-    if nd:
-        both = gather_kv(kv_pool, meta.decode_block_tables).transpose(1, 2)  # [Bd, 2kvh, L, hd]
-        qd = q[:nd].view(nd, kv_heads, g, head_dim)  # [Bd, kvh, G, hd]
+    for group in meta.decode_groups:
+        both = gather_kv(kv_pool, group.block_tables).transpose(1, 2)  # [Bg, 2kvh, L, hd]
+        rows = group.end_row - group.start_row
+        qd = q[group.start_row : group.end_row].view(
+            rows, kv_heads, g, head_dim
+        )  # [Bg, kvh, G, hd]
         out = F.scaled_dot_product_attention(
-            qd, both[:, :kv_heads], both[:, kv_heads:], attn_mask=meta.decode_mask, scale=scale
+            qd, both[:, :kv_heads], both[:, kv_heads:], attn_mask=group.mask, scale=scale
         )
-        parts.append(out.reshape(nd, num_heads, head_dim))
+        parts.append(out.reshape(rows, num_heads, head_dim))
     if meta.num_prefill_tokens:
         batch = meta.prefill_block_tables.shape[0]
         q_max = meta.prefill_q_max

@@ -129,8 +129,10 @@ class Scheduler:
             scheduled.append((seq, num_new))
             budget -= num_new
 
-        # Single-token rows first: the attention kernel treats them as one decode group.
-        scheduled.sort(key=lambda item: item[1] != 1)
+        # Single-token rows first, by position: attention groups them by context length.
+        scheduled.sort(
+            key=lambda item: (item[1] != 1, item[0].num_computed_tokens * (item[1] == 1))
+        )
         batch.seqs = [s for s, _ in scheduled]
         batch.num_new_tokens = [n for _, n in scheduled]
         return batch

@@ -21,8 +21,10 @@ def test_metadata_hand_worked():
     )  # fmt: skip
     assert meta.slot_mapping.tolist() == [9 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 2 * 4 + 0]
     assert meta.num_decode_tokens == 1 and meta.num_prefill_tokens == 3
-    assert meta.decode_block_tables.tolist() == [[3, 9]]
-    assert meta.decode_mask.flatten().tolist() == [0.0] * 6 + [INF] * 2
+    (group,) = meta.decode_groups
+    assert (group.start_row, group.end_row) == (0, 1)
+    assert group.block_tables.tolist() == [[3, 9]]
+    assert group.mask.flatten().tolist() == [0.0] * 6 + [INF] * 2
     assert meta.prefill_block_tables.tolist() == [[6, 2]]
     assert meta.prefill_q_max == 3
     assert meta.prefill_q_index.tolist() == [0, 1, 2]
@@ -46,6 +48,19 @@ def test_padded_prefill_rows():
     assert pad_row == [0.0] + [INF] * 7  # a padded query attends to key 0 only (no NaN)
 
 
+def test_decode_rows_are_grouped_by_context_length():
+    positions = [3, 5, 100, 120, 400]
+    meta = build_attention_metadata(
+        start_positions=positions, num_new_tokens=[1] * 5,
+        block_tables=[list(range(p // 4 + 1)) for p in positions],
+        block_size=4, num_queries_per_kv=1, device=torch.device("cpu"),
+    )  # fmt: skip
+    # Contexts 4, 6 | 101, 121 | 401: a group spans at most 1.5 x its shortest + 16 tokens.
+    bounds = [(g.start_row, g.end_row) for g in meta.decode_groups]
+    assert bounds == [(0, 2), (2, 4), (4, 5)]
+    assert [g.block_tables.shape[1] for g in meta.decode_groups] == [2, 31, 101]
+
+
 def test_decode_rows_must_come_first():
     with pytest.raises(ValueError):
         build_attention_metadata(
@@ -57,9 +72,10 @@ def test_decode_rows_must_come_first():
 def test_paged_attention_matches_per_sequence_loop():
     gen = torch.Generator().manual_seed(0)
     h, kvh, hd, bs = 6, 2, 8, 4
-    starts, news = [9, 3, 0, 6], [1, 1, 5, 7]
-    tables = [[7, 1, 4], [2], [5, 6], [0, 3, 8, 9]]
-    pool = torch.randn(10, bs, 2 * kvh, hd, generator=gen)  # existing context: random
+    # Decode contexts 4 and 40 fall in different groups.
+    starts, news = [3, 39, 0, 6], [1, 1, 5, 7]
+    tables = [[2], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [5, 6], [0, 3, 8, 9]]
+    pool = torch.randn(20, bs, 2 * kvh, hd, generator=gen)  # existing context: random
     total = sum(news)
     q = torch.randn(total, h, hd, generator=gen)
     kv = torch.randn(total, 2 * kvh, hd, generator=gen)
@@ -67,6 +83,7 @@ def test_paged_attention_matches_per_sequence_loop():
         start_positions=starts, num_new_tokens=news, block_tables=tables, block_size=bs,
         num_queries_per_kv=h // kvh, device=torch.device("cpu"),
     )  # fmt: skip
+    assert len(meta.decode_groups) == 2
     expected_pool = pool.clone()
     out = paged_attention(q, kv, pool, meta, scale=1 / math.sqrt(hd))
 

@@ -55,8 +55,8 @@ def test_chunked_prefill_under_token_budget():
     batch = s.schedule()  # a's last 5 tokens, then b's whole prompt (3): 8 <= 10
     assert plan(batch) == [(a.request.request_id, 5), (b.request.request_id, 3)]
     finish_step(batch)
-    batch = s.schedule()  # both decode now
-    assert plan(batch) == [(a.request.request_id, 1), (b.request.request_id, 1)]
+    batch = s.schedule()  # both decode now, shorter context first (b at 3, a at 25)
+    assert plan(batch) == [(b.request.request_id, 1), (a.request.request_id, 1)]
 
 
 def test_decode_rows_come_first_and_are_not_starved_by_a_long_prefill():
