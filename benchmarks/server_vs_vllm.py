@@ -85,6 +85,22 @@ def drive(port: int, out: Path, tokenizer_dir: Path) -> dict:
     }  # fmt: skip
 
 
+PROBE_PROMPT = "The capital of France is"
+
+
+def greedy_probe(port: int) -> str:
+    """Greedy completion of a fixed prompt: both servers run the same weights, so they should
+    agree (bf16 rounding can make them part after a few tokens)."""
+    body = json.dumps(
+        {"model": "smollm2", "prompt": PROBE_PROMPT, "max_tokens": 12, "temperature": 0}
+    ).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())["choices"][0]["text"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,6 +132,7 @@ def main() -> None:
             proc = start_server(kind, args, model_dir, port, log)
             try:
                 wait_healthy(port, proc, 900, log)
+                print(f"{kind:13s} greedy: {PROBE_PROMPT!r} -> {greedy_probe(port)!r}", flush=True)
                 drive(port, work / f"{kind}-warmup", model_dir)
                 for i in range(args.repeats):
                     figures = drive(port, work / f"{kind}-{i}", model_dir)
