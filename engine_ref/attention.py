@@ -147,12 +147,18 @@ def _decode_group_bounds(positions: list[int]) -> list[tuple[int, int]]:
     DECODE_GROUP_SPAN of the range's shortest (positions sorted ascending give fewest groups)."""
     bounds = []
     lo = 0
+    shortest = positions[0] + 1 if positions else 0
     for i in range(1, len(positions) + 1):
-        shortest = min(positions[lo:i]) + 1
-        limit = DECODE_GROUP_SPAN * shortest + DECODE_GROUP_SLACK
-        if i == len(positions) or positions[i] + 1 > limit:
+        if (
+            i == len(positions)
+            or positions[i] + 1 > DECODE_GROUP_SPAN * shortest + DECODE_GROUP_SLACK
+        ):
             bounds.append((lo, i))
             lo = i
+            if i < len(positions):
+                shortest = positions[i] + 1
+        else:
+            shortest = min(shortest, positions[i] + 1)
     return bounds
 
 
