@@ -113,7 +113,11 @@ _GAUGES = (
     ("kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV-cache blocks in use (0 to 1)."),
     ("kv_cache_blocks_used", "num_blocks_used", "KV-cache blocks held by requests."),
     ("kv_cache_blocks_free", "num_blocks_free", "KV-cache blocks free (including cached ones)."),
-    ("kv_cache_blocks_cached", "num_blocks_cached", "Free KV-cache blocks kept for prefix reuse."),
+    (
+        "kv_cache_blocks_cached",
+        "num_blocks_cached",
+        "KV-cache blocks holding reusable prefix content, in use or free.",
+    ),
 )
 _COUNTERS = (
     ("prefix_cache_queries", "prefix_cache_query_tokens", "Prompt tokens looked up."),
