@@ -5,7 +5,9 @@ The verdict comes from the binomial rule in `slo.stats.binomial_verdict` (MLPerf
 stopping, at the spec's `early_stopping_confidence`), so a small sample cannot pass a
 p99 claim: with no sample over the limit, p99 at 99% confidence needs 459 samples. The
 bootstrap interval (at `confidence`) is reported alongside to show the spread. Fewer
-samples than the spec's `min_samples` is inconclusive whatever the counts say.
+samples than the spec's `min_samples` cannot pass (the verdict is inconclusive), but a
+failure the binomial test already proves stands: 60 of 64 requests over a p99 limit is a
+fail however small the run.
 
 Percentile objectives are judged over ok requests (their latency distribution; `n` says
 how many); attainment and error-rate objectives over all requests, failures counted as
@@ -48,7 +50,7 @@ def _ci(interval: tuple[float, float] | None) -> list[float] | None:
 
 
 def _gate_min_samples(verdict: str, n: int, spec: SLOSpec) -> tuple[str, str | None]:
-    if n < spec.min_samples:
+    if n < spec.min_samples and verdict != FAIL:
         return INCONCLUSIVE, f"{n} samples, fewer than min_samples {spec.min_samples}"
     return verdict, None
 

@@ -54,6 +54,13 @@ def test_min_samples_makes_it_inconclusive():
     assert o["verdict"] == "inconclusive" and "min_samples 500" in o["reason"]
 
 
+def test_min_samples_does_not_hide_a_proven_failure():
+    spec = SLOSpec(name="t", percentiles=P99_TTFT.percentiles, min_samples=500)
+    # 30 of 64 over a p99 limit: P(X >= 30; 64, 0.01) is astronomically small, so it fails.
+    o = only(evaluate(ttft_run([10.0] * 34 + [5000.0] * 30), spec, rng=np.random.default_rng(0)))
+    assert o["verdict"] == "fail" and o["n"] == 64
+
+
 def test_percentiles_judged_over_ok_requests_error_rate_over_all():
     statuses = ["ok"] * 995 + ["error"] * 5
     spec = SLOSpec(name="t", percentiles=P99_TTFT.percentiles, error_rate_max=0.01)
