@@ -254,20 +254,25 @@ def _engine_info(engine: Any) -> EngineInfo:
 
 
 def describe_engine(engine: Any) -> dict:
-    """What a benchmark manifest records about this engine (JSON-serialisable)."""
+    """What a benchmark manifest records about this engine (JSON-serialisable); fields an engine
+    does not have (a test double, say) are left out rather than guessed."""
     try:
         version = metadata.version("llm-bench-harness")
     except metadata.PackageNotFoundError:
         version = None
-    config = {k: (v if isinstance(v, str | int | float | bool | type(None)) else str(v))
-              for k, v in dataclasses.asdict(engine.config).items()}  # fmt: skip
+    config = engine.config
+    fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    plain = (str, int, float, bool, type(None))
+    dtype = (
+        config.torch_dtype() if hasattr(config, "torch_dtype") else getattr(config, "dtype", None)
+    )
     return {
         "engine": "engine_ref",
         "version": version,
-        "model": engine.config.model,
-        "dtype": str(engine.config.torch_dtype()).removeprefix("torch."),
-        "device": str(getattr(engine, "device", "")),
-        "engine_config": config,
+        "model": getattr(config, "model", None),
+        "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        "device": str(getattr(engine, "device", "")) or None,
+        "engine_config": {k: v if isinstance(v, plain) else str(v) for k, v in fields.items()},
     }
 
 
