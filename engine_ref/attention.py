@@ -178,6 +178,18 @@ def gather_kv(kv_pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor
     return flat.view(batch, nb * kv_pool.shape[1], kv_pool.shape[2], kv_pool.shape[3])
 
 
+def _decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Decode attention as two batched matmuls with a float32 softmax: q [B, kvh, G, hd],
+    k and v [B, kvh, L, hd], additive mask [B, 1, 1, L] -> [B, kvh, G, hd]. With G query rows
+    per KV head, torch's CPU SDPA kernel spends more on per-head setup than on arithmetic:
+    at 64-way decode, context 192, bf16, 2 threads this took 2.3 ms per layer against SDPA's
+    3.3 ms, and `benchmarks/engine_throughput.py --scenarios equal` ran 3-7% faster."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale).add_(mask)  # [B, kvh, G, L]
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+
+
 def paged_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -201,9 +213,7 @@ def paged_attention(
         qd = q[group.start_row : group.end_row].view(
             rows, kv_heads, g, head_dim
         )  # [Bg, kvh, G, hd]
-        out = F.scaled_dot_product_attention(
-            qd, both[:, :kv_heads], both[:, kv_heads:], attn_mask=group.mask, scale=scale
-        )
+        out = _decode_attention(qd, both[:, :kv_heads], both[:, kv_heads:], group.mask, scale)
         parts.append(out.reshape(rows, num_heads, head_dim))
     if meta.num_prefill_tokens:
         batch = meta.prefill_block_tables.shape[0]
