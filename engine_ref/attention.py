@@ -5,12 +5,13 @@ sequence), then the prefill chunks (one or more new tokens per sequence, possibl
 cached prefix). A layer's pool is [num_blocks, block_size, 2 * kvh, hd]: its key pool
 [num_blocks, block_size, kvh, hd] and value pool side by side, so one index_copy_ stores a step's
 new K/V and one index_select gathers both. Each layer writes the new K/V through
-`slot_mapping`, then attends with one batched SDPA call per group:
+`slot_mapping`, then attends with batched calls per group:
 
 - decode: K/V gathered through the block tables into [Bd, L, kvh, hd]; the G = h / kvh query
   heads that share a KV head are folded into the query-length axis, so GQA needs no K/V expansion:
-  q [Bd, kvh, G, hd] x k [Bd, kvh, L, hd], masked by context length.
-- prefill: queries padded to [Bp, Qmax]; folded the same way to [Bp, kvh, G * Qmax, hd]; the mask
+  q [Bd, kvh, G, hd] x k [Bd, kvh, L, hd], masked by context length; two matmuls and a float32
+  softmax (`_decode_attention`), cheaper than SDPA at query length G.
+- prefill: one SDPA call; queries padded to [Bp, Qmax]; folded the same way to [Bp, kvh, G * Qmax, hd]; the mask
   is causal with each chunk's offset into its sequence.
 
 `AttentionMetadata` is built once per step (not per layer) by `build_attention_metadata`.
