@@ -332,7 +332,6 @@ def test_stop_string_ends_the_text_before_it(server_url):
     assert stopped.text == text[: text.find(stop)]
 
 
-
 def test_info_describes_the_engine_for_manifests(server_url):
     with urllib.request.urlopen(server_url + "/info", timeout=10) as resp:
         info = json.loads(resp.read())
