@@ -167,29 +167,22 @@ def _interval(dist: dict, statistic: str, values: np.ndarray, rng, confidence: f
 
 
 def _latency_rows(summary: dict, rm: RequestMetrics, rng, confidence: float) -> list[LatencyRow]:
-    rows = []
-    for metric in LATENCY_METRICS:
-        dist = (summary.get("latency_ms") or {}).get(metric) or {}
-        values = _ok_values(rm, metric)
-        rows.append(
-            LatencyRow(
-                metric=metric,
-                n=int(dist.get("n") or 0),
-                mean_ms=dist.get("mean"),
-                p50_ms=dist.get("p50"),
-                p90_ms=dist.get("p90"),
-                p95_ms=dist.get("p95"),
-                p99_ms=dist.get("p99"),
-                max_ms=dist.get("max"),
-                p50_ci_ms=_interval(dist, "p50", values, rng, confidence),
-                p99_ci_ms=_interval(dist, "p99", values, rng, confidence),
-            )
-        )
-    return rows
+    values = {metric: _ok_values(rm, metric) for metric in LATENCY_METRICS}
+
+    def interval(metric: str, dist: dict, statistic: str):
+        return _interval(dist, statistic, values[metric], rng, confidence)
+
+    return latency_rows_from_summary(summary, interval=interval)
 
 
-def latency_rows_from_summary(summary: dict) -> list[LatencyRow]:
-    """Latency rows straight from a summary dict: intervals only where slo gave them."""
+def latency_rows_from_summary(summary: dict, *, interval=None) -> list[LatencyRow]:
+    """Latency rows from a summary dict. `interval(metric, dist, "p50"|"p99")` gives each
+    interval; by default only the intervals slo already put in the summary."""
+    if interval is None:
+
+        def interval(_metric: str, dist: dict, statistic: str):
+            return slo_view.interval(dist, statistic)
+
     rows = []
     for metric in LATENCY_METRICS:
         dist = (summary.get("latency_ms") or {}).get(metric) or {}
@@ -203,8 +196,8 @@ def latency_rows_from_summary(summary: dict) -> list[LatencyRow]:
                 p95_ms=dist.get("p95"),
                 p99_ms=dist.get("p99"),
                 max_ms=dist.get("max"),
-                p50_ci_ms=slo_view.interval(dist, "p50"),
-                p99_ci_ms=slo_view.interval(dist, "p99"),
+                p50_ci_ms=interval(metric, dist, "p50"),
+                p99_ci_ms=interval(metric, dist, "p99"),
             )
         )
     return rows
