@@ -217,7 +217,6 @@ def _run_against(
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": config.to_dict(),
     }
-    context_holder: dict = {}
     recorder_holder: dict = {}
     scraper = MetricsScraper(
         base_url.rstrip("/").removesuffix("/v1") + "/metrics", config.scrape_interval_s
@@ -231,7 +230,6 @@ def _run_against(
             is_chat=options.is_chat,
             count_tokens=lambda text: len(tokenizer.encode(text)),
         )
-        context_holder["ctx"] = context
         recorder = RunRecorder(run_dir, context, input_tokens, manifest)
         for raw in recorder_holder.pop("early", []):
             recorder.add(raw)
