@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
@@ -61,7 +61,6 @@ class LoadResult:
     num_warmup: int = 0
     stopped_by_duration: bool = False
     in_flight_at_stop: int = 0
-    results: list[RawResult] = field(default_factory=list)
 
 
 async def run_load(

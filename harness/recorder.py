@@ -80,10 +80,6 @@ class RunRecorder:
         """Keep a finished request's raw timeline until the next flush (cheap: no parsing)."""
         self._pending.append(raw)
 
-    @property
-    def num_recorded(self) -> int:
-        return self._counts["requests"] + len([r for r in self._pending if not r.is_warmup])
-
     def flush(self) -> None:
         """Parse pending results and append them as one row group per table."""
         if not self._pending:
