@@ -12,17 +12,22 @@ Two modes share one async face (`EngineLoop`):
 Both keep the engine's latest `stats()` snapshot (taken after every step and after every batch
 of commands), so /metrics never touches the engine from the HTTP thread.
 
-The server defaults to the thread mode. Measured with `benchmarks/server_loop_modes.py` on the
-2-core development machine (shared with other work, so noisy; medians of interleaved rounds),
-the two modes stream at the same rate within noise: tiny-random 64 x 128 prompt x 256 output
-tokens, 4.49k (thread) vs 4.58k (process) output tokens/s over 5 rounds; smollm2-135m 32 x 128
-x 64, 130 vs 133 over 3 rounds (earlier 2-round sets: 136 vs 117, 135 vs 116). With speed a
-tie, the thread mode starts seconds sooner and holds one copy of torch. What did matter for
+The server defaults to the thread mode, with the engine built on its engine thread. That
+matters: with the model loaded on the main thread and stepped on another, libgomp keeps two
+OpenMP teams, counts more threads than cores and parks its workers after a few spins at every
+barrier. The same 64 x 128 x 64 smollm2-135m batch, in process, no HTTP, ran at 343-405 output
+tokens/s stepped on the thread that loaded it against 247-268 on another thread, and at 391
+with both load and steps on one non-main thread. (Measured with the scripts behind
+`benchmarks/server_vs_vllm.py`'s note; OMP_WAIT_POLICY=PASSIVE cost a further 15% there.)
+Measured with `benchmarks/server_loop_modes.py` before that fix (2-core machine, medians of
+interleaved rounds), the two modes streamed at the same rate within noise: tiny-random 64 x
+128 x 256, 4.49k (thread) vs 4.58k (process) output tokens/s; smollm2-135m 32 x 128 x 64, 130
+vs 133. The thread mode starts seconds sooner and holds one copy of torch. What did matter for
 the process mode: idle OpenMP workers must sleep, not spin, on a loaded machine
-(`OMP_WAIT_POLICY=PASSIVE`, set for the engine process: 227 -> 4,141 tokens/s on tiny-random;
-the thread mode gets it only from the environment the server starts in), and output batches
-go over a bare pipe (through a `multiprocessing.Queue`, whose feeder thread waits for a core
-behind the OpenMP workers, batches arrived 11-200 ms apart instead of a steady 10 ms).
+(`OMP_WAIT_POLICY=PASSIVE`, set for the engine process: 227 -> 4,141 tokens/s on tiny-random),
+and output batches go over a bare pipe (through a `multiprocessing.Queue`, whose feeder thread
+waits for a core behind the OpenMP workers, batches arrived 11-200 ms apart instead of a
+steady 10 ms).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -277,21 +282,49 @@ def describe_engine(engine: Any) -> dict:
 
 
 class ThreadEngineLoop(EngineLoop):
-    """The engine steps in a daemon thread of this process."""
+    """The engine steps in a daemon thread of this process.
 
-    def __init__(self, engine: Any) -> None:
+    Give it `build` (a callable returning the engine) rather than a built engine whenever the
+    engine runs torch on the CPU: the engine is then built in the thread that steps it, so
+    every torch call comes from that one thread and OpenMP keeps a single team of workers.
+    (A model loaded on one thread and stepped on another leaves two teams, more OpenMP
+    threads than cores, and libgomp then parks its workers after a few spins at every
+    barrier; see the module docstring for what that cost.) `start()` waits for the build and
+    raises what it raised."""
+
+    def __init__(self, engine: Any = None, *, build: Callable[[], Any] | None = None) -> None:
         super().__init__()
-        self._driver = _EngineDriver(engine)
-        self.info = _engine_info(engine)
-        self.latest_stats = engine.stats()
+        if (engine is None) == (build is None):
+            raise TypeError("pass either an engine or a build callable")
+        self._build = build
+        self._driver: _EngineDriver | None = None
+        if engine is not None:
+            self._adopt(engine)
         self._commands: collections.deque = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._ready: asyncio.Future | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def _adopt(self, engine: Any) -> None:
+        self._driver = _EngineDriver(engine)
+        self.info = _engine_info(engine)
+        self.latest_stats = self._driver.latest_stats
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._ready = self._loop.create_future()
         self._thread.start()
+        await self._ready
+
+    def _report_ready(self, error: BaseException | None) -> None:
+        """Runs on the event loop: resolve the future `start()` waits on."""
+        if self._ready is None or self._ready.done():
+            return
+        if error is None:
+            self._ready.set_result(None)
+        else:
+            self._ready.set_exception(error)
 
     async def close(self) -> None:
         with self._cond:
@@ -305,8 +338,23 @@ class ThreadEngineLoop(EngineLoop):
             self._cond.notify()
 
     def _run(self) -> None:
-        engine = self._driver.engine
         assert self._loop is not None
+        error: BaseException | None = None
+        if self._build is not None:
+            try:
+                self._adopt(self._build())
+            except Exception as exc:
+                error = exc
+        try:
+            self._loop.call_soon_threadsafe(self._report_ready, error)
+        except RuntimeError:  # the event loop closed under us
+            return
+        if error is None:
+            self._step_until_stopped()
+
+    def _step_until_stopped(self) -> None:
+        assert self._loop is not None and self._driver is not None
+        engine = self._driver.engine
         while True:
             with self._cond:
                 while not (self._commands or self._stopping or engine.has_unfinished()):

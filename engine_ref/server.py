@@ -421,13 +421,18 @@ def _sse_writer(response: web.StreamResponse) -> Callable[[dict[str, Any]], Awai
 
 
 def build_engine_loop(config: ServerConfig) -> EngineLoop:
-    """The engine loop of the configured mode (thread mode builds the engine here, so model
-    errors surface before the server binds)."""
+    """The engine loop of the configured mode. Either way the engine is built when the app
+    starts, before the server binds, so model errors surface first; in thread mode it is
+    built on the engine thread itself (see `ThreadEngineLoop`)."""
     if config.engine_loop == "process":
         return ProcessEngineLoop(config.engine)
-    from engine_ref import LLMEngine
 
-    return ThreadEngineLoop(LLMEngine(config.engine))
+    def build() -> Any:
+        from engine_ref import LLMEngine
+
+        return LLMEngine(config.engine)
+
+    return ThreadEngineLoop(build=build)
 
 
 async def serve(
