@@ -2,17 +2,22 @@
 
 A step's tokens are one flattened batch of T rows: first the decode rows (one new token per
 sequence), then the prefill chunks (one or more new tokens per sequence, possibly continuing a
-cached prefix). A layer's pool is [num_blocks, block_size, 2 * kvh, hd]: its key pool
-[num_blocks, block_size, kvh, hd] and value pool side by side, so one index_copy_ stores a step's
-new K/V and one index_select gathers both. Each layer writes the new K/V through
-`slot_mapping`, then attends with batched calls per group:
+cached prefix). A layer's pool is head-major, [2 * kvh, num_blocks, block_size, hd]: key heads
+first, then value heads, each head's blocks contiguous. Seen as rows of one (head, block) each,
+[2 * kvh * num_blocks, block_size * hd], one index_select gathers a batch's keys and values
+straight into [2 * kvh, B, L, hd], where every (head, sequence) pair is a contiguous [L, hd]
+matrix that a batched matmul reads as it is (the token-major layout [num_blocks, block_size,
+2 * kvh, hd] this replaced needed a strided copy of K and V in every layer; at 64-way decode,
+context 144, bf16, 2 threads, a layer's decode attention went from 2.0 ms to 0.67 ms). Each
+layer stores the new K/V through `kv_write_index`, then attends with batched calls per group:
 
-- decode: K/V gathered through the block tables into [Bd, L, kvh, hd]; the G = h / kvh query
-  heads that share a KV head are folded into the query-length axis, so GQA needs no K/V expansion:
-  q [Bd, kvh, G, hd] x k [Bd, kvh, L, hd], masked by context length; two matmuls and a float32
-  softmax (`_decode_attention`), cheaper than SDPA at query length G.
-- prefill: one SDPA call; queries padded to [Bp, Qmax]; folded the same way to [Bp, kvh, G * Qmax, hd]; the mask
-  is causal with each chunk's offset into its sequence.
+- decode: the G = h / kvh query heads that share a KV head are folded into the query-length
+  axis, so GQA needs no K/V expansion: q [kvh, Bd, G, hd] x k [kvh, Bd, L, hd], masked by
+  context length; two matmuls and a float32 softmax (`_decode_attention`), cheaper than SDPA at
+  query length G.
+- prefill: one SDPA call with the KV head as its batch axis and the sequence as its head axis;
+  queries padded to [Bp, Qmax] and folded the same way to [kvh, Bp, G * Qmax, hd]; the mask is
+  causal with each chunk's offset into its sequence.
 
 `AttentionMetadata` is built once per step (not per layer) by `build_attention_metadata`.
 """
@@ -34,12 +39,13 @@ DECODE_GROUP_SLACK = 16
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """Decode rows [start_row, end_row) of the batch, attended with one SDPA call."""
+    """Decode rows [start_row, end_row) of the batch, attended with one batched call."""
 
     start_row: int
     end_row: int
     block_tables: torch.Tensor  # [Bg, nb] long
-    mask: torch.Tensor  # [Bg, 1, 1, nb * block_size] additive: 0 = attend, -inf = masked
+    kv_rows: torch.Tensor  # [2 * kvh * Bg * nb] long: pool rows (head, block), head-major
+    mask: torch.Tensor  # [Bg, 1, nb * block_size] additive: 0 = attend, -inf = masked
 
 
 @dataclass(frozen=True)
@@ -47,14 +53,24 @@ class AttentionMetadata:
     """Per-step tensors shared by every layer. Decode rows come first in the flattened batch."""
 
     slot_mapping: torch.Tensor  # [T] long: flat pool slot (block * block_size + offset) per row
+    kv_write_index: torch.Tensor  # [2 * kvh * T] long: head * num_slots + slot, head-major
     num_decode_tokens: int
     decode_groups: tuple[DecodeGroup, ...]
     num_prefill_tokens: int
     prefill_block_tables: torch.Tensor | None  # [Bp, nbp] long
+    prefill_kv_rows: torch.Tensor | None  # [2 * kvh * Bp * nbp] long, like DecodeGroup.kv_rows
     prefill_q_index: torch.Tensor | None  # [Bp * Qmax] long: prefill row feeding each padded slot
     prefill_out_index: torch.Tensor | None  # [Tp] long: padded slot holding each prefill row
-    prefill_mask: torch.Tensor | None  # [Bp, 1, G * Qmax, Lp] additive, like DecodeGroup.mask
+    prefill_mask: torch.Tensor | None  # [1, Bp, G * Qmax, Lp] additive, like DecodeGroup.mask
     prefill_q_max: int
+
+
+def kv_pool_shape(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+) -> tuple[int, int, int, int]:
+    """Shape of one layer's KV pool: key heads then value heads, each [num_blocks,
+    block_size, head_dim]."""
+    return (2 * num_kv_heads, num_blocks, block_size, head_dim)
 
 
 def build_attention_metadata(
@@ -64,14 +80,16 @@ def build_attention_metadata(
     block_tables: list[list[int]],
     block_size: int,
     num_queries_per_kv: int,
+    num_kv_heads: int,
+    num_pool_blocks: int,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
 ) -> AttentionMetadata:
-    """Metadata for one step. Sequence i contributes `num_new_tokens[i]` rows at positions
-    `start_positions[i]`, `start_positions[i] + 1`, ...; its KV lives in `block_tables[i]`,
-    which must cover every position up to the last new one. Sequences with one new token must
-    come before those with more (decode rows first); decode rows sorted by position group best.
-    Masks are additive in `dtype`."""
+    """Metadata for one step over pools of `num_pool_blocks` blocks. Sequence i contributes
+    `num_new_tokens[i]` rows at positions `start_positions[i]`, `start_positions[i] + 1`, ...;
+    its KV lives in `block_tables[i]`, which must cover every position up to the last new one.
+    Sequences with one new token must come before those with more (decode rows first); decode
+    rows sorted by position group best. Masks are additive in `dtype`."""
     num_decode = 0
     while num_decode < len(num_new_tokens) and num_new_tokens[num_decode] == 1:
         num_decode += 1
@@ -83,20 +101,29 @@ def build_attention_metadata(
         for pos in range(start, start + n):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
     slot_mapping = torch.tensor(slots, dtype=torch.long)
+    heads = torch.arange(2 * num_kv_heads)[:, None]
+    kv_write_index = (heads * (num_pool_blocks * block_size) + slot_mapping[None, :]).flatten()
+
+    def pool_rows(tables: torch.Tensor) -> torch.Tensor:
+        return (heads * num_pool_blocks + tables.flatten()[None, :]).flatten()
 
     groups = []
     for lo, hi in _decode_group_bounds(start_positions[:num_decode]):
         context_lens = torch.tensor([s + 1 for s in start_positions[lo:hi]])
         tables = _pad_tables(block_tables[lo:hi], context_lens, block_size)
         span = tables.shape[1] * block_size
-        mask = (torch.arange(span)[None, :] < context_lens[:, None]).view(-1, 1, 1, span)
+        mask = (torch.arange(span)[None, :] < context_lens[:, None]).view(-1, 1, span)
         groups.append(
             DecodeGroup(
-                lo, hi, tables.to(device, non_blocking=True), _additive(mask, dtype, device)
+                lo,
+                hi,
+                tables.to(device, non_blocking=True),
+                pool_rows(tables).to(device, non_blocking=True),
+                _additive(mask, dtype, device),
             )
         )
 
-    prefill_tables = q_index = out_index = prefill_mask = None
+    prefill_tables = prefill_rows = q_index = out_index = prefill_mask = None
     q_max = 0
     num_prefill_tokens = sum(num_new_tokens[num_decode:])
     if num_prefill_tokens:
@@ -106,6 +133,7 @@ def build_attention_metadata(
         q_max = int(lens.max())
         context_lens = starts + lens
         prefill_tables = _pad_tables(block_tables[num_decode:], context_lens, block_size)
+        prefill_rows = pool_rows(prefill_tables)
         span = prefill_tables.shape[1] * block_size
         offsets = torch.arange(q_max)
         valid = offsets[None, :] < lens[:, None]  # [Bp, Qmax]
@@ -118,18 +146,20 @@ def build_attention_metadata(
         # Padded query rows attend to key 0 only, so no row is fully masked (SDPA would NaN).
         mask = torch.where(valid[:, :, None], mask, keys[None, None, :] == 0)
         g = num_queries_per_kv
-        prefill_mask = mask[:, None, None].expand(batch, 1, g, q_max, span)
-        prefill_mask = prefill_mask.reshape(batch, 1, g * q_max, span)
+        prefill_mask = mask[None, :, None].expand(1, batch, g, q_max, span)
+        prefill_mask = prefill_mask.reshape(1, batch, g * q_max, span)
 
     def to(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device, non_blocking=True)
 
     return AttentionMetadata(
         slot_mapping=to(slot_mapping),
+        kv_write_index=to(kv_write_index),
         num_decode_tokens=num_decode,
         decode_groups=tuple(groups),
         num_prefill_tokens=num_prefill_tokens,
         prefill_block_tables=to(prefill_tables),
+        prefill_kv_rows=to(prefill_rows),
         prefill_q_index=to(q_index),
         prefill_out_index=to(out_index),
         prefill_mask=None if prefill_mask is None else _additive(prefill_mask, dtype, device),
@@ -172,22 +202,23 @@ def _pad_tables(
     return torch.tensor(padded, dtype=torch.long)
 
 
-def gather_kv(kv_pool: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[B, nb * block_size, 2 * kvh, hd] keys and values of the blocks in block_tables [B, nb]."""
-    batch, nb = block_tables.shape
-    flat = kv_pool.view(kv_pool.shape[0], -1).index_select(0, block_tables.flatten())
-    return flat.view(batch, nb * kv_pool.shape[1], kv_pool.shape[2], kv_pool.shape[3])
+def gather_kv(kv_pool: torch.Tensor, kv_rows: torch.Tensor, batch: int) -> torch.Tensor:
+    """[2 * kvh, batch, L, hd] keys and values of the pool rows `kv_rows` (built by
+    `build_attention_metadata`: every head of each sequence's blocks, head-major)."""
+    heads, _, block_size, head_dim = kv_pool.shape
+    flat = kv_pool.view(-1, block_size * head_dim).index_select(0, kv_rows)
+    return flat.view(heads, batch, -1, head_dim)
 
 
 def _decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """Decode attention as two batched matmuls with a float32 softmax: q [B, kvh, G, hd],
-    k and v [B, kvh, L, hd], additive mask [B, 1, 1, L] -> [B, kvh, G, hd]. With G query rows
-    per KV head, torch's CPU SDPA kernel spends more on per-head setup than on arithmetic:
-    at 64-way decode, context 192, bf16, 2 threads this took 2.3 ms per layer against SDPA's
+    """Decode attention as two batched matmuls with a float32 softmax: q [kvh, B, G, hd],
+    k and v [kvh, B, L, hd], additive mask [B, 1, L] -> [kvh, B, G, hd]. With G query rows per
+    KV head, torch's CPU SDPA kernel spends more on per-head setup than on arithmetic: at
+    64-way decode, context 192, bf16, 2 threads this took 2.3 ms per layer against SDPA's
     3.3 ms, and `benchmarks/engine_throughput.py --scenarios equal` ran 3-7% faster."""
-    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale).add_(mask)  # [B, kvh, G, L]
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale).add_(mask)  # [kvh, B, G, L]
     return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
 
@@ -199,34 +230,35 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Attention output [T, h, hd] for q [T, h, hd] and the new keys and values kv [T, 2 * kvh,
-    hd] (keys in the first kvh heads). `kv_pool` [num_blocks, block_size, 2 * kvh, hd] holds one
+    hd] (keys in the first kvh heads). `kv_pool` [2 * kvh, num_blocks, block_size, hd] holds one
     layer's keys (heads :kvh) and values (heads kvh:); the new rows are stored there first."""
-    num_slots = kv_pool.shape[0] * kv_pool.shape[1]
-    kv_pool.view(num_slots, *kv_pool.shape[2:]).index_copy_(0, meta.slot_mapping, kv)
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = kv.shape[1] // 2
+    kv_pool.view(-1, head_dim).index_copy_(
+        0, meta.kv_write_index, kv.transpose(0, 1).reshape(-1, head_dim)
+    )
     g = num_heads // kv_heads
     parts = []
     nd = meta.num_decode_tokens
     for group in meta.decode_groups:
-        both = gather_kv(kv_pool, group.block_tables).transpose(1, 2)  # [Bg, 2kvh, L, hd]
         rows = group.end_row - group.start_row
-        qd = q[group.start_row : group.end_row].view(
-            rows, kv_heads, g, head_dim
-        )  # [Bg, kvh, G, hd]
-        out = _decode_attention(qd, both[:, :kv_heads], both[:, kv_heads:], group.mask, scale)
-        parts.append(out.reshape(rows, num_heads, head_dim))
+        both = gather_kv(kv_pool, group.kv_rows, rows)  # [2kvh, Bg, L, hd]
+        qd = q[group.start_row : group.end_row].view(rows, kv_heads, g, head_dim)
+        out = _decode_attention(
+            qd.transpose(0, 1), both[:kv_heads], both[kv_heads:], group.mask, scale
+        )  # [kvh, Bg, G, hd]
+        parts.append(out.transpose(0, 1).reshape(rows, num_heads, head_dim))
     if meta.num_prefill_tokens:
         batch = meta.prefill_block_tables.shape[0]
         q_max = meta.prefill_q_max
         qp = q[nd:].index_select(0, meta.prefill_q_index)  # [Bp * Qmax, h, hd]
-        qp = qp.view(batch, q_max, kv_heads, g, head_dim).permute(0, 2, 3, 1, 4)
-        qp = qp.reshape(batch, kv_heads, g * q_max, head_dim)  # [Bp, kvh, G * Qmax, hd]
-        both = gather_kv(kv_pool, meta.prefill_block_tables).transpose(1, 2)  # [Bp, 2kvh, Lp, hd]
+        qp = qp.view(batch, q_max, kv_heads, g, head_dim).permute(2, 0, 3, 1, 4)
+        qp = qp.reshape(kv_heads, batch, g * q_max, head_dim)  # [kvh, Bp, G * Qmax, hd]
+        both = gather_kv(kv_pool, meta.prefill_kv_rows, batch)  # [2kvh, Bp, Lp, hd]
         out = F.scaled_dot_product_attention(
-            qp, both[:, :kv_heads], both[:, kv_heads:], attn_mask=meta.prefill_mask, scale=scale
+            qp, both[:kv_heads], both[kv_heads:], attn_mask=meta.prefill_mask, scale=scale
         )
-        out = out.view(batch, kv_heads, g, q_max, head_dim).permute(0, 3, 1, 2, 4)
+        out = out.view(kv_heads, batch, g, q_max, head_dim).permute(1, 3, 0, 2, 4)
         out = out.reshape(batch * q_max, num_heads, head_dim)
         parts.append(out.index_select(0, meta.prefill_out_index))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine_ref.attention import build_attention_metadata
+from engine_ref.attention import build_attention_metadata, kv_pool_shape
 from engine_ref.block_manager import BlockManager, HashFn, default_hash
 from engine_ref.detokenizer import IncrementalDetokenizer
 from engine_ref.engine_config import EngineConfig, SamplingParams
@@ -91,9 +91,9 @@ class LLMEngine:
                 "raise it or set num_blocks."
             )
         self.max_model_len = min(max_len, num_blocks * bs)
-        # Per layer: keys [num_blocks, bs, kvh, hd] and values side by side (see attention.py).
+        # One pool per layer, head-major (see attention.py).
         # Zeroed, not empty: masked slots are multiplied by 0 and must not hold NaN.
-        pool_shape = (num_blocks, bs, 2 * mc.num_key_value_heads, mc.head_dim)
+        pool_shape = kv_pool_shape(num_blocks, bs, mc.num_key_value_heads, mc.head_dim)
         self.kv_caches = [
             torch.zeros(pool_shape, dtype=self.dtype, device=self.device)
             for _ in range(mc.num_hidden_layers)
@@ -233,6 +233,8 @@ class LLMEngine:
             block_size=self.config.block_size,
             num_queries_per_kv=self.model_config.num_attention_heads
             // self.model_config.num_key_value_heads,
+            num_kv_heads=self.model_config.num_key_value_heads,
+            num_pool_blocks=self.block_manager.num_blocks,
             device=self.device,
             dtype=self.dtype,
         )
@@ -382,4 +384,4 @@ class LLMEngine:
         src = torch.tensor([s for s, _ in copies], device=self.device)
         dst = torch.tensor([d for _, d in copies], device=self.device)
         for pool in self.kv_caches:
-            pool.index_copy_(0, dst, pool.index_select(0, src))
+            pool.index_copy_(1, dst, pool.index_select(1, src))

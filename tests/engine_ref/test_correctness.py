@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams
-from engine_ref.attention import build_attention_metadata
+from engine_ref.attention import build_attention_metadata, kv_pool_shape
 from engine_ref.config import ModelConfig
 from engine_ref.tiny_random import build_tiny_tokenizer, tiny_random_state_dict
 
@@ -177,7 +177,7 @@ def teacher_forced_logprobs(engine: LLMEngine, tokens: list[int]) -> torch.Tenso
     mc = engine.model_config
     bs = 8
     table = list(range((len(tokens) + bs - 1) // bs))
-    shape = (len(table), bs, 2 * mc.num_key_value_heads, mc.head_dim)
+    shape = kv_pool_shape(len(table), bs, mc.num_key_value_heads, mc.head_dim)
     pools = [torch.zeros(shape) for _ in range(mc.num_hidden_layers)]
     meta = build_attention_metadata(
         start_positions=[0],
@@ -185,6 +185,8 @@ def teacher_forced_logprobs(engine: LLMEngine, tokens: list[int]) -> torch.Tenso
         block_tables=[table],
         block_size=bs,
         num_queries_per_kv=mc.num_attention_heads // mc.num_key_value_heads,
+        num_kv_heads=mc.num_key_value_heads,
+        num_pool_blocks=len(table),
         device=torch.device("cpu"),
     )
     with torch.inference_mode():

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from engine_ref.attention import build_attention_metadata
+from engine_ref.attention import build_attention_metadata, kv_pool_shape
 from engine_ref.config import ModelConfig
 from engine_ref.model import LlamaModel
 from engine_ref.tiny_random import tiny_random_state_dict
@@ -86,7 +86,7 @@ def model(weights):
 
 
 def new_pools(num_blocks: int = 64):
-    shape = (num_blocks, BLOCK_SIZE, 2 * CONFIG.num_key_value_heads, CONFIG.head_dim)
+    shape = kv_pool_shape(num_blocks, BLOCK_SIZE, CONFIG.num_key_value_heads, CONFIG.head_dim)
     return [torch.zeros(shape) for _ in range(CONFIG.num_hidden_layers)]
 
 
@@ -101,6 +101,8 @@ def run_steps(model, pools, steps, dtype=torch.float32):
             block_tables=[t for _, _, t in batch],
             block_size=BLOCK_SIZE,
             num_queries_per_kv=CONFIG.num_attention_heads // CONFIG.num_key_value_heads,
+            num_kv_heads=CONFIG.num_key_value_heads,
+            num_pool_blocks=pools[0].shape[1],
             device=torch.device("cpu"),
             dtype=dtype,
         )
