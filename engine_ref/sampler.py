@@ -36,21 +36,21 @@ def sample(
     logits: torch.Tensor, rows: list[SampleRow], generator: torch.Generator | None = None
 ) -> SamplerOutput:
     """Sample one token per row of logits [N, V] (any float dtype; modified in place where
-    tokens are banned). `generator` drives unseeded rows. An all-greedy batch without logprobs
-    is one argmax in the logits' own dtype (exact: upcasting preserves order); anything else
-    is computed in float32."""
+    tokens are banned). `generator` drives unseeded rows. Everything is computed in float32,
+    greedy argmax included: upcasting preserves order, and torch's CPU argmax over bfloat16
+    rows took 5.7 ms for [64, 49152] against 1.8 ms for the upcast plus a float32 argmax."""
     num_rows = logits.shape[0]
     for i, row in enumerate(rows):
         if row.banned_token_ids:
             logits[i, list(row.banned_token_ids)] = float("-inf")
 
+    logits = logits.float()
     greedy = [i for i, r in enumerate(rows) if r.params.is_greedy]
     if len(greedy) == num_rows:
         token_ids = logits.argmax(dim=-1).tolist()
         if all(r.params.logprobs is None for r in rows):
             return SamplerOutput(token_ids, [None] * num_rows)
-        return SamplerOutput(token_ids, _logprobs(logits.float(), rows, token_ids))
-    logits = logits.float()
+        return SamplerOutput(token_ids, _logprobs(logits, rows, token_ids))
     tokens = torch.empty(num_rows, dtype=torch.long, device=logits.device)
     if greedy:
         index = torch.tensor(greedy, device=logits.device)
