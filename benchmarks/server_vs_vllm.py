@@ -12,8 +12,11 @@ vLLM lives in its own virtual environment (never a dependency of this project):
     python benchmarks/server_vs_vllm.py --vllm-python /work/vllm-venv/bin/python
 
 Without --vllm-python only the reference engine runs. Each server is started, driven
-`--repeats` times (after one warm-up run that is not counted), then stopped; the engines take
-turns so drift on this shared machine hits both. Prints output tokens/s, TTFT and TPOT.
+`--repeats` times (after one warm-up run that is not counted), then stopped. One server runs at
+a time, in the order reference, vLLM with OMP_NUM_THREADS=2, vLLM with its default threads,
+then the reference engine again, so drift on this shared machine over the ~15 minutes shows
+up as a gap between the reference engine's two passes. Prints output tokens/s, TTFT and TPOT
+per run, and each engine's best.
 """
 
 from __future__ import annotations
@@ -123,19 +126,21 @@ def main() -> None:
             [*BENCH, "model", "export", "smollm2-135m", "--format", "hf", str(model_dir)],
             check=True,
         )
-    kinds = ["reference"] + (["vllm-omp2", "vllm-default"] if args.vllm_python else [])
+    kinds = ["reference"]
+    if args.vllm_python:
+        kinds += ["vllm-omp2", "vllm-default", "reference"]
     results: dict[str, list[dict]] = {k: [] for k in kinds}
     try:
-        for kind in kinds:
+        for turn, kind in enumerate(kinds):
             port = free_port()
-            log = work / f"{kind}.log"
+            log = work / f"{turn}-{kind}.log"
             proc = start_server(kind, args, model_dir, port, log)
             try:
                 wait_healthy(port, proc, 900, log)
                 print(f"{kind:13s} greedy: {PROBE_PROMPT!r} -> {greedy_probe(port)!r}", flush=True)
-                drive(port, work / f"{kind}-warmup", model_dir)
+                drive(port, work / f"{turn}-{kind}-warmup", model_dir)
                 for i in range(args.repeats):
-                    figures = drive(port, work / f"{kind}-{i}", model_dir)
+                    figures = drive(port, work / f"{turn}-{kind}-{i}", model_dir)
                     results[kind].append(figures)
                     print(f"{kind:13s} run {i}: {figures['output_tokens_per_s']:7.1f} output tok/s  "
                           f"TTFT p50/p99 {figures['ttft_p50_ms']:.0f}/{figures['ttft_p99_ms']:.0f} ms  "

@@ -15,19 +15,18 @@ of commands), so /metrics never touches the engine from the HTTP thread.
 The server defaults to the thread mode, with the engine built on its engine thread. That
 matters: with the model loaded on the main thread and stepped on another, libgomp keeps two
 OpenMP teams, counts more threads than cores and parks its workers after a few spins at every
-barrier. The same 64 x 128 x 64 smollm2-135m batch, in process, no HTTP, ran at 343-405 output
-tokens/s stepped on the thread that loaded it against 247-268 on another thread, and at 391
-with both load and steps on one non-main thread. (Measured with the scripts behind
-`benchmarks/server_vs_vllm.py`'s note; OMP_WAIT_POLICY=PASSIVE cost a further 15% there.)
-Measured with `benchmarks/server_loop_modes.py` before that fix (2-core machine, medians of
-interleaved rounds), the two modes streamed at the same rate within noise: tiny-random 64 x
-128 x 256, 4.49k (thread) vs 4.58k (process) output tokens/s; smollm2-135m 32 x 128 x 64, 130
-vs 133. The thread mode starts seconds sooner and holds one copy of torch. What did matter for
-the process mode: idle OpenMP workers must sleep, not spin, on a loaded machine
-(`OMP_WAIT_POLICY=PASSIVE`, set for the engine process: 227 -> 4,141 tokens/s on tiny-random),
-and output batches go over a bare pipe (through a `multiprocessing.Queue`, whose feeder thread
-waits for a core behind the OpenMP workers, batches arrived 11-200 ms apart instead of a
-steady 10 ms).
+barrier. `benchmarks/engine_thread_placement.py` (64 x 128 x 64 smollm2-135m, in process, no
+HTTP, medians of 2 rounds) measured 446 output tokens/s on the main thread, 327 built on the
+main thread and stepped on another, and 391 built and stepped on one other thread. Over HTTP
+(`benchmarks/server_loop_modes.py --model smollm2-135m -n 64 --input-len 128 --output-len
+128 --repeats 2`, modes alternating), the thread mode then streamed 317 output tokens/s
+against the process mode's 259 (ITL p50 142 vs 194 ms), and it starts sooner and holds one
+copy of torch. (Before the engine was built on its own thread the two modes tied, 130 vs
+133 at 32 x 128 x 64.) What matters for the process mode: idle OpenMP workers must sleep, not
+spin, on a loaded machine (`OMP_WAIT_POLICY=PASSIVE`, set for the engine process: 227 ->
+4,141 tokens/s on tiny-random), and output batches go over a bare pipe (through a
+`multiprocessing.Queue`, whose feeder thread waits for a core behind the OpenMP workers,
+batches arrived 11-200 ms apart instead of a steady 10 ms).
 """
 
 from __future__ import annotations

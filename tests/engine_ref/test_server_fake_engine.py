@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -391,3 +392,51 @@ def test_engine_loop_waits_instead_of_spinning_while_the_engine_is_stalled():
     # A 5 ms wait between fruitless steps allows at most ~100 in 0.5 s; spinning makes thousands.
     assert 1 <= calls <= 150
     assert status == 200 and answer["usage"]["completion_tokens"] == 3
+
+
+class _ThreadRecordingEngine(FakeEngine):
+    """Notes which threads build it and step it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.built_on = threading.get_ident()
+        self.stepped_on: set[int] = set()
+
+    def step(self):
+        self.stepped_on.add(threading.get_ident())
+        return super().step()
+
+
+def test_engine_loop_builds_the_engine_on_the_thread_that_steps_it():
+    built: list[_ThreadRecordingEngine] = []
+
+    def build():
+        built.append(_ThreadRecordingEngine())
+        return built[0]
+
+    loop = ThreadEngineLoop(build=build)
+    config = ServerConfig(port=0)
+    with running_server(config, engine_loop=loop) as url:
+        status, _, answer = asyncio.run(
+            _post(url, "/v1/completions", {"prompt": "Hi", "max_tokens": 4})
+        )
+    assert status == 200 and answer["usage"]["completion_tokens"] == 4
+    (engine,) = built
+    assert engine.built_on != threading.get_ident()  # not on the test's thread
+    assert engine.stepped_on == {engine.built_on}
+
+
+def test_engine_build_failure_surfaces_from_server_start():
+    def build():
+        raise ValueError("no such model file")
+
+    with pytest.raises(ValueError, match="no such model file"):
+        with running_server(ServerConfig(port=0), engine_loop=ThreadEngineLoop(build=build)):
+            pass
+
+
+def test_engine_loop_takes_an_engine_or_a_build_callable_not_both():
+    with pytest.raises(TypeError):
+        ThreadEngineLoop(FakeEngine(), build=FakeEngine)
+    with pytest.raises(TypeError):
+        ThreadEngineLoop()
