@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -53,12 +52,12 @@ def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
         "--model", config.model, "--host", "127.0.0.1", "--port", "0",
         "--port-file", str(port_file), *config.extra_args,
     ]  # fmt: skip
-    env = os.environ.copy()
-    # Idle OpenMP workers that spin take the cores the server's HTTP side needs (measured in
-    # benchmarks/server_loop_modes.py); let them sleep unless the user chose otherwise.
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # The server inherits this environment as it is. OMP_WAIT_POLICY=PASSIVE, which this
+    # once set, cost the thread-mode server 15% (`benchmarks/server_vs_vllm.py`, reference
+    # only: 232 vs 274 output tokens/s with libgomp's default policy), since its engine's
+    # OpenMP workers then sleep at every barrier.
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         base_url = _wait_ready(proc, port_file, log_path, config.startup_timeout_s)
         yield ManagedServer(base_url=base_url, pid=proc.pid, log_path=log_path)
