@@ -6,10 +6,13 @@ cached prefix). A layer's pool is head-major, [2 * kvh, num_blocks, block_size, 
 first, then value heads, each head's blocks contiguous. Seen as rows of one (head, block) each,
 [2 * kvh * num_blocks, block_size * hd], one index_select gathers a batch's keys and values
 straight into [2 * kvh, B, L, hd], where every (head, sequence) pair is a contiguous [L, hd]
-matrix that a batched matmul reads as it is (the token-major layout [num_blocks, block_size,
-2 * kvh, hd] this replaced needed a strided copy of K and V in every layer; at 64-way decode,
-context 144, bf16, 2 threads, a layer's decode attention went from 2.0 ms to 0.67 ms). Each
-layer stores the new K/V through `kv_write_index`, then attends with batched calls per group:
+matrix that a batched matmul reads as it is. The token-major layout [num_blocks, block_size,
+2 * kvh, hd] this replaced needed a strided copy of K and V in every layer: 17 ms of a 148 ms
+64-way decode step under torch.profiler. Five paired runs of `benchmarks/engine_throughput.py
+--skip-hf --scenarios equal --output-len 64` at the commit before and the one after this
+layout and the float32 greedy argmax (`farm-bench --vs`, 2-core machine) gave medians of 268
+vs 235 output tokens/s. Each layer stores the new K/V through `kv_write_index`, then attends
+with batched calls per group:
 
 - decode: the G = h / kvh query heads that share a KV head are folded into the query-length
   axis, so GQA needs no K/V expansion: q [kvh, Bd, G, hd] x k [kvh, Bd, L, hd], masked by
