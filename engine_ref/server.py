@@ -428,9 +428,12 @@ def build_engine_loop(config: ServerConfig) -> EngineLoop:
         return ProcessEngineLoop(config.engine)
 
     def build() -> Any:
-        from engine_ref import LLMEngine
+        from engine_ref import EngineError, LLMEngine
 
-        return LLMEngine(config.engine)
+        try:
+            return LLMEngine(config.engine)
+        except EngineError as exc:  # e.g. a KV cache too small for two blocks
+            raise ServerError(str(exc)) from None
 
     return ThreadEngineLoop(build=build)
 

@@ -58,6 +58,17 @@ def test_invalid_engine_option_is_one_sentence_and_exit_code_2():
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("engine_loop", ["thread", "process"])
+def test_engine_that_cannot_be_built_is_one_sentence_and_exit_code_2(engine_loop):
+    # A KV cache too small for two blocks: LLMEngine refuses it when it is built, which the
+    # thread mode does on its engine thread and the process mode in its child.
+    args = ["--model", "tiny-random", "--kv-cache-memory", "1KiB", "--port", "0"]
+    result = CliRunner().invoke(serve, [*args, "--engine-loop", engine_loop])
+    assert result.exit_code == 2, result.output
+    assert "holds fewer than 2 blocks" in result.output
+    assert "Traceback" not in result.output
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():
