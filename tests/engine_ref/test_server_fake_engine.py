@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from engine_ref.detokenizer import IncrementalDetokenizer
+from engine_ref.engine import CompletionOutput, RequestOutput
 from engine_ref.engine_config import SamplingParams
 from engine_ref.engine_loop import ThreadEngineLoop
 from engine_ref.scheduler import QueueFullError
@@ -21,25 +22,6 @@ from engine_ref.server import ServerConfig, running_server
 from engine_ref.tiny_random import build_tiny_tokenizer
 
 SCRIPT_TEXT = "Hello 東京 😀 world! "
-
-
-@dataclass
-class _Completion:
-    index: int
-    new_token_ids: list[int]
-    new_text: str
-    finish_reason: str | None
-    num_output_tokens: int
-    logprobs: list[dict[int, float]] | None = None
-
-
-@dataclass
-class _Output:
-    request_id: str
-    outputs: list[_Completion]
-    finished: bool
-    num_prompt_tokens: int
-    num_cached_tokens: int = 0
 
 
 @dataclass
@@ -116,7 +98,7 @@ class FakeEngine:
                 if request.params.logprobs is not None:
                     logprobs = [{token: -0.5, (token + 1) % 512: -1.5, (token + 2) % 512: -2.5}]
                 completions.append(
-                    _Completion(
+                    CompletionOutput(
                         index,
                         [token],
                         text,
@@ -125,7 +107,9 @@ class FakeEngine:
                         logprobs,
                     )
                 )
-            outputs.append(_Output(request.request_id, completions, done, len(request.prompt)))
+            outputs.append(
+                RequestOutput(request.request_id, completions, done, len(request.prompt), 0)
+            )
             if done:
                 del self.running[request.request_id]
         return outputs
