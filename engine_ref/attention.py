@@ -46,21 +46,23 @@ class DecodeGroup:
 
     start_row: int
     end_row: int
-    block_tables: torch.Tensor  # [Bg, nb] long
+    block_tables: torch.Tensor  # [Bg, nb] long, on the CPU: what kv_rows was built from
     kv_rows: torch.Tensor  # [2 * kvh * Bg * nb] long: pool rows (head, block), head-major
     mask: torch.Tensor  # [Bg, 1, nb * block_size] additive: 0 = attend, -inf = masked
 
 
 @dataclass(frozen=True)
 class AttentionMetadata:
-    """Per-step tensors shared by every layer. Decode rows come first in the flattened batch."""
+    """Per-step tensors shared by every layer. Decode rows come first in the flattened batch.
+    Slot mapping and block tables stay on the CPU: attention reads only the pool indexes
+    derived from them (`kv_write_index`, `kv_rows`), which live on the pools' device."""
 
     slot_mapping: torch.Tensor  # [T] long: flat pool slot (block * block_size + offset) per row
     kv_write_index: torch.Tensor  # [2 * kvh * T] long: head * num_slots + slot, head-major
     num_decode_tokens: int
     decode_groups: tuple[DecodeGroup, ...]
     num_prefill_tokens: int
-    prefill_block_tables: torch.Tensor | None  # [Bp, nbp] long
+    prefill_block_tables: torch.Tensor | None  # [Bp, nbp] long (CPU)
     prefill_kv_rows: torch.Tensor | None  # [2 * kvh * Bp * nbp] long, like DecodeGroup.kv_rows
     prefill_q_index: torch.Tensor | None  # [Bp * Qmax] long: prefill row feeding each padded slot
     prefill_out_index: torch.Tensor | None  # [Tp] long: padded slot holding each prefill row
@@ -120,7 +122,7 @@ def build_attention_metadata(
             DecodeGroup(
                 lo,
                 hi,
-                tables.to(device, non_blocking=True),
+                tables,
                 pool_rows(tables).to(device, non_blocking=True),
                 _additive(mask, dtype, device),
             )
@@ -156,12 +158,12 @@ def build_attention_metadata(
         return None if t is None else t.to(device, non_blocking=True)
 
     return AttentionMetadata(
-        slot_mapping=to(slot_mapping),
+        slot_mapping=slot_mapping,
         kv_write_index=to(kv_write_index),
         num_decode_tokens=num_decode,
         decode_groups=tuple(groups),
         num_prefill_tokens=num_prefill_tokens,
-        prefill_block_tables=to(prefill_tables),
+        prefill_block_tables=prefill_tables,
         prefill_kv_rows=to(prefill_rows),
         prefill_q_index=to(q_index),
         prefill_out_index=to(out_index),
