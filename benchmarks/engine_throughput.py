@@ -69,7 +69,7 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], lengths: list[int]) 
 def build_hf_model(loaded, dtype: torch.dtype):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine_ref.export import hf_config_dict
+    from engine_ref.loading.export import hf_config_dict
 
     config = LlamaConfig(**hf_config_dict(loaded, dtype))
     with torch.device("meta"):
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    from engine_ref.weights import load_model
+    from engine_ref.loading.weights import load_model
 
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     loaded = load_model(args.model, dtype=dtype)

@@ -1,9 +1,9 @@
 """The bundled reference engine: a compact paged-KV Llama engine on CPU or CUDA."""
 
-from engine_ref.engine import CompletionOutput, EngineError, LLMEngine, RequestOutput
-from engine_ref.engine_config import EngineConfig, EngineConfigError, SamplingParams
-from engine_ref.scheduler import QueueFullError
-from engine_ref.stats import EngineStats
+from engine_ref.core.engine import CompletionOutput, EngineError, LLMEngine, RequestOutput
+from engine_ref.core.engine_config import EngineConfig, EngineConfigError, SamplingParams
+from engine_ref.core.scheduler import QueueFullError
+from engine_ref.core.stats import EngineStats
 
 __all__ = [
     "CompletionOutput",

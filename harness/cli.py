@@ -29,11 +29,15 @@ Examples:
 LAZY_COMMANDS = {
     "workload": ("workloads.cli", "workload", "List, show and build workloads."),
     "serve": (
-        "engine_ref.cli_serve",
+        "engine_ref.serving.cli_serve",
         "serve",
         "Serve the reference engine over an OpenAI-compatible API.",
     ),
-    "model": ("engine_ref.cli_model", "model", "Fetch, list and export reference-engine models."),
+    "model": (
+        "engine_ref.serving.cli_model",
+        "model",
+        "Fetch, list and export reference-engine models.",
+    ),
     "report": ("reports.cli", "report", "Write a report card (HTML/JSON) for one or more runs."),
     "compare": (
         "reports.cli",
@@ -81,7 +85,7 @@ def bench(ctx: click.Context) -> None:
 
 
 def _load_tokenizer(name: str):
-    from engine_ref.weights import load_tokenizer
+    from engine_ref.loading.weights import load_tokenizer
 
     return load_tokenizer(name)
 
@@ -202,7 +206,7 @@ USER_ERRORS = (
     ("workloads", "WorkloadError"),
     ("slo", "SLOError"),
     ("reports", "ReportError"),
-    ("engine_ref.model_files", "ModelFileError"),
+    ("engine_ref.loading.model_files", "ModelFileError"),
 )
 
 

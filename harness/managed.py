@@ -18,7 +18,7 @@ from harness.errors import HarnessError
 
 @dataclass(frozen=True)
 class ManagedServerConfig:
-    """How to launch `python -m engine_ref.server`; `extra_args` are passed through verbatim."""
+    """How to launch `python -m engine_ref.serving.server`; `extra_args` are passed through verbatim."""
 
     model: str = "smollm2-135m"
     startup_timeout_s: float = 300.0
@@ -48,7 +48,7 @@ def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
     port_file = workdir / "port"
     log_path = workdir / "server.log"
     cmd = [
-        sys.executable, "-m", "engine_ref.server",
+        sys.executable, "-m", "engine_ref.serving.server",
         "--model", config.model, "--host", "127.0.0.1", "--port", "0",
         "--port-file", str(port_file), *config.extra_args,
     ]  # fmt: skip

@@ -57,7 +57,7 @@ def default_run_dir(config: RunConfig) -> Path:
 
 def load_tokenizer_for(config: RunConfig):
     """The tokenizer that counts prompt tokens (and output tokens where usage is missing)."""
-    from engine_ref.weights import load_tokenizer
+    from engine_ref.loading.weights import load_tokenizer
 
     name = config.tokenizer or (
         config.model if config.url is None and config.model else DEFAULT_MODEL

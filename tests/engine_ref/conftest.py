@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from gguf_writer_util import write_llama_gguf
 
-from engine_ref.model_files import ModelFileError, fetch_model
-from engine_ref.tiny_random import build_tiny_tokenizer
-from engine_ref.tokenizer import Tokenizer
-from engine_ref.weights import LoadedModel, load_model
+from engine_ref.loading.model_files import ModelFileError, fetch_model
+from engine_ref.loading.tiny_random import build_tiny_tokenizer
+from engine_ref.loading.tokenizer import Tokenizer
+from engine_ref.loading.weights import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine_ref.weights import LoadedModel
+from engine_ref.loading.weights import LoadedModel
 
 
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:

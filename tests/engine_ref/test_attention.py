@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine_ref.attention import build_attention_metadata, paged_attention
+from engine_ref.core.attention import build_attention_metadata, paged_attention
 
 INF = float("-inf")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine_ref.block_manager import BlockManager
-from engine_ref.detokenizer import IncrementalDetokenizer
-from engine_ref.engine_config import SamplingParams
-from engine_ref.sequence import Request, Sequence
+from engine_ref.core.block_manager import BlockManager
+from engine_ref.core.detokenizer import IncrementalDetokenizer
+from engine_ref.core.engine_config import SamplingParams
+from engine_ref.core.sequence import Request, Sequence
 
 BS = 4
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams
-from engine_ref.attention import build_attention_metadata, kv_pool_shape
-from engine_ref.config import ModelConfig
-from engine_ref.tiny_random import build_tiny_tokenizer, tiny_random_state_dict
+from engine_ref.core.attention import build_attention_metadata, kv_pool_shape
+from engine_ref.core.config import ModelConfig
+from engine_ref.loading.tiny_random import build_tiny_tokenizer, tiny_random_state_dict
 
 LOGPROB_ATOL = 1e-4
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_ref.detokenizer import IncrementalDetokenizer
-from engine_ref.tiny_random import build_tiny_tokenizer
+from engine_ref.core.detokenizer import IncrementalDetokenizer
+from engine_ref.loading.tiny_random import build_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

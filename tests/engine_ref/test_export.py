@@ -4,10 +4,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from engine_ref.cli_model import model as model_cli
-from engine_ref.export import export_hf
-from engine_ref.model_files import ModelFileError
-from engine_ref.weights import load_model
+from engine_ref.loading.export import export_hf
+from engine_ref.loading.model_files import ModelFileError
+from engine_ref.loading.weights import load_model
+from engine_ref.serving.cli_model import model as model_cli
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ import pytest
 import torch
 from gguf_writer_util import llama_cpp_permute
 
-from engine_ref.dequant import dequantize_to_torch
-from engine_ref.gguf_file import read_gguf, tensor_bytes
-from engine_ref.gguf_loader import hf_from_gguf_name, unpermute_qk
-from engine_ref.model_files import ModelFileError
-from engine_ref.weights import load_model, load_tokenizer
+from engine_ref.loading.dequant import dequantize_to_torch
+from engine_ref.loading.gguf_file import read_gguf, tensor_bytes
+from engine_ref.loading.gguf_loader import hf_from_gguf_name, unpermute_qk
+from engine_ref.loading.model_files import ModelFileError
+from engine_ref.loading.weights import load_model, load_tokenizer
 
 
 def _f16(x: float) -> bytes:

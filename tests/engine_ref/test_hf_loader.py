@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine_ref.hf_loader import config_from_hf
-from engine_ref.model_files import ModelFileError
-from engine_ref.weights import load_model, load_tokenizer
+from engine_ref.loading.hf_loader import config_from_hf
+from engine_ref.loading.model_files import ModelFileError
+from engine_ref.loading.weights import load_model, load_tokenizer
 
 BASE = {
     "model_type": "llama",
@@ -22,7 +22,7 @@ BASE = {
 
 @pytest.fixture
 def hf_dir(tmp_path, tiny_model):
-    from engine_ref.export import export_hf
+    from engine_ref.loading.export import export_hf
 
     return export_hf("tiny-random", tmp_path / "m", dtype="float32")
 

@@ -22,7 +22,7 @@ NEW_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
-    from engine_ref.weights import load_model
+    from engine_ref.loading.weights import load_model
 
     return load_model(smollm2_path, dtype=torch.float32)
 
@@ -32,7 +32,7 @@ def hf_model(smollm2):
     transformers = pytest.importorskip("transformers")
     LlamaConfig, LlamaForCausalLM = transformers.LlamaConfig, transformers.LlamaForCausalLM
 
-    from engine_ref.export import hf_config_dict
+    from engine_ref.loading.export import hf_config_dict
 
     config = LlamaConfig(**hf_config_dict(smollm2, torch.float32))
     model = LlamaForCausalLM(config).eval()

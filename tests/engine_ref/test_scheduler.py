@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine_ref.block_manager import BlockManager
-from engine_ref.detokenizer import IncrementalDetokenizer
-from engine_ref.engine_config import EngineConfig, SamplingParams
-from engine_ref.scheduler import QueueFullError, Scheduler
-from engine_ref.sequence import Request, Sequence, SequenceStatus
+from engine_ref.core.block_manager import BlockManager
+from engine_ref.core.detokenizer import IncrementalDetokenizer
+from engine_ref.core.engine_config import EngineConfig, SamplingParams
+from engine_ref.core.scheduler import QueueFullError, Scheduler
+from engine_ref.core.sequence import Request, Sequence, SequenceStatus
 
 _count = iter(range(10**6))
 

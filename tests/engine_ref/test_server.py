@@ -13,8 +13,8 @@ import aiohttp
 import openai
 import pytest
 
-from engine_ref.engine_config import EngineConfig
-from engine_ref.server import ServerConfig, running_server
+from engine_ref.core.engine_config import EngineConfig
+from engine_ref.serving.server import ServerConfig, running_server
 
 MODEL = "tiny-random"
 # 512 blocks of 16 tokens: plenty for these tests, and a small allocation.
@@ -273,7 +273,7 @@ def test_streams_never_split_utf8_characters(server_url):
     async def all_seeds():
         return await asyncio.gather(*(one(seed) for seed in range(6)))
 
-    from engine_ref.tiny_random import build_tiny_tokenizer
+    from engine_ref.loading.tiny_random import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     split_characters = 0

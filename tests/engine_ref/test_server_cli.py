@@ -1,5 +1,5 @@
 """The `serve` command: options generated from EngineConfig, user errors, and a real
-`python -m engine_ref.server` subprocess with the engine in its own process."""
+`python -m engine_ref.serving.server` subprocess with the engine in its own process."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import openai
 import pytest
 from click.testing import CliRunner
 
-from engine_ref.cli_serve import ByteSize, serve
+from engine_ref.serving.cli_serve import ByteSize, serve
 
 
 def test_options_mirror_engine_config_fields():
@@ -88,7 +88,7 @@ def test_process_mode_subprocess_serves_and_stops_cleanly(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "engine_ref.server",
+        "engine_ref.serving.server",
         "--model",
         "tiny-random",
         "--port",

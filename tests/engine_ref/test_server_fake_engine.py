@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import aiohttp
 import pytest
 
-from engine_ref.detokenizer import IncrementalDetokenizer
-from engine_ref.engine import CompletionOutput, RequestOutput
-from engine_ref.engine_config import SamplingParams
-from engine_ref.engine_loop import ThreadEngineLoop
-from engine_ref.scheduler import QueueFullError
-from engine_ref.server import ServerConfig, running_server
-from engine_ref.tiny_random import build_tiny_tokenizer
+from engine_ref.core.detokenizer import IncrementalDetokenizer
+from engine_ref.core.engine import CompletionOutput, RequestOutput
+from engine_ref.core.engine_config import SamplingParams
+from engine_ref.core.scheduler import QueueFullError
+from engine_ref.loading.tiny_random import build_tiny_tokenizer
+from engine_ref.serving.engine_loop import ThreadEngineLoop
+from engine_ref.serving.server import ServerConfig, running_server
 
 SCRIPT_TEXT = "Hello 東京 😀 world! "
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_ref.server_protocol import (
+from engine_ref.loading.tiny_random import build_tiny_tokenizer
+from engine_ref.serving.protocol import (
     ApiError,
     ChoiceAccumulator,
     TokenLogprob,
@@ -14,7 +15,6 @@ from engine_ref.server_protocol import (
     parse_chat_request,
     parse_completion_request,
 )
-from engine_ref.tiny_random import build_tiny_tokenizer
 
 MODEL = "tiny-random"
 MAX_LEN = 64

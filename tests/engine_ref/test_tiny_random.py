@@ -4,8 +4,8 @@ import time
 import pytest
 import torch
 
-from engine_ref.config import ModelConfig
-from engine_ref.weights import expected_weight_names, load_model, load_tokenizer
+from engine_ref.core.config import ModelConfig
+from engine_ref.loading.weights import expected_weight_names, load_model, load_tokenizer
 
 
 def test_config_is_the_documented_small_llama(tiny_model):
@@ -127,7 +127,7 @@ def test_load_tokenizer_matches_load_model(tiny_model):
 
 @pytest.mark.parametrize("dtype", ["int8", torch.int32])
 def test_bad_dtype_is_a_model_file_error(dtype):
-    from engine_ref.model_files import ModelFileError
+    from engine_ref.loading.model_files import ModelFileError
 
     with pytest.raises(ModelFileError):
         load_model("tiny-random", dtype=dtype)
@@ -141,7 +141,7 @@ def test_same_model_in_a_fresh_process(tiny_model):
 
     script = (
         "import hashlib\n"
-        "from engine_ref.weights import load_model\n"
+        "from engine_ref.loading.weights import load_model\n"
         "lm = load_model('tiny-random', dtype='float32')\n"
         "print(hashlib.sha256(lm.tokenizer.backend.to_str().encode()).hexdigest())\n"
         "print(hashlib.sha256(b''.join(t.numpy().tobytes() for t in lm.state_dict.values())).hexdigest())\n"

@@ -2,8 +2,8 @@ import pytest
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models
 
-from engine_ref.tokenizer import ChatTemplateError, Tokenizer, eos_ids_for
-from engine_ref.weights import load_tokenizer
+from engine_ref.loading.tokenizer import ChatTemplateError, Tokenizer, eos_ids_for
+from engine_ref.loading.weights import load_tokenizer
 
 SAMPLES = [
     "Hello world",

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from engine_ref.engine_config import EngineConfigError, SamplingParams
+from engine_ref.core.engine_config import EngineConfigError, SamplingParams
 
 _MAX_N = 64
 _MAX_LOGPROBS = 20

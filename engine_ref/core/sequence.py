@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine_ref.detokenizer import IncrementalDetokenizer
-from engine_ref.engine_config import SamplingParams
+from engine_ref.core.detokenizer import IncrementalDetokenizer
+from engine_ref.core.engine_config import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_ref.engine_config import SamplingParams
+from engine_ref.core.engine_config import SamplingParams
 
 
 @dataclass(frozen=True)

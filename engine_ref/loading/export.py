@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from engine_ref.model_files import ModelFileError
-from engine_ref.weights import LoadedModel, load_model, parse_dtype
+from engine_ref.loading.model_files import ModelFileError
+from engine_ref.loading.weights import LoadedModel, load_model, parse_dtype
 
 EXPORTED_FILES = (
     "config.json",

@@ -6,7 +6,7 @@ POST /v1/chat/completions (streaming SSE or not), GET /v1/models, GET /health, G
 A client that disconnects has its request aborted in the engine (the handler is cancelled, or
 its next write fails). A full waiting queue answers 429 with Retry-After.
 
-Run: `python -m engine_ref.server --model tiny-random --port 0`.
+Run: `python -m engine_ref.serving.server --model tiny-random --port 0`.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from typing import Any
 
 from aiohttp import web
 
-from engine_ref.engine_config import EngineConfig, EngineConfigError
-from engine_ref.engine_loop import (
+from engine_ref.core.engine_config import EngineConfig, EngineConfigError
+from engine_ref.core.scheduler import QueueFullError
+from engine_ref.serving.engine_loop import (
     ENGINE_LOOP_MODES,
     EngineLoop,
     EngineLoopError,
     ProcessEngineLoop,
     ThreadEngineLoop,
 )
-from engine_ref.scheduler import QueueFullError
-from engine_ref.server_metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
-from engine_ref.server_protocol import (
+from engine_ref.serving.metrics import CONTENT_TYPE, RequestTimer, ServerMetrics
+from engine_ref.serving.protocol import (
     ApiError,
     ChoiceAccumulator,
     GenerationRequest,
@@ -49,7 +49,7 @@ from engine_ref.server_protocol import (
     usage_body,
 )
 
-LOG = logging.getLogger("engine_ref.server")
+LOG = logging.getLogger("engine_ref.serving.server")
 _STATE = web.AppKey("engine_ref_server_state", object)
 
 
@@ -519,10 +519,10 @@ def running_server(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m engine_ref.server ...`: the `serve` command run standalone."""
-    from engine_ref.cli_serve import serve as serve_command
+    """`python -m engine_ref.serving.server ...`: the `serve` command run standalone."""
+    from engine_ref.serving.cli_serve import serve as serve_command
 
-    serve_command.main(args=argv, prog_name="python -m engine_ref.server")
+    serve_command.main(args=argv, prog_name="python -m engine_ref.serving.server")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 
-from engine_ref.sequence import Sequence
+from engine_ref.core.sequence import Sequence
 
 HashFn = Callable[[int, tuple[int, ...]], int]
 

@@ -7,8 +7,8 @@ import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from engine_ref.config import ModelConfig
-from engine_ref.tokenizer import Tokenizer
+from engine_ref.core.config import ModelConfig
+from engine_ref.loading.tokenizer import Tokenizer
 
 TINY_RANDOM_SEED = 0
 TINY_VOCAB_SIZE = 512

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from engine_ref.model_files import (
+from engine_ref.loading.model_files import (
     DEFAULT_MODEL,
     KNOWN_MODELS,
     ModelFileError,
@@ -61,7 +61,7 @@ def fetch(name: str) -> None:
 def export(name_or_path: str, out_dir: str, fmt: str, dtype: str) -> None:
     """Write NAME_OR_PATH (a registered name, .gguf file or HF directory) to OUT_DIR as the
     exact weights and tokenizer the engine runs."""
-    from engine_ref.export import export_hf
+    from engine_ref.loading.export import export_hf
 
     started_s = time.perf_counter()
     try:

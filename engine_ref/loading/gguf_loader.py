@@ -15,11 +15,11 @@ import torch
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
-from engine_ref.config import ModelConfig
-from engine_ref.dequant import dequantize_to_torch
-from engine_ref.gguf_file import read_gguf, tensor_bytes
-from engine_ref.model_files import ModelFileError
-from engine_ref.tokenizer import Tokenizer, eos_ids_for
+from engine_ref.core.config import ModelConfig
+from engine_ref.loading.dequant import dequantize_to_torch
+from engine_ref.loading.gguf_file import read_gguf, tensor_bytes
+from engine_ref.loading.model_files import ModelFileError
+from engine_ref.loading.tokenizer import Tokenizer, eos_ids_for
 
 # GGUF tensor names -> Hugging Face Llama names (per-layer names use {i}).
 _GLOBAL_NAMES = {

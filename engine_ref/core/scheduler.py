@@ -13,9 +13,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from engine_ref.block_manager import BlockManager
-from engine_ref.engine_config import EngineConfig
-from engine_ref.sequence import Sequence, SequenceStatus
+from engine_ref.core.block_manager import BlockManager
+from engine_ref.core.engine_config import EngineConfig
+from engine_ref.core.sequence import Sequence, SequenceStatus
 
 
 class QueueFullError(RuntimeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine_ref.model_files import ModelFileError
+from engine_ref.loading.model_files import ModelFileError
 
 # ggml block layouts (ggml-common.h): 32 values per block
 _QK = 32

@@ -1,7 +1,7 @@
 """Public entry for model files: `load_model` and `load_tokenizer`.
 
 ```python
-from engine_ref.weights import load_model
+from engine_ref.loading.weights import load_model
 lm = load_model("smollm2-135m", dtype=torch.bfloat16, device="cpu")
 lm.config, lm.state_dict, lm.tokenizer, lm.source
 ```
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from engine_ref.config import ModelConfig
-from engine_ref.model_files import ModelFileError, ResolvedModel, resolve_model, sha256_of
-from engine_ref.tokenizer import Tokenizer
+from engine_ref.core.config import ModelConfig
+from engine_ref.loading.model_files import ModelFileError, ResolvedModel, resolve_model, sha256_of
+from engine_ref.loading.tokenizer import Tokenizer
 
 __all__ = ["LoadedModel", "ModelFileError", "load_model", "load_tokenizer", "parse_dtype"]
 
@@ -96,19 +96,19 @@ def load_model(
     torch_dtype = parse_dtype(dtype)
     resolved = resolve_model(name_or_path)
     if resolved.format == "random":
-        from engine_ref import tiny_random
+        from engine_ref.loading import tiny_random
 
         tokenizer = tiny_random.build_tiny_tokenizer()
         config = tiny_random.tiny_random_config(tokenizer.vocab_size)
         state_dict = tiny_random.tiny_random_state_dict(config, dtype=torch_dtype)
     elif resolved.format == "gguf":
-        from engine_ref import gguf_loader
+        from engine_ref.loading import gguf_loader
 
         config, state_dict, tokenizer = gguf_loader.load_gguf(
             resolved.path, dtype=torch_dtype, name=resolved.name
         )
     else:
-        from engine_ref import hf_loader
+        from engine_ref.loading import hf_loader
 
         config, state_dict, tokenizer = hf_loader.load_hf_dir(
             resolved.path, dtype=torch_dtype, name=resolved.name
@@ -126,14 +126,14 @@ def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Tokenizer:
     needed). Raises `ModelFileError` on bad input."""
     resolved = resolve_model(name_or_path)
     if resolved.format == "random":
-        from engine_ref.tiny_random import build_tiny_tokenizer
+        from engine_ref.loading.tiny_random import build_tiny_tokenizer
 
         return build_tiny_tokenizer()
     if resolved.format == "gguf":
-        from engine_ref.gguf_loader import load_gguf_tokenizer
+        from engine_ref.loading.gguf_loader import load_gguf_tokenizer
 
         return load_gguf_tokenizer(resolved.path, name=resolved.name)
-    from engine_ref.hf_loader import load_hf_tokenizer
+    from engine_ref.loading.hf_loader import load_hf_tokenizer
 
     return load_hf_tokenizer(resolved.path, name=resolved.name)
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine_ref.attention import AttentionMetadata, paged_attention
-from engine_ref.config import ModelConfig
+from engine_ref.core.attention import AttentionMetadata, paged_attention
+from engine_ref.core.config import ModelConfig
 
 # One layer's KV pool [num_blocks, block_size, 2 * kvh, hd]: keys in heads :kvh, values after.
 KVCache = torch.Tensor

@@ -15,15 +15,15 @@ from typing import Any
 
 import torch
 
-from engine_ref.attention import build_attention_metadata, kv_pool_shape
-from engine_ref.block_manager import BlockManager, HashFn, default_hash
-from engine_ref.detokenizer import IncrementalDetokenizer
-from engine_ref.engine_config import EngineConfig, SamplingParams
-from engine_ref.model import LlamaModel
-from engine_ref.sampler import SampleRow, sample
-from engine_ref.scheduler import ScheduledBatch, Scheduler
-from engine_ref.sequence import Request, Sequence, SequenceStatus
-from engine_ref.stats import EngineStats
+from engine_ref.core.attention import build_attention_metadata, kv_pool_shape
+from engine_ref.core.block_manager import BlockManager, HashFn, default_hash
+from engine_ref.core.detokenizer import IncrementalDetokenizer
+from engine_ref.core.engine_config import EngineConfig, SamplingParams
+from engine_ref.core.model import LlamaModel
+from engine_ref.core.sampler import SampleRow, sample
+from engine_ref.core.scheduler import ScheduledBatch, Scheduler
+from engine_ref.core.sequence import Request, Sequence, SequenceStatus
+from engine_ref.core.stats import EngineStats
 
 
 class EngineError(ValueError):
@@ -52,7 +52,7 @@ class RequestOutput:
 
 
 class LLMEngine:
-    """The reference engine. `loaded` (an `engine_ref.weights.LoadedModel`, or anything with
+    """The reference engine. `loaded` (an `engine_ref.loading.weights.LoadedModel`, or anything with
     `config`, `state_dict` and `tokenizer`) skips loading `config.model`. `hash_fn` replaces
     the prefix-cache hash (tests force collisions with it)."""
 
@@ -67,7 +67,7 @@ class LLMEngine:
         if self.device.type == "cpu":
             torch.set_num_threads(config.threads())
         if loaded is None:
-            from engine_ref.weights import load_model
+            from engine_ref.loading.weights import load_model
 
             loaded = load_model(config.model, dtype=self.dtype)
         self.model_config = loaded.config

@@ -10,9 +10,9 @@ from typing import Any
 import tokenizers
 import torch
 
-from engine_ref.config import ModelConfig
-from engine_ref.model_files import ModelFileError
-from engine_ref.tokenizer import Tokenizer, eos_ids_for
+from engine_ref.core.config import ModelConfig
+from engine_ref.loading.model_files import ModelFileError
+from engine_ref.loading.tokenizer import Tokenizer, eos_ids_for
 
 _SUPPORTED_MODEL_TYPES = ("llama",)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from engine_ref.model_files import GGUF_MAGIC, ModelFileError
+from engine_ref.loading.model_files import GGUF_MAGIC, ModelFileError
 
 _SCALARS = {  # GGUF value type -> (struct format, numpy dtype)
     0: ("<B", np.uint8),
