@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from engine_ref.loading.weights import load_tokenizer
+from engine_ref.loading import load_tokenizer
 from workloads import WorkloadOptions, resolve_workload
 from workloads.prompts import PromptSynthesizer
 

@@ -85,7 +85,7 @@ def bench(ctx: click.Context) -> None:
 
 
 def _load_tokenizer(name: str):
-    from engine_ref.loading.weights import load_tokenizer
+    from engine_ref.loading import load_tokenizer
 
     return load_tokenizer(name)
 
@@ -207,6 +207,7 @@ USER_ERRORS = (
     ("slo", "SLOError"),
     ("reports", "ReportError"),
     ("engine_ref.loading.model_files", "ModelFileError"),
+    ("slo.runrecord.errors", "RunRecordError"),
 )
 
 

@@ -16,7 +16,7 @@ _SHARED = (
     click.option(
         "--endpoint",
         type=click.Choice(["completions", "chat"]),
-        help="API to drive (default completions).",
+        help="API to drive (default: the workload's own endpoint, else completions).",
     ),
     click.option(
         "--workload",

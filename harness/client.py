@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-ENDPOINT_PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 
 
 @dataclass(slots=True)
@@ -39,8 +39,8 @@ class RawResult:
     http_status: int | None = None
     reads: list[tuple[int, bytes]] = field(default_factory=list)
     body: bytes | None = None
-    status: str | None = None  # set only when the transport already decided the outcome
-    error_class: str | None = None
+    status: RequestStatus | None = None  # set only when the transport decided the outcome
+    error_class: ErrorClass | None = None
     error_message: str | None = None
 
 
@@ -50,24 +50,23 @@ class ClientOptions:
 
     base_url: str
     model: str
-    endpoint: str = "completions"
+    endpoint: Endpoint = Endpoint.COMPLETIONS
     stream: bool = True
     timeout_s: float = 600.0
     api_key: str | None = None
 
     def __post_init__(self) -> None:
-        if self.endpoint not in ENDPOINT_PATHS:
-            raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}")
+        object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
 
     @property
     def url(self) -> str:
-        return self.base_url.rstrip("/") + ENDPOINT_PATHS[self.endpoint]
+        return self.base_url.rstrip("/") + self.endpoint.path
 
     @property
     def is_chat(self) -> bool:
-        return self.endpoint == "chat"
+        return self.endpoint is Endpoint.CHAT
 
 
 def build_body(options: ClientOptions, spec: dict) -> bytes:
@@ -103,6 +102,28 @@ def make_session(options: ClientOptions, *, max_connections: int) -> aiohttp.Cli
     )
 
 
+class AiohttpTransport:
+    """The default transport (see `harness.transport.Transport`): one aiohttp session for the
+    whole run, its connection pool sized to the concurrency. Use as an async context manager."""
+
+    def __init__(self, options: ClientOptions, *, max_connections: int) -> None:
+        self.options = options
+        self.max_connections = max_connections
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AiohttpTransport:
+        self.session = make_session(self.options, max_connections=self.max_connections)
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def handle_request(self, payload: RequestPayload, result: RawResult) -> None:
+        await send(self.session, self.options, payload, result)
+
+
 async def send(
     session: aiohttp.ClientSession,
     options: ClientOptions,
@@ -134,26 +155,32 @@ async def send(
                 result.t_done_ns = clock()
     except TimeoutError:
         _set_error(
-            result, "timeout", "timeout", f"no complete response within {options.timeout_s:g} s"
+            result,
+            RequestStatus.TIMEOUT,
+            ErrorClass.TIMEOUT,
+            f"no complete response within {options.timeout_s:g} s",
         )
     except asyncio.CancelledError:
-        _set_error(result, "cancelled", None, "the run stopped while the request was in flight")
+        _set_error(
+            result, RequestStatus.CANCELLED, None, "the run stopped while the request was in flight"
+        )
         raise
     except aiohttp.ClientConnectorError as exc:
         refused = exc.os_error is not None and exc.os_error.errno == errno.ECONNREFUSED
-        error_class = "connection_refused" if refused else "connection_error"
-        _set_error(result, "error", error_class, _one_line(exc))
+        error_class = ErrorClass.CONNECTION_REFUSED if refused else ErrorClass.CONNECTION_ERROR
+        _set_error(result, RequestStatus.ERROR, error_class, _one_line(exc))
     except (
         aiohttp.ServerDisconnectedError,
         aiohttp.ClientPayloadError,
         ConnectionResetError,
     ) as exc:
-        _set_error(result, "error", "connection_reset", _one_line(exc))
+        _set_error(result, RequestStatus.ERROR, ErrorClass.CONNECTION_RESET, _one_line(exc))
     except aiohttp.ClientOSError as exc:
         reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
-        _set_error(result, "error", "connection_reset" if reset else "client_error", _one_line(exc))
+        error_class = ErrorClass.CONNECTION_RESET if reset else ErrorClass.CLIENT_ERROR
+        _set_error(result, RequestStatus.ERROR, error_class, _one_line(exc))
     except aiohttp.ClientError as exc:
-        _set_error(result, "error", "client_error", _one_line(exc))
+        _set_error(result, RequestStatus.ERROR, ErrorClass.CLIENT_ERROR, _one_line(exc))
     finally:
         if result.t_done_ns is None:
             result.t_done_ns = clock()
@@ -163,11 +190,11 @@ def _classify_http(result: RawResult) -> None:
     status = result.http_status or 0
     message = _error_message(result.body or b"")
     if status == 429:
-        _set_error(result, "rejected", "rejected_429", message)
+        _set_error(result, RequestStatus.REJECTED, ErrorClass.REJECTED_429, message)
     elif 400 <= status < 500:
-        _set_error(result, "error", "http_4xx", message)
+        _set_error(result, RequestStatus.ERROR, ErrorClass.HTTP_4XX, message)
     else:
-        _set_error(result, "error", "http_5xx", message)
+        _set_error(result, RequestStatus.ERROR, ErrorClass.HTTP_5XX, message)
 
 
 def _error_message(body: bytes) -> str:
@@ -181,7 +208,9 @@ def _error_message(body: bytes) -> str:
         return body[:300].decode("utf-8", "replace")
 
 
-def _set_error(result: RawResult, status: str, error_class: str | None, message: str) -> None:
+def _set_error(
+    result: RawResult, status: RequestStatus, error_class: ErrorClass | None, message: str
+) -> None:
     result.status = status
     result.error_class = error_class
     result.error_message = message

@@ -6,8 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.client import ENDPOINT_PATHS
 from harness.errors import HarnessError
+from slo.runrecord import Endpoint
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class RunConfig:
     workload: str = "random"
     url: str | None = None
     model: str | None = None
-    endpoint: str = "completions"
+    endpoint: Endpoint | None = None  # None: the workload's own, else completions
     stream: bool = True
     num_requests: int | None = None
     duration_s: float | None = None
@@ -75,10 +75,11 @@ class RunConfig:
             positive(name, getattr(self, name))
         if self.warmup < 0:
             raise HarnessError(f"--warmup must be zero or more, got {self.warmup!r}.")
-        if self.endpoint not in ENDPOINT_PATHS:
-            raise HarnessError(
-                f"--endpoint must be one of {', '.join(sorted(ENDPOINT_PATHS))}, got {self.endpoint!r}."
-            )
+        if self.endpoint is not None:
+            if self.endpoint not in set(Endpoint):
+                names = ", ".join(e.value for e in Endpoint)
+                raise HarnessError(f"--endpoint must be one of {names}, got {self.endpoint!r}.")
+            object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise HarnessError(f"--url must start with http:// or https://, got {self.url!r}.")
         if self.burstiness is not None and self.request_rate in (None, math.inf):

@@ -13,9 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import aiohttp
-
-from harness.client import ClientOptions, RawResult, RequestPayload, send
+from harness.client import RawResult, RequestPayload
+from harness.transport import Transport
 
 
 class LoadObserver(Protocol):
@@ -64,8 +63,7 @@ class LoadResult:
 
 
 async def run_load(
-    session: aiohttp.ClientSession,
-    options: ClientOptions,
+    transport: Transport,
     plan: LoadPlan,
     on_result: Callable[[RawResult], None],
     observer: LoadObserver | None = None,
@@ -73,6 +71,8 @@ async def run_load(
     start_callback: Callable[[int], None] | None = None,
 ) -> LoadResult:
     """Run warm-up, then the measured phase; call `on_result` once for every request sent.
+
+    Every request goes out through `transport.handle_request` (the seam fault injectors wrap).
 
     `start_callback(t0_ns)` is called when the measured phase starts; all of that phase's
     scheduled times are `t0_ns + arrival_s * 1e9`. Cancelling this coroutine cancels every
@@ -88,7 +88,7 @@ async def run_load(
         try:
             if observer is not None:
                 observer.on_sent(raw)
-            await send(session, options, payload, raw)
+            await transport.handle_request(payload, raw)
         finally:
             if acquired:
                 limit.release()
@@ -122,7 +122,7 @@ async def run_load(
             )
         else:
             outcome.num_scheduled, outcome.stopped_by_duration = await _closed_loop(
-                plan, t0, deadline_ns, session, options, on_result, observer
+                plan, t0, deadline_ns, transport, on_result, observer
             )
         if tasks:
             await asyncio.gather(*list(tasks))
@@ -153,9 +153,7 @@ async def _open_loop(plan, t0, deadline_ns, limit, launch) -> tuple[int, bool]:
     return sent, False
 
 
-async def _closed_loop(
-    plan, t0, deadline_ns, session, options, on_result, observer
-) -> tuple[int, bool]:
+async def _closed_loop(plan, t0, deadline_ns, transport, on_result, observer) -> tuple[int, bool]:
     clock = time.perf_counter_ns
     queue = iter(plan.payloads)
     counters = {"sent": 0, "stopped": False}
@@ -174,7 +172,7 @@ async def _closed_loop(
             try:
                 if observer is not None:
                     observer.on_sent(raw)
-                await send(session, options, payload, raw)
+                await transport.handle_request(payload, raw)
             finally:
                 on_result(raw)
                 if observer is not None:

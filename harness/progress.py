@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.client import RawResult
+from slo.runrecord import RequestStatus
 
 
 class ProgressDisplay:
@@ -52,7 +53,7 @@ class ProgressDisplay:
             return
         self.in_flight -= 1
         self.done += 1
-        if raw.status not in (None, "ok"):
+        if raw.status not in (None, RequestStatus.OK):
             self.failed += 1
         self.events += sum(data.count(b"data:") for _, data in raw.reads)
         self._refresh()

@@ -1,27 +1,19 @@
-"""The run directory writer: manifest first, then request and chunk rows in row groups.
+"""The harness side of the run directory: parse raw results in batches and hand the rows to
+`slo.runrecord.RunWriter`, which owns the files and their schemas.
 
-Rows are parsed and written in batches (`flush`), off the per-read hot path. The manifest is
-written at the start with `complete: false` and rewritten at the end, so an interrupted run is
-readable and says so.
+Raw results are kept until `flush` (every few seconds), so no parsing sits on the per-read hot
+path; each flush appends one row group per table, so an interrupted run is readable.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from harness.client import RawResult
 from harness.errors import HarnessError
 from harness.records import RecordContext, to_rows
-from slo.run_tables import CHUNKS_SCHEMA, REQUESTS_SCHEMA
-
-MANIFEST_SCHEMA_VERSION = 1
+from slo.runrecord import RunManifest, RunWriter
 
 
 def prepare_run_dir(path: Path) -> Path:
@@ -45,36 +37,23 @@ def prepare_run_dir(path: Path) -> Path:
     return path
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 @dataclass
 class RunRecorder:
-    """Accumulates raw results and writes them to `requests.parquet` / `chunks.parquet`."""
+    """Accumulates raw results and writes them through a `RunWriter`."""
 
     run_dir: Path
     context: RecordContext
     input_tokens: dict[str, int]
-    manifest: dict
+    manifest: RunManifest
     _pending: list[RawResult] = field(default_factory=list)
-    _writers: dict[str, pq.ParquetWriter] = field(default_factory=dict)
-    _counts: dict[str, int] = field(default_factory=dict)
-    closed: bool = False
+    writer: RunWriter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.manifest.update(schema_version=MANIFEST_SCHEMA_VERSION, complete=False)
-        write_json_atomic(self.run_dir / "manifest.json", self.manifest)
-        for name, schema in (
-            ("requests", REQUESTS_SCHEMA),
-            ("chunks", CHUNKS_SCHEMA),
-            ("warmup", REQUESTS_SCHEMA),
-        ):
-            self._writers[name] = pq.ParquetWriter(self.run_dir / f"{name}.parquet", schema)
-            self._counts[name] = 0
+        self.writer = RunWriter(self.run_dir, self.manifest)
+
+    @property
+    def closed(self) -> bool:
+        return self.writer.closed
 
     def add(self, raw: RawResult) -> None:
         """Keep a finished request's raw timeline until the next flush (cheap: no parsing)."""
@@ -85,56 +64,23 @@ class RunRecorder:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        rows, warm_rows, chunk_rows = [], [], []
+        records, warm_records, chunk_rows = [], [], []
         for raw in pending:
-            row, chunks = to_rows(raw, self.input_tokens.get(raw.request_id), self.context)
+            record, chunks = to_rows(raw, self.input_tokens.get(raw.request_id), self.context)
             if raw.is_warmup:
-                warm_rows.append(row)
+                warm_records.append(record)
             else:
-                rows.append(row)
+                records.append(record)
                 chunk_rows.extend(chunks)
-        self._write(
-            "requests",
-            REQUESTS_SCHEMA,
-            pa.Table.from_pylist(rows, REQUESTS_SCHEMA) if rows else None,
-        )
-        self._write(
-            "warmup",
-            REQUESTS_SCHEMA,
-            pa.Table.from_pylist(warm_rows, REQUESTS_SCHEMA) if warm_rows else None,
-        )
-        if chunk_rows:
-            columns = list(zip(*chunk_rows, strict=True))
-            table = pa.Table.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(columns, CHUNKS_SCHEMA, strict=True)],
-                schema=CHUNKS_SCHEMA,
-            )
-            self._write("chunks", CHUNKS_SCHEMA, table)
+        self.writer.append_requests(records)
+        self.writer.append_warmup(warm_records)
+        self.writer.append_chunks(chunk_rows)
 
-    def _write(self, name: str, schema: pa.Schema, table: pa.Table | None) -> None:
-        if table is None or table.num_rows == 0:
-            return
-        self._writers[name].write_table(table)
-        self._counts[name] += table.num_rows
-
-    def close(
-        self, *, complete: bool, reason: str | None = None, extra: dict | None = None
-    ) -> None:
+    def close(self, *, complete: bool, reason: str | None = None, **manifest_changes) -> None:
         """Flush, close the tables and rewrite the manifest with the run's end state. Idempotent."""
         if self.closed:
             return
         try:
             self.flush()
         finally:
-            for writer in self._writers.values():
-                writer.close()
-            self.closed = True
-            self.manifest.update(
-                complete=complete,
-                interrupted_reason=reason,
-                ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                num_requests_recorded=self._counts["requests"],
-                num_warmup_recorded=self._counts["warmup"],
-                **(extra or {}),
-            )
-            write_json_atomic(self.run_dir / "manifest.json", self.manifest)
+            self.writer.close(complete=complete, reason=reason, **manifest_changes)

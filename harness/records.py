@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from harness.client import RawResult
 from harness.sse import ParsedStream, parse_body, parse_stream
+from slo.runrecord import RequestRecord, RequestStatus, TokenSource
 
 TokenCounter = Callable[[str], int]
 
@@ -27,8 +28,8 @@ def _rel(t_ns: int | None, t0_ns: int) -> int | None:
 
 def to_rows(
     raw: RawResult, input_tokens: int | None, ctx: RecordContext
-) -> tuple[dict, list[tuple]]:
-    """Build the request row (a dict) and its chunk rows `(request_id, t_ns, n_tokens, n_chars)`."""
+) -> tuple[RequestRecord, list[tuple]]:
+    """Build the request record and its chunk rows `(request_id, t_ns, n_tokens, n_chars)`."""
     parsed: ParsedStream | None = None
     status, error_class, error_message = raw.status, raw.error_class, raw.error_message
     if status is None:
@@ -38,9 +39,10 @@ def to_rows(
         else:
             parsed = parse_stream(raw.reads, chat=ctx.is_chat)
         if parsed.error_class is None:
-            status = "ok"
+            status = RequestStatus.OK
         else:
-            status, error_class, error_message = "error", parsed.error_class, parsed.error_message
+            status = RequestStatus.ERROR
+            error_class, error_message = parsed.error_class, parsed.error_message
     elif raw.reads:  # failed mid-stream: keep what arrived
         parsed = parse_stream(raw.reads, chat=ctx.is_chat)
 
@@ -50,11 +52,11 @@ def to_rows(
     client_tokens = sum(n for _, n, _ in parsed.chunks) if parsed else 0
     usage_completion = usage.get("completion_tokens")
     if usage_completion is not None:
-        output_tokens, source = int(usage_completion), "usage"
+        output_tokens, source = int(usage_completion), TokenSource.USAGE
     elif ctx.count_tokens is not None and text:
-        output_tokens, source = ctx.count_tokens(text), "tokenizer"
+        output_tokens, source = ctx.count_tokens(text), TokenSource.TOKENIZER
     else:
-        output_tokens, source = client_tokens, "chunk_count"
+        output_tokens, source = client_tokens, TokenSource.CHUNK_COUNT
     if raw.body is not None and parsed is not None and parsed.chunks:
         # A non-streamed response is one chunk holding every token.
         t, _, n_chars = parsed.chunks[-1]
@@ -62,30 +64,30 @@ def to_rows(
         client_tokens = output_tokens
 
     t0 = ctx.t0_ns
-    row = {
-        "request_id": raw.request_id,
-        "t_scheduled_ns": _rel(raw.t_scheduled_ns, t0),
-        "t_sent_ns": _rel(raw.t_sent_ns, t0),
-        "t_first_byte_ns": _rel(raw.t_first_byte_ns, t0),
-        "t_first_token_ns": _rel(token_times[0], t0) if token_times else None,
-        "t_last_token_ns": _rel(token_times[-1], t0) if token_times else None,
-        "t_done_ns": _rel(raw.t_done_ns, t0),
-        "status": status,
-        "http_status": raw.http_status,
-        "error_class": error_class,
-        "error_message": error_message,
-        "finish_reason": parsed.finish_reason if parsed else None,
-        "input_tokens": input_tokens,
-        "usage_prompt_tokens": usage.get("prompt_tokens"),
-        "usage_completion_tokens": usage_completion,
-        "client_output_tokens": client_tokens,
-        "output_tokens": output_tokens,
-        "output_tokens_source": source,
-        "output_chars": len(text),
-        "output_sha256": hashlib.sha256(text.encode()).hexdigest() if parsed else None,
-        "num_chunks": len(parsed.chunks) if parsed else 0,
-        "is_warmup": raw.is_warmup,
-    }
+    record = RequestRecord(
+        request_id=raw.request_id,
+        t_scheduled_ns=_rel(raw.t_scheduled_ns, t0),
+        t_sent_ns=_rel(raw.t_sent_ns, t0),
+        t_first_byte_ns=_rel(raw.t_first_byte_ns, t0),
+        t_first_token_ns=_rel(token_times[0], t0) if token_times else None,
+        t_last_token_ns=_rel(token_times[-1], t0) if token_times else None,
+        t_done_ns=_rel(raw.t_done_ns, t0),
+        status=status,
+        http_status=raw.http_status,
+        error_class=error_class,
+        error_message=error_message,
+        finish_reason=parsed.finish_reason if parsed else None,
+        input_tokens=input_tokens,
+        usage_prompt_tokens=usage.get("prompt_tokens"),
+        usage_completion_tokens=usage_completion,
+        client_output_tokens=client_tokens,
+        output_tokens=output_tokens,
+        output_tokens_source=source,
+        output_chars=len(text),
+        output_sha256=hashlib.sha256(text.encode()).hexdigest() if parsed else None,
+        num_chunks=len(parsed.chunks) if parsed else 0,
+        is_warmup=raw.is_warmup,
+    )
     rid = raw.request_id
     chunks = [(rid, t - t0, n, c) for t, n, c in parsed.chunks] if parsed else []
-    return row, chunks
+    return record, chunks

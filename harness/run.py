@@ -10,22 +10,25 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 from rich.console import Console
 
 import harness
-from harness.client import ClientOptions, RawResult, RequestPayload, build_body, make_session
+from harness.client import AiohttpTransport, ClientOptions, RawResult, RequestPayload, build_body
 from harness.config import RunConfig
 from harness.environment import git_sha, hardware_info, software_versions
 from harness.errors import HarnessError
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServerConfig, managed_server
 from harness.progress import ProgressDisplay
-from harness.recorder import RunRecorder, prepare_run_dir, write_json_atomic
+from harness.recorder import RunRecorder, prepare_run_dir
 from harness.records import RecordContext
 from harness.scraper import MetricsScraper
+from harness.transport import Transport
+from slo.runrecord import Endpoint, RunManifest, RunSummary, write_summary
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -57,7 +60,7 @@ def default_run_dir(config: RunConfig) -> Path:
 
 def load_tokenizer_for(config: RunConfig):
     """The tokenizer that counts prompt tokens (and output tokens where usage is missing)."""
-    from engine_ref.loading.weights import load_tokenizer
+    from engine_ref.loading import load_tokenizer
 
     name = config.tokenizer or (
         config.model if config.url is None and config.model else DEFAULT_MODEL
@@ -155,6 +158,7 @@ def run_benchmark(
     quiet: bool = True,
     target: tuple[str, dict] | None = None,
     tokenizer=None,
+    transport: Transport | None = None,
 ) -> RunOutcome:
     """Run one benchmark end to end and return where its run directory is.
 
@@ -162,34 +166,110 @@ def run_benchmark(
     stops the run: in-flight requests are recorded as `cancelled` and the run directory is
     closed and marked incomplete; the outcome says so. `target` (base URL, manifest entry)
     reuses a target the caller already started, as a capacity search does for its probes.
+    `transport` replaces the aiohttp client for every request (a fault wrapper, a test double).
     """
     run_dir = prepare_run_dir(config.out or default_run_dir(config))
     slo_spec = load_slo_spec(config.slo)
     tokenizer = tokenizer or load_tokenizer_for(config)
-    workload = materialise_workload(config, tokenizer)
+    inputs = RunInputs(
+        config=config,
+        workload=materialise_workload(config, tokenizer),
+        tokenizer=tokenizer,
+        slo_spec=slo_spec,
+        run_dir=run_dir,
+        console=console,
+        quiet=quiet,
+        transport=transport,
+    )
     if target is not None:
         base_url, entry = target
-        return _run_against(
-            config, base_url, dict(entry), workload, tokenizer, slo_spec, run_dir, console, quiet
-        )
+        return _run_against(inputs, base_url, dict(entry))
     with target_for(config) as (base_url, entry):
-        return _run_against(
-            config, base_url, entry, workload, tokenizer, slo_spec, run_dir, console, quiet
+        return _run_against(inputs, base_url, entry)
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run is made of, resolved before any target is contacted."""
+
+    config: RunConfig
+    workload: object  # workloads.Workload
+    tokenizer: object
+    slo_spec: dict | None
+    run_dir: Path
+    console: Console | None = None
+    quiet: bool = True
+    transport: Transport | None = None
+
+
+@dataclass
+class RunContext:
+    """One run's state while it is driven: what to send, where to record it, how to show it.
+
+    `start(t0_ns)` opens the recorder when the measured phase begins; results that finish
+    before that (warm-up) wait in `early`. `close` always leaves a readable run directory.
+    """
+
+    config: RunConfig
+    options: ClientOptions
+    plan: LoadPlan
+    run_dir: Path
+    manifest: RunManifest
+    input_tokens: dict[str, int]
+    tokenizer: object
+    scraper: MetricsScraper
+    console: Console | None = None
+    quiet: bool = True
+    recorder: RunRecorder | None = None
+    early: list[RawResult] = field(default_factory=list)
+
+    @property
+    def t0_ns(self) -> int | None:
+        return self.recorder.context.t0_ns if self.recorder is not None else None
+
+    def start(self, t0_ns: int) -> None:
+        context = RecordContext(
+            t0_ns=t0_ns,
+            is_chat=self.options.is_chat,
+            count_tokens=lambda text: len(self.tokenizer.encode(text)),
         )
+        self.manifest = self.manifest.evolve(t0_ns=t0_ns)
+        self.recorder = RunRecorder(self.run_dir, context, self.input_tokens, self.manifest)
+        for raw in self.early:
+            self.recorder.add(raw)
+        self.early.clear()
+
+    def on_result(self, raw: RawResult) -> None:
+        if self.recorder is None:
+            self.early.append(raw)
+        else:
+            self.recorder.add(raw)
+
+    def flush(self) -> None:
+        if self.recorder is not None:
+            self.recorder.flush()
+
+    def close(self, reason: str | None) -> None:
+        if self.recorder is None:  # stopped during warm-up: still leave a readable run
+            self.start(time.perf_counter_ns())
+        scraped = self.scraper.write(self.run_dir)
+        self.recorder.close(complete=reason is None, reason=reason, server_metrics_samples=scraped)
 
 
-def _run_against(
-    config, base_url, target, workload, tokenizer, slo_spec, run_dir, console, quiet
-) -> RunOutcome:
+def _run_against(inputs: RunInputs, base_url: str, target: dict) -> RunOutcome:
+    config, workload, run_dir = inputs.config, inputs.workload, inputs.run_dir
     models = preflight(base_url)
     served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
     model = config.model or (served[0] if served else None)
     if model is None:
         raise HarnessError(f"the target at {base_url} lists no model; name one with --model.")
+    endpoint = Endpoint(
+        config.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
+    )
     info = target_info(base_url)
     target.update(
         model=model,
-        endpoint=config.endpoint,
+        endpoint=endpoint.value,
         engine=info.get("engine"),
         engine_version=info.get("version"),
         dtype=info.get("dtype"),
@@ -198,68 +278,48 @@ def _run_against(
     options = ClientOptions(
         base_url=base_url,
         model=model,
-        endpoint=config.endpoint,
+        endpoint=endpoint,
         stream=config.stream,
         timeout_s=config.timeout_s,
         api_key=config.api_key,
     )
     plan, input_tokens = _plan(config, workload, options)
-    manifest = {
-        "harness_version": harness.__version__,
-        "git_sha": git_sha(),
-        "command_line": sys.argv,
-        "target": target,
-        "hardware": hardware_info(),
-        "versions": software_versions(),
-        "workload": workload.manifest,
-        "slo": slo_spec,
-        "fault_plan": None,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "config": config.to_dict(),
-    }
-    recorder_holder: dict = {}
-    scraper = MetricsScraper(
-        base_url.rstrip("/").removesuffix("/v1") + "/metrics", config.scrape_interval_s
+    manifest = RunManifest(
+        harness_version=harness.__version__,
+        git_sha=git_sha(),
+        command_line=sys.argv,
+        target=target,
+        hardware=hardware_info(),
+        versions=software_versions(),
+        workload=workload.manifest,
+        slo=inputs.slo_spec,
+        fault_plan=None,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        config=config.to_dict(),
     )
-
-    def start(t0_ns: int) -> None:
-        manifest["t0_ns"] = t0_ns
-        recorder_holder["t0"] = t0_ns
-        context = RecordContext(
-            t0_ns=t0_ns,
-            is_chat=options.is_chat,
-            count_tokens=lambda text: len(tokenizer.encode(text)),
-        )
-        recorder = RunRecorder(run_dir, context, input_tokens, manifest)
-        for raw in recorder_holder.pop("early", []):
-            recorder.add(raw)
-        recorder_holder["rec"] = recorder
-
-    def on_result(raw: RawResult) -> None:
-        recorder = recorder_holder.get("rec")
-        if recorder is None:
-            recorder_holder.setdefault("early", []).append(raw)
-        else:
-            recorder.add(raw)
-
+    run = RunContext(
+        config=config,
+        options=options,
+        plan=plan,
+        run_dir=run_dir,
+        manifest=manifest,
+        input_tokens=input_tokens,
+        tokenizer=inputs.tokenizer,
+        scraper=MetricsScraper(
+            base_url.rstrip("/").removesuffix("/v1") + "/metrics", config.scrape_interval_s
+        ),
+        console=inputs.console,
+        quiet=inputs.quiet,
+    )
     reason: str | None = "the harness stopped unexpectedly"
     try:
-        reason = asyncio.run(
-            _drive(
-                config, options, plan, start, on_result, recorder_holder, console, quiet, scraper
-            )
-        )
+        reason = asyncio.run(_drive(run, inputs.transport))
     except BaseException as exc:
         reason = f"the harness crashed: {type(exc).__name__}: {exc}"
         raise
     finally:
-        if "rec" not in recorder_holder:  # stopped during warm-up: still leave a readable run
-            start(time.perf_counter_ns())
-        scraped = scraper.write(run_dir)
-        recorder_holder["rec"].close(
-            complete=reason is None, reason=reason, extra={"server_metrics_samples": scraped}
-        )
-    return _summarise(run_dir, slo_spec, config, reason)
+        run.close(reason)
+    return _summarise(run_dir, inputs.slo_spec, config, reason)
 
 
 def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:
@@ -286,10 +346,11 @@ def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan
     return plan, input_tokens
 
 
-async def _drive(
-    config, options, plan, start, on_result, recorder_holder, console, quiet, scraper
-) -> str | None:
-    """Run the load loop with signal handling and periodic flushes; returns why it stopped early."""
+async def _drive(run: RunContext, transport: Transport | None) -> str | None:
+    """Run the load loop with signal handling and periodic flushes; returns why it stopped early.
+
+    `transport` replaces the aiohttp client (tests, fault wrappers); None uses the default.
+    """
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     stop_reason: dict = {}
@@ -304,27 +365,29 @@ async def _drive(
 
     async def flusher() -> None:
         while True:
-            await asyncio.sleep(config.flush_interval_s)
-            recorder = recorder_holder.get("rec")
-            if recorder is not None:
-                recorder.flush()
+            await asyncio.sleep(run.config.flush_interval_s)
+            run.flush()
 
+    plan = run.plan
     max_connections = plan.concurrency or max(len(plan.payloads), len(plan.warmup), 1)
     flush_task = asyncio.create_task(flusher())
     scrape_task = None
     display = (
-        ProgressDisplay(len(plan.payloads), console)
-        if (not quiet and console is not None)
+        ProgressDisplay(len(plan.payloads), run.console)
+        if (not run.quiet and run.console is not None)
         else None
     )
     try:
-        async with make_session(options, max_connections=min(max_connections, 4096)) as session:
-            if config.scrape_interval_s > 0:
-                scrape_task = asyncio.create_task(
-                    scraper.run(session, lambda: recorder_holder.get("t0"))
+        async with contextlib.AsyncExitStack() as stack:
+            if transport is None:
+                transport = await stack.enter_async_context(
+                    AiohttpTransport(run.options, max_connections=min(max_connections, 4096))
                 )
+            if run.config.scrape_interval_s > 0:
+                session = await stack.enter_async_context(aiohttp.ClientSession())
+                scrape_task = asyncio.create_task(run.scraper.run(session, lambda: run.t0_ns))
             with display or contextlib.nullcontext():
-                await run_load(session, options, plan, on_result, display, start_callback=start)
+                await run_load(transport, plan, run.on_result, display, start_callback=run.start)
     except asyncio.CancelledError:
         return stop_reason.get("reason", "cancelled")
     finally:
@@ -343,7 +406,7 @@ def _summarise(
     from slo import summarize
 
     summary = summarize(run_dir, slo_spec, client_bound_ms=config.client_bound_ms)
-    write_json_atomic(run_dir / "summary.json", summary)
+    write_summary(run_dir, RunSummary.from_dict(summary))
     return RunOutcome(
         run_dir=run_dir, summary=summary, complete=reason is None, interrupted_reason=reason
     )

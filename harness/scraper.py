@@ -14,18 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import pyarrow as pa
-import pyarrow.parquet as pq
 from prometheus_client.parser import text_string_to_metric_families
 
-SERVER_METRICS_SCHEMA = pa.schema(
-    [
-        ("t_ns", pa.int64()),  # relative to the run's t0_ns
-        ("name", pa.string()),
-        ("labels", pa.string()),  # JSON object, keys sorted
-        ("value", pa.float64()),
-    ]
-)
+from slo.runrecord import write_server_metrics
 
 
 def parse_metrics(text: str) -> list[tuple[str, str, float]]:
@@ -71,15 +62,4 @@ class MetricsScraper:
 
     def write(self, run_dir: Path) -> int:
         """Write `server_metrics.parquet` when anything was scraped; returns the row count."""
-        if not self.rows:
-            return 0
-        columns = list(zip(*self.rows, strict=True))
-        arrays = [
-            pa.array(col, type=f.type)
-            for col, f in zip(columns, SERVER_METRICS_SCHEMA, strict=True)
-        ]
-        pq.write_table(
-            pa.Table.from_arrays(arrays, schema=SERVER_METRICS_SCHEMA),
-            run_dir / "server_metrics.parquet",
-        )
-        return len(self.rows)
+        return write_server_metrics(run_dir, self.rows)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from slo.runrecord import ErrorClass
+
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 DONE = b"[DONE]"
 
@@ -30,7 +32,7 @@ class ParsedStream:
     finish_reason: str | None = None
     usage: dict | None = None
     saw_done: bool = False
-    error_class: str | None = None
+    error_class: ErrorClass | None = None
     error_message: str | None = None
 
     @property
@@ -90,25 +92,27 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     if done_at is not None:
         out.saw_done = True
         if done_at != len(events) - 1:
-            return _fail(out, "malformed_sse", "the stream sent data after [DONE]")
+            return _fail(out, ErrorClass.MALFORMED_SSE, "the stream sent data after [DONE]")
         events = events[:done_at]
     objects = _decode_all([payload for _, payload in events])
     if isinstance(objects, str):
-        return _fail(out, "malformed_json", objects)
+        return _fail(out, ErrorClass.MALFORMED_JSON, objects)
     chunks, parts = out.chunks, out.text_parts
     for (t_ns, _), obj in zip(events, objects, strict=True):
         if type(obj) is not dict:
-            return _fail(out, "malformed_json", "an event is JSON but not an object")
+            return _fail(out, ErrorClass.MALFORMED_JSON, "an event is JSON but not an object")
         choices = obj.get("choices")
         if "error" in obj:
-            return _fail(out, "stream_error", _error_text(obj["error"]))
+            return _fail(out, ErrorClass.STREAM_ERROR, _error_text(obj["error"]))
         if obj.get("usage"):
             out.usage = obj["usage"]
         text = None
         if choices:
             choice = choices[0] if type(choices) is list else None
             if type(choice) is not dict:
-                return _fail(out, "malformed_json", "an event lacks the expected choices structure")
+                return _fail(
+                    out, ErrorClass.MALFORMED_JSON, "an event lacks the expected choices structure"
+                )
             if chat:
                 delta = choice.get("delta")
                 text = delta.get("content") if type(delta) is dict else None
@@ -117,20 +121,22 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             if choice.get("finish_reason"):
                 out.finish_reason = choice["finish_reason"]
         elif choices is not None and type(choices) is not list:
-            return _fail(out, "malformed_json", "an event lacks the expected choices structure")
+            return _fail(
+                out, ErrorClass.MALFORMED_JSON, "an event lacks the expected choices structure"
+            )
         if text:
             if type(text) is not str:
-                return _fail(out, "malformed_json", "an event's text is not a string")
+                return _fail(out, ErrorClass.MALFORMED_JSON, "an event's text is not a string")
             parts.append(text)
             chunks.append((t_ns, 1, len(text)))
         else:
             chunks.append((t_ns, 0, 0))
     if problem is not None:
-        return _fail(out, "malformed_sse", problem)
+        return _fail(out, ErrorClass.MALFORMED_SSE, problem)
     if trailing.strip():
-        return _fail(out, "incomplete_stream", "the stream ended inside an event")
+        return _fail(out, ErrorClass.INCOMPLETE_STREAM, "the stream ended inside an event")
     if not out.saw_done:
-        return _fail(out, "incomplete_stream", "the stream ended before [DONE]")
+        return _fail(out, ErrorClass.INCOMPLETE_STREAM, "the stream ended before [DONE]")
     return out
 
 
@@ -159,7 +165,7 @@ def _error_text(error) -> str:
     return str(error)[:300]
 
 
-def _fail(out: ParsedStream, error_class: str, message: str) -> ParsedStream:
+def _fail(out: ParsedStream, error_class: ErrorClass, message: str) -> ParsedStream:
     out.error_class = error_class
     out.error_message = message
     return out
@@ -171,13 +177,13 @@ def parse_body(body: bytes, *, chat: bool) -> ParsedStream:
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return _fail(out, "malformed_json", f"the response is not JSON: {body[:60]!r}")
+        return _fail(out, ErrorClass.MALFORMED_JSON, f"the response is not JSON: {body[:60]!r}")
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list) or not obj["choices"]:
-        return _fail(out, "malformed_json", "the response lacks a choices list")
+        return _fail(out, ErrorClass.MALFORMED_JSON, "the response lacks a choices list")
     choice = obj["choices"][0]
     text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
     if text is not None and not isinstance(text, str):
-        return _fail(out, "malformed_json", "the response's text is not a string")
+        return _fail(out, ErrorClass.MALFORMED_JSON, "the response's text is not a string")
     out.text_parts.append(text or "")
     out.finish_reason = choice.get("finish_reason")
     out.usage = obj.get("usage")

@@ -29,7 +29,15 @@ from reports.series import (
 )
 from reports.taxonomy import classify_outcomes, count_outcomes
 from slo.frame import RequestMetrics
-from slo.run_tables import RunTables, float_column, load_run
+from slo.runrecord import (
+    RunManifest,
+    RunRecordError,
+    RunTables,
+    TokenSource,
+    float_column,
+    open_run,
+)
+from slo.runrecord import read_manifest as read_run_manifest
 from slo.stats import bootstrap_quantile_ci
 from slo.summary import DEFAULT_CLIENT_BOUND_MS
 
@@ -45,24 +53,20 @@ MIN_VALUES_FOR_CI = 10
 CI_RESAMPLES = 1000
 
 
-def client_bound_ms(manifest: dict) -> float:
+def client_bound_ms(manifest: RunManifest | None) -> float:
     """The dispatch-lag bound the run was recorded with (manifest `config.client_bound_ms`),
     else slo's default."""
-    value = (manifest.get("config") or {}).get("client_bound_ms")
+    value = (manifest.config if manifest is not None else {}).get("client_bound_ms")
     return float(value) if isinstance(value, int | float) and value > 0 else DEFAULT_CLIENT_BOUND_MS
 
 
-def read_manifest(run_dir: Path) -> dict:
-    """`manifest.json` of `run_dir`; raises ReportError when it is missing or not JSON."""
-    path = Path(run_dir) / "manifest.json"
+def read_manifest(run_dir: Path) -> RunManifest:
+    """`manifest.json` of `run_dir`; raises ReportError when it is missing, not JSON or of a
+    schema version this bench does not read."""
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ReportError(
-            f"{run_dir} has no manifest.json; pass a run directory written by bench."
-        ) from exc
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"{path} is not valid JSON ({exc}).") from exc
+        return read_run_manifest(run_dir)
+    except RunRecordError as exc:
+        raise ReportError(str(exc)) from exc
 
 
 def _capacity_file(run_dir: Path) -> Path | None:
@@ -123,28 +127,28 @@ def resolve_run_dir(path: Path | str) -> Path:
     )
 
 
-def _environment(manifest: dict) -> Environment:
-    target = manifest.get("target") or {}
-    workload = manifest.get("workload") or {}
-    versions = dict(manifest.get("versions") or {})
+def _environment(manifest: RunManifest) -> Environment:
+    target = manifest.target or {}
+    workload = manifest.workload or {}
+    versions = dict(manifest.versions or {})
     return Environment(
         engine=target.get("engine"),
         engine_version=target.get("engine_version"),
         model=target.get("model"),
         target_kind=target.get("kind"),
         target_url=target.get("url"),
-        hardware=dict(sorted((manifest.get("hardware") or {}).items())),
-        harness_version=manifest.get("harness_version"),
-        git_sha=manifest.get("git_sha"),
+        hardware=dict(sorted((manifest.hardware or {}).items())),
+        harness_version=manifest.harness_version,
+        git_sha=manifest.git_sha,
         versions=dict(sorted(versions.items())),
         workload_name=workload.get("name") or workload.get("generator"),
         workload_sha256=workload.get("sha256"),
         workload_synthetic=workload.get("synthetic"),
-        command_line=manifest.get("command_line"),
-        started_at=manifest.get("started_at"),
-        ended_at=manifest.get("ended_at"),
-        complete=manifest.get("complete"),
-        interrupted_reason=manifest.get("interrupted_reason"),
+        command_line=manifest.command_line,
+        started_at=manifest.started_at,
+        ended_at=manifest.ended_at,
+        complete=manifest.complete,
+        interrupted_reason=manifest.interrupted_reason,
     )
 
 
@@ -221,7 +225,7 @@ def _series(tables: RunTables, rm: RequestMetrics, kinds: np.ndarray, run_dir: P
     ends = np.where(np.isnan(rm.t_done_ns), rm.t_sent_ns, rm.t_done_ns)
     span_s = float(np.nanmax(ends)) / 1e9 if np.any(~np.isnan(ends)) else None
     bin_s = choose_bin_s(span_s)
-    fault_plan = tables.manifest.get("fault_plan") or {}
+    fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
     windows = [
         {"start_s": w.get("start_s"), "end_s": w.get("end_s"), "kind": w.get("kind")}
         for w in (fault_plan.get("windows") or [])
@@ -255,8 +259,11 @@ def _notes(env: Environment, health: ClientHealth, summary: dict, failures: Fail
             f"{health.client_bound_threshold_ms} ms): the offered load was lower than asked."
         )
     source = summary.get("output_tokens_source")
-    if source == "client_count":
-        notes.append("Output tokens were counted by the client; the server reported no usage.")
+    if source in set(TokenSource) and TokenSource(source).counted_by_client:
+        how = "by retokenising the output" if source == TokenSource.TOKENIZER else "as chunks"
+        notes.append(
+            f"Output tokens were counted by the client ({how}); the server reported no usage."
+        )
     elif source == "mixed":
         counts = summary.get("output_tokens_source_counts") or {}
         detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
@@ -286,12 +293,12 @@ def build_card(
     rng = rng if rng is not None else np.random.default_rng(0)
     run_dir = resolve_run_dir(run_dir)
     manifest = read_manifest(run_dir)
-    spec = slo_spec if slo_spec is not None else manifest.get("slo")
+    spec = slo_spec if slo_spec is not None else manifest.slo
     try:
-        tables = load_run(run_dir)
+        tables = open_run(run_dir)
         if summary is None:
             summary = slo.summarize(run_dir, spec, client_bound_ms=client_bound_ms(manifest))
-    except slo.SLOError as exc:
+    except (slo.SLOError, RunRecordError) as exc:
         raise ReportError(str(exc)) from exc
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
     kinds = classify_outcomes(tables.requests)
@@ -313,7 +320,7 @@ def build_card(
     verdicts = slo_view.verdicts(summary)
     throughput_block = summary.get("throughput") or {}
     return Card(
-        run_id=str(manifest.get("run_id") or run_dir.name),
+        run_id=str(manifest.run_id or run_dir.name),
         headline=slo_view.headline(summary, verdicts, has_slo=bool(summary.get("slo") or spec)),
         slo_name=slo_view.slo_name(summary, spec),
         slo_verdicts=verdicts,

@@ -16,6 +16,7 @@ import numpy as np
 from reports.build import build_card, read_manifest
 from reports.card import CARD_SCHEMA_VERSION, Card, round_floats
 from reports.errors import ReportError
+from slo.runrecord import RunManifest
 
 # (key, label, higher_is_better, digits)
 ROW_SPECS = (
@@ -125,26 +126,26 @@ def _short(sha: str | None) -> str:
     return "none recorded" if not sha else sha[:12]
 
 
-def find_mismatches(manifests: list[tuple[str, dict]]) -> list[str]:
+def find_mismatches(manifests: list[tuple[str, RunManifest]]) -> list[str]:
     """Sentences naming each run whose workload hash or SLO differs from the first run's.
 
     `manifests` pairs a run label with its manifest. A run without a workload hash cannot
     prove it used the same requests and counts as a mismatch.
     """
     (ref_label, ref), *others = manifests
-    ref_sha = (ref.get("workload") or {}).get("sha256")
-    ref_slo = json.dumps(ref.get("slo"), sort_keys=True)
+    ref_sha = (ref.workload or {}).get("sha256")
+    ref_slo = json.dumps(ref.slo, sort_keys=True)
     sentences = []
     for label, manifest in [(ref_label, ref), *others] if not ref_sha else others:
-        sha = (manifest.get("workload") or {}).get("sha256")
+        sha = (manifest.workload or {}).get("sha256")
         if not sha or sha != ref_sha:
             sentences.append(
                 f"run {label} used workload {_short(sha)}, not {_short(ref_sha)} as run {ref_label}"
             )
     for label, manifest in others:
-        if json.dumps(manifest.get("slo"), sort_keys=True) != ref_slo:
-            name = (manifest.get("slo") or {}).get("name", "none")
-            ref_name = (ref.get("slo") or {}).get("name", "none")
+        if json.dumps(manifest.slo, sort_keys=True) != ref_slo:
+            name = (manifest.slo or {}).get("name", "none")
+            ref_name = (ref.slo or {}).get("name", "none")
             sentences.append(
                 f"run {label} was judged by SLO {name!r}, not {ref_name!r} as run {ref_label}"
             )

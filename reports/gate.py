@@ -34,7 +34,7 @@ from slo.comparison import RatioEstimate, Sample, Statistic, bootstrap_ratio, ma
 from slo.errors import SLOError
 from slo.frame import RequestMetrics
 from slo.goodput import good_mask
-from slo.run_tables import load_run
+from slo.runrecord import RunRecordError, open_run
 from slo.spec import as_spec
 from slo.summary import dispatch_summary
 
@@ -102,8 +102,8 @@ class _RunData:
 
 def _load(path: Path, slo_spec) -> _RunData:
     try:
-        tables = load_run(path)
-    except SLOError as exc:
+        tables = open_run(path)
+    except (SLOError, RunRecordError) as exc:
         raise ReportError(str(exc)) from exc
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
     window_s = rm.window_s()
@@ -111,10 +111,9 @@ def _load(path: Path, slo_spec) -> _RunData:
         raise ReportError(f"{path} has no measured window (no request was sent and finished).")
     good = good_mask(rm, slo_spec) if slo_spec is not None else None
     warnings = []
-    if tables.manifest.get("complete") is False:
-        warnings.append(
-            f"run {path.name} is incomplete ({tables.manifest.get('interrupted_reason') or 'no reason recorded'})"
-        )
+    if tables.manifest is not None and tables.manifest.complete is False:
+        reason = tables.manifest.interrupted_reason or "no reason recorded"
+        warnings.append(f"run {path.name} is incomplete ({reason})")
     _, bound = dispatch_summary(rm, client_bound_ms(tables.manifest))
     if bound:
         warnings.append(
@@ -217,7 +216,7 @@ def run_gate(
             "pass --allow-mismatch to compare anyway."
         )
     notes += [f"mismatch allowed: {m}" for m in mismatches]
-    raw_slo = slo_spec if slo_spec is not None else manifests[0][1].get("slo")
+    raw_slo = slo_spec if slo_spec is not None else manifests[0][1].slo
     spec = as_spec(raw_slo) if raw_slo else None
     base_runs = [_load(p, spec) for p in base_dirs]
     cand_runs = [_load(p, spec) for p in cand_dirs]

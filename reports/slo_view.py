@@ -8,6 +8,7 @@ reads as None, never as 0.
 from __future__ import annotations
 
 from reports.card import VERDICTS, SliceRow, SLOVerdict
+from slo.runrecord import RequestStatus
 
 GOODPUT_KEYS = (
     "request_per_s",
@@ -114,7 +115,7 @@ def slices(summary: dict) -> list[SliceRow]:
                     dimension=dimension,
                     value=str(entry.get("label", "?")),
                     n=int(entry["n"]),
-                    n_ok=int((entry.get("counts") or {}).get("ok", 0)),
+                    n_ok=int((entry.get("counts") or {}).get(RequestStatus.OK, 0)),
                     ttft_p50_ms=stat("ttft", "p50"),
                     ttft_p99_ms=stat("ttft", "p99"),
                     tpot_p50_ms=stat("tpot", "p50"),

@@ -19,7 +19,13 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from slo.run_tables import float_column, string_column
+from slo.runrecord import (
+    ErrorClass,
+    RequestColumn,
+    RequestStatus,
+    float_column,
+    string_column,
+)
 
 OUTCOME_KINDS = (
     "ok",
@@ -42,27 +48,27 @@ def _bool_column(table: pa.Table, name: str) -> np.ndarray | None:
 
 def classify_outcomes(requests: pa.Table) -> np.ndarray:
     """One OUTCOME_KINDS string per row of a contract `requests` table (object array)."""
-    status = string_column(requests, "status")
-    error_class = string_column(requests, "error_class")
-    message = string_column(requests, "error_message")
-    http = float_column(requests, "http_status")
-    output_tokens = float_column(requests, "output_tokens")
-    valid = _bool_column(requests, "output_valid")
+    status = string_column(requests, RequestColumn.STATUS)
+    error_class = string_column(requests, RequestColumn.ERROR_CLASS)
+    message = string_column(requests, RequestColumn.ERROR_MESSAGE)
+    http = float_column(requests, RequestColumn.HTTP_STATUS)
+    output_tokens = float_column(requests, RequestColumn.OUTPUT_TOKENS)
+    valid = _bool_column(requests, RequestColumn.OUTPUT_VALID)
     kinds = np.empty(requests.num_rows, dtype=object)
     for i in range(requests.num_rows):
         s, cls, msg = status[i], error_class[i], message[i]
-        if s == "ok":
+        if s == RequestStatus.OK:
             unusable = (valid is not None and not valid[i]) or not output_tokens[i] > 0
             kinds[i] = "wrong_output" if unusable else "ok"
         elif _OOM_PATTERN.search(f"{msg or ''} {cls or ''}"):
             kinds[i] = "oom"
-        elif s == "rejected" or cls == "rejected_429" or http[i] == 429:
+        elif s == RequestStatus.REJECTED or cls == ErrorClass.REJECTED_429 or http[i] == 429:
             kinds[i] = "rejected"
-        elif s == "timeout" or cls == "timeout":
+        elif s == RequestStatus.TIMEOUT or cls == ErrorClass.TIMEOUT:
             kinds[i] = "timeout"
-        elif s == "cancelled":
+        elif s == RequestStatus.CANCELLED:
             kinds[i] = "cancelled"
-        elif s is None or s == "unknown":
+        elif s is None or s == RequestStatus.UNKNOWN:
             kinds[i] = "unknown"
         else:
             kinds[i] = "error"

@@ -1,6 +1,8 @@
 """slo: metric definitions, SLO specs and verdicts, goodput, capacity search.
 
-Entry point: `summarize(run_dir, slo_spec=None) -> dict`, the content of `summary.json`.
+Entry point: `summarize(run_dir, slo_spec=None) -> dict`, the content of `summary.json`
+(`slo.runrecord.RunSummary` is its typed, versioned form). The run-directory contract itself
+is `slo.runrecord`.
 All fields of that dict (latencies in ms, rates per second, None where undefined):
 
 - `schema_version` (1), `definitions` (name -> one-line definition of each metric).
@@ -16,8 +18,8 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
   at `ci_confidence` (0.95).
 - `dispatch_lag_ms`: `{p50, p99, max, n}`; `client_bound` (p99 lag > bound) and
   `client_bound_threshold_ms`.
-- `output_tokens_source` (`usage` | `client_count` | `mixed` | None) and
-  `output_tokens_source_counts`; `run_complete` (manifest `complete`).
+- `output_tokens_source` (a `slo.runrecord.TokenSource` value: `usage`, `tokenizer` or
+  `chunk_count`; `mixed`; or None) and `output_tokens_source_counts`; `run_complete` (manifest `complete`).
 - `little_law`: see `slo.consistency.littles_law`.
 - `slices`: `{input_tokens, output_tokens, phase}` lists, see `slo.slices.slices_summary`.
 - `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`).

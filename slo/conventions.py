@@ -48,6 +48,9 @@ import pyarrow.compute as pc
 
 from slo import metrics
 from slo.frame import RequestMetrics
+from slo.runrecord import ChunkColumn, Endpoint
+
+_RID, _T, _N = ChunkColumn.REQUEST_ID.value, ChunkColumn.T_NS.value, ChunkColumn.N_TOKENS.value
 
 
 def nearest_rank_percentile(values: np.ndarray, q: float) -> float | None:
@@ -123,9 +126,9 @@ def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkVie
     n_ids = len(request_ids)
     if chunks.num_rows == 0:
         return ChunkView(np.full(n_ids, np.nan), np.full(n_ids, np.nan), np.empty(0))
-    ordered = chunks.sort_by([("request_id", "ascending"), ("t_ns", "ascending")])
-    tokens = np.asarray(pc.fill_null(ordered["n_tokens"], 0).to_numpy(zero_copy_only=False))
-    chars = np.asarray(pc.fill_null(ordered["n_chars"], 0).to_numpy(zero_copy_only=False))
+    ordered = chunks.sort_by([(_RID, "ascending"), (_T, "ascending")])
+    tokens = np.asarray(pc.fill_null(ordered[_N], 0).to_numpy(zero_copy_only=False))
+    chars = np.asarray(pc.fill_null(ordered[ChunkColumn.N_CHARS], 0).to_numpy(zero_copy_only=False))
     if kind == "token":
         keep = tokens > 0
     elif kind == "content":
@@ -133,7 +136,7 @@ def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkVie
     elif kind == "any":
         keep = np.ones(ordered.num_rows, bool)
     else:
-        ids = ordered["request_id"].combine_chunks()
+        ids = ordered[_RID].combine_chunks()
         n = ordered.num_rows
         changed = pc.fill_null(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)), True)
         group = np.concatenate(
@@ -146,18 +149,18 @@ def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkVie
     selected = ordered.filter(pa.array(keep))
     # mark every selected chunk as token-bearing to reuse the gap function
     marked = selected.set_column(
-        selected.schema.get_field_index("n_tokens"),
-        "n_tokens",
+        selected.schema.get_field_index(_N),
+        _N,
         pa.array(np.ones(selected.num_rows, np.int32)),
     )
     gaps = metrics.pooled_itl_ms(metrics.itl_ms_by_request(marked), request_ids)
     first = np.full(n_ids, np.nan)
     last = np.full(n_ids, np.nan)
     if selected.num_rows:
-        grouped = selected.group_by("request_id").aggregate([("t_ns", "min"), ("t_ns", "max")])
-        index = {rid: i for i, rid in enumerate(grouped["request_id"].to_pylist())}
-        lows = grouped["t_ns_min"].to_pylist()
-        highs = grouped["t_ns_max"].to_pylist()
+        grouped = selected.group_by(_RID).aggregate([(_T, "min"), (_T, "max")])
+        index = {rid: i for i, rid in enumerate(grouped[_RID].to_pylist())}
+        lows = grouped[f"{_T}_min"].to_pylist()
+        highs = grouped[f"{_T}_max"].to_pylist()
         for i, request_id in enumerate(request_ids):
             j = index.get(request_id)
             if j is not None:
@@ -166,7 +169,7 @@ def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkVie
 
 
 def conventions_summary(
-    rm: RequestMetrics, chunks: pa.Table, endpoint: str = "completions"
+    rm: RequestMetrics, chunks: pa.Table, endpoint: Endpoint = Endpoint.COMPLETIONS
 ) -> dict:
     """The `conventions` block: per tool (`harness`, `vllm`, `guidellm`, `aiperf`, `mlperf`),
     `{source, percentile_method, metrics: {tool's metric name: {mean, p50, p90, p95, p99,
@@ -187,7 +190,7 @@ def conventions_summary(
     # vLLM times chunks that carry `choices`: for chat that includes the leading role chunk
     # and its latency runs to the last chunk of any kind (the usage chunk); for completions
     # both end at the last chunk with text.
-    if endpoint == "chat":
+    if endpoint == Endpoint.CHAT:
         vllm_view = chunk_view(chunks, ids, "through_last_token")
         vllm_end = last_chunk
     else:

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from slo import metrics
-from slo.run_tables import float_column, string_column
+from slo.runrecord import RequestColumn, RequestStatus, float_column, string_column
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,23 +41,26 @@ class RequestMetrics:
     @classmethod
     def from_tables(cls, requests: pa.Table, chunks: pa.Table) -> RequestMetrics:
         """Build from a contract `requests` table and `chunks` table (may be empty)."""
-        request_id = string_column(requests, "request_id")
-        t = {name: float_column(requests, name) for name in (
-            "t_scheduled_ns", "t_sent_ns", "t_first_token_ns", "t_last_token_ns", "t_done_ns"
+        request_id = string_column(requests, RequestColumn.REQUEST_ID)
+        t = {str(name): float_column(requests, name) for name in (
+            RequestColumn.T_SCHEDULED_NS, RequestColumn.T_SENT_NS, RequestColumn.T_FIRST_TOKEN_NS,
+            RequestColumn.T_LAST_TOKEN_NS, RequestColumn.T_DONE_NS,
         )}  # fmt: skip
-        output_tokens = float_column(requests, "output_tokens")
+        output_tokens = float_column(requests, RequestColumn.OUTPUT_TOKENS)
         itl = metrics.itl_ms_by_request(chunks)
         ids = list(request_id)
         return cls(
             request_id=request_id,
-            status=string_column(requests, "status"),
-            error_class=string_column(requests, "error_class"),
-            output_tokens_source=string_column(requests, "output_tokens_source"),
-            input_tokens=float_column(requests, "input_tokens"),
+            status=string_column(requests, RequestColumn.STATUS),
+            error_class=string_column(requests, RequestColumn.ERROR_CLASS),
+            output_tokens_source=string_column(requests, RequestColumn.OUTPUT_TOKENS_SOURCE),
+            input_tokens=float_column(requests, RequestColumn.INPUT_TOKENS),
             output_tokens=output_tokens,
-            ttft_ms=metrics.ttft_ms(t["t_sent_ns"], t["t_first_token_ns"]),
-            tpot_ms=metrics.tpot_ms(t["t_first_token_ns"], t["t_last_token_ns"], output_tokens),
-            e2e_ms=metrics.e2e_ms(t["t_sent_ns"], t["t_done_ns"]),
+            ttft_ms=metrics.ttft_ms(t[RequestColumn.T_SENT_NS], t[RequestColumn.T_FIRST_TOKEN_NS]),
+            tpot_ms=metrics.tpot_ms(
+                t[RequestColumn.T_FIRST_TOKEN_NS], t[RequestColumn.T_LAST_TOKEN_NS], output_tokens
+            ),
+            e2e_ms=metrics.e2e_ms(t[RequestColumn.T_SENT_NS], t[RequestColumn.T_DONE_NS]),
             itl_mean_ms=metrics.per_request_itl_ms(itl, ids, "mean"),
             itl_max_ms=metrics.per_request_itl_ms(itl, ids, "max"),
             itl_by_request=itl,
@@ -70,7 +73,7 @@ class RequestMetrics:
     @property
     def is_ok(self) -> np.ndarray:
         """True where the request finished with status `ok`."""
-        return self.status == "ok"
+        return self.status == RequestStatus.OK.value
 
     def subset(self, mask: np.ndarray) -> RequestMetrics:
         """The requests where `mask` is true (a new object; arrays are copies)."""

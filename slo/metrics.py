@@ -1,7 +1,7 @@
 """Metric definitions: pure functions over numpy arrays and pyarrow tables.
 
 Every time input is nanoseconds relative to the run's `t0_ns` (float64 with NaN where the
-event never happened, as `slo.run_tables.float_column` returns them); every latency output
+event never happened, as `slo.runrecord.float_column` returns them); every latency output
 is milliseconds. "Undefined" is NaN in arrays and None in summaries, never 0.
 
 Percentiles use linear interpolation between order statistics (numpy's default
@@ -17,10 +17,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from slo.runrecord import ChunkColumn, RequestStatus
+
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
 PERCENTILES = (50, 90, 95, 99)
-STATUSES = ("ok", "error", "timeout", "cancelled", "rejected", "unknown")
+STATUSES = tuple(s.value for s in RequestStatus)
 
 
 def ttft_ms(t_sent_ns: np.ndarray, t_first_token_ns: np.ndarray) -> np.ndarray:
@@ -72,14 +74,16 @@ def itl_ms_by_request(chunks: pa.Table) -> dict[str, np.ndarray]:
     """
     if chunks.num_rows == 0:
         return {}
-    token_chunks = chunks.filter(pc.fill_null(pc.greater(chunks["n_tokens"], 0), False))
-    token_chunks = token_chunks.sort_by([("request_id", "ascending"), ("t_ns", "ascending")])
+    token_chunks = chunks.filter(pc.fill_null(pc.greater(chunks[ChunkColumn.N_TOKENS], 0), False))
+    token_chunks = token_chunks.sort_by(
+        [(ChunkColumn.REQUEST_ID.value, "ascending"), (ChunkColumn.T_NS.value, "ascending")]
+    )
     n = token_chunks.num_rows
     if n == 0:
         return {}
-    ids = token_chunks["request_id"].combine_chunks()
+    ids = token_chunks[ChunkColumn.REQUEST_ID].combine_chunks()
     times = np.asarray(
-        pc.cast(token_chunks["t_ns"], pa.float64()).to_numpy(zero_copy_only=False), float
+        pc.cast(token_chunks[ChunkColumn.T_NS], pa.float64()).to_numpy(zero_copy_only=False), float
     )
     changed = pc.fill_null(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)), True)
     boundaries = np.flatnonzero(np.asarray(changed.to_numpy(zero_copy_only=False), bool)) + 1
@@ -200,7 +204,7 @@ def outcome_counts(status: np.ndarray, error_class: np.ndarray) -> dict:
     """
     by_status = dict.fromkeys(STATUSES, 0)
     for s in status:
-        key = s if s is not None else "unknown"
+        key = s if s is not None else RequestStatus.UNKNOWN.value
         by_status[key] = by_status.get(key, 0) + 1
     by_error_class: dict[str, int] = {}
     for e in error_class:

@@ -12,13 +12,19 @@ from slo.conventions import conventions_summary
 from slo.errors import SLOError
 from slo.frame import RequestMetrics
 from slo.goodput import goodput_summary
-from slo.run_tables import RunTables, load_run
+from slo.runrecord import (
+    SUMMARY_SCHEMA_VERSION,
+    Endpoint,
+    RunManifest,
+    RunRecordError,
+    RunTables,
+    open_run,
+)
 from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_NUM_PHASES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
 from slo.stats import bootstrap_quantile_ci
 from slo.verdicts import evaluate
 
-SUMMARY_SCHEMA_VERSION = 1
 DEFAULT_CLIENT_BOUND_MS = 10.0
 DEFAULT_CI_CONFIDENCE = 0.95
 
@@ -99,7 +105,7 @@ def error_rate(rm: RequestMetrics) -> float | None:
 
 
 def output_tokens_source(rm: RequestMetrics) -> tuple[str | None, dict]:
-    """(`usage` | `client_count` | `mixed` | None, counts per source) over all requests."""
+    """(a `TokenSource` value | `mixed` | None, counts per source) over all requests."""
     sources: dict[str, int] = {}
     for s in rm.output_tokens_source:
         if s is not None:
@@ -149,10 +155,10 @@ def core_summary(
     }
 
 
-def _resolve_spec(slo_spec, manifest: dict) -> SLOSpec | None:
+def _resolve_spec(slo_spec, manifest: RunManifest | None) -> SLOSpec | None:
     if slo_spec is not None:
         return as_spec(slo_spec)
-    recorded = manifest.get("slo")
+    recorded = manifest.slo if manifest is not None else None
     return as_spec(recorded) if isinstance(recorded, dict) else None
 
 
@@ -176,7 +182,7 @@ def summarize_tables(
     ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     summary.update(core_summary(rm, client_bound_ms=client_bound_ms, rng=ci_rng))
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
-    summary["run_complete"] = tables.manifest.get("complete")
+    summary["run_complete"] = tables.manifest.complete if tables.manifest else None
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
     summary["slices"] = slices_summary(
         rm, spec, input_edges=input_edges, output_edges=output_edges, num_phases=num_phases
@@ -187,8 +193,9 @@ def summarize_tables(
         summary["slo"] = evaluate(rm, spec, rng=slo_rng)
         summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
     if conventions == "all":
-        target = tables.manifest.get("target") or {}
-        endpoint = "chat" if "chat" in str(target.get("endpoint") or "") else "completions"
+        target = tables.manifest.target if tables.manifest else {}
+        chat = Endpoint.CHAT.value in str(target.get("endpoint") or "")
+        endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETIONS
         summary["conventions"] = conventions_summary(rm, tables.chunks, endpoint)
     return summary
 
@@ -213,8 +220,12 @@ def summarize(
     for a missing or unreadable run directory and for a bad SLO spec. The latency blocks
     carry seeded bootstrap intervals (`ci`) at 95%.
     """
+    try:
+        tables = open_run(run_dir)
+    except RunRecordError as exc:
+        raise SLOError(str(exc)) from exc
     return summarize_tables(
-        load_run(run_dir),
+        tables,
         slo_spec,
         seed=seed,
         conventions=conventions,

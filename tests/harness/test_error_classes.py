@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 
 import pytest
 
-from harness.client import ClientOptions, RequestPayload, build_body, make_session
+from harness.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.loadgen import LoadPlan, run_load
 from harness.mock_server import MockConfig, start_mock
 from harness.records import RecordContext, to_rows
@@ -37,16 +38,15 @@ async def _drive(
         results = []
         plan = LoadPlan(_payloads(options, n), [0.0] * n)
         t0 = {}
-        async with make_session(options, max_connections=n) as session:
+        async with AiohttpTransport(options, max_connections=n) as transport:
             await run_load(
-                session,
-                options,
+                transport,
                 plan,
                 results.append,
                 start_callback=lambda t: t0.setdefault("t", t),
             )
         ctx = RecordContext(t0_ns=t0["t"], is_chat=options.is_chat)
-        return [to_rows(raw, 3, ctx)[0] for raw in results]
+        return [dataclasses.asdict(to_rows(raw, 3, ctx)[0]) for raw in results]
     finally:
         if runner is not None:
             await runner.cleanup()
@@ -85,9 +85,10 @@ def test_bad_request_is_http_4xx():
             options = ClientOptions(base_url=base_url, model="mock")
             plan = LoadPlan([RequestPayload("bad", b"{not json")], [0.0])
             results = []
-            async with make_session(options, max_connections=1) as session:
-                await run_load(session, options, plan, results.append)
-            return to_rows(results[0], None, RecordContext(t0_ns=0, is_chat=False))[0]
+            async with AiohttpTransport(options, max_connections=1) as transport:
+                await run_load(transport, plan, results.append)
+            record = to_rows(results[0], None, RecordContext(t0_ns=0, is_chat=False))[0]
+            return dataclasses.asdict(record)
         finally:
             await runner.cleanup()
 

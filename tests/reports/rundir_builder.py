@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from slo.run_tables import CHUNKS_SCHEMA, REQUESTS_SCHEMA
+from slo.runrecord import CHUNKS_SCHEMA, REQUESTS_SCHEMA
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000

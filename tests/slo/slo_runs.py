@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from slo.run_tables import CHUNKS_SCHEMA, REQUESTS_SCHEMA
+from slo.runrecord import CHUNKS_SCHEMA, REQUESTS_SCHEMA
 
 
 def ms(value_ms: float | None) -> int | None:

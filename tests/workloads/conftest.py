@@ -77,12 +77,12 @@ def metaspace_tokenizer() -> WordPieceLike:
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """The reference engine's tiny-random tokenizer (built in-process, no download)."""
-    weights = pytest.importorskip("engine_ref.loading.weights")
+    weights = pytest.importorskip("engine_ref.loading")
     return weights.load_tokenizer("tiny-random")
 
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """SmolLM2-135M's tokenizer (fetched once into the cache); used by slow tests."""
-    weights = pytest.importorskip("engine_ref.loading.weights")
+    weights = pytest.importorskip("engine_ref.loading")
     return weights.load_tokenizer("smollm2-135m")

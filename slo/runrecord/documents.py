@@ -1,0 +1,146 @@
+"""The JSON documents of a run directory: `manifest.json` and `summary.json`.
+
+Both are frozen dataclasses with a `schema_version`; `from_json` refuses a version this code
+does not know, and unknown fields, in one sentence each, so a reader never guesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from slo.runrecord.errors import RunRecordError
+
+MANIFEST_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 1
+
+
+def _check_document(cls, data: Any, what: str, version: int) -> dict:
+    if not isinstance(data, dict):
+        raise RunRecordError(f"{what} must be a JSON object, got {type(data).__name__}.")
+    found = data.get("schema_version")
+    if found != version:
+        raise RunRecordError(
+            f"{what} has schema_version {found!r}; this version of bench reads only "
+            f"{version}: use the bench release that wrote it."
+        )
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RunRecordError(
+            f"{what} has fields this version of bench does not know ({', '.join(unknown)})."
+        )
+    return data
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    """What was run, against what, and how it ended (`manifest.json`).
+
+    Nested sections stay plain JSON objects: `target` (`kind`, `url`, `model`, `endpoint`,
+    `engine`, `engine_version`, `dtype`, `engine_config`, `server_log`), `hardware`,
+    `versions`, `workload` (the workload manifest, with its `sha256`), `slo` (the spec's dict
+    or None), `fault_plan`, `config` (the run config). `t0_ns` is the `perf_counter_ns()` that
+    every relative time in the tables is measured from. `complete` is false until the run
+    finished normally; `interrupted_reason` says why not.
+    """
+
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    harness_version: str | None = None
+    git_sha: str | None = None
+    command_line: list[str] | str | None = None
+    run_id: str | None = None
+    target: dict = field(default_factory=dict)
+    hardware: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    workload: dict = field(default_factory=dict)
+    slo: dict | None = None
+    fault_plan: dict | None = None
+    started_at: str | None = None
+    t0_ns: int | None = None
+    config: dict = field(default_factory=dict)
+    complete: bool = False
+    ended_at: str | None = None
+    interrupted_reason: str | None = None
+    num_requests_recorded: int | None = None
+    num_warmup_recorded: int | None = None
+    server_metrics_samples: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, *, what: str = "manifest.json") -> RunManifest:
+        return cls(**_check_document(cls, data, what, MANIFEST_SCHEMA_VERSION))
+
+    @classmethod
+    def from_json(cls, text: str, *, what: str = "manifest.json") -> RunManifest:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise RunRecordError(f"{what} is not valid JSON ({exc}).") from exc
+        return cls.from_dict(data, what=what)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
+    def evolve(self, **changes) -> RunManifest:
+        """A copy with `changes` applied (the manifest itself never changes)."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What `slo` computed from a run's tables (`summary.json`); see the `slo` package docstring
+    for each section. `conventions` is present only when asked for."""
+
+    schema_version: int = SUMMARY_SCHEMA_VERSION
+    definitions: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+    error_rate: float | None = None
+    window_s: float | None = None
+    throughput: dict = field(default_factory=dict)
+    latency_ms: dict = field(default_factory=dict)
+    dispatch_lag_ms: dict = field(default_factory=dict)
+    client_bound: bool = False
+    client_bound_threshold_ms: float | None = None
+    output_tokens_source: str | None = None
+    output_tokens_source_counts: dict = field(default_factory=dict)
+    ci_confidence: float | None = None
+    run_complete: bool | None = None
+    little_law: dict | None = None
+    slices: dict = field(default_factory=dict)
+    slo: dict | None = None
+    goodput: dict | None = None
+    conventions: dict | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:
+        return cls(**_check_document(cls, data, what, SUMMARY_SCHEMA_VERSION))
+
+    @classmethod
+    def from_json(cls, text: str, *, what: str = "summary.json") -> RunSummary:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise RunRecordError(f"{what} is not valid JSON ({exc}).") from exc
+        return cls.from_dict(data, what=what)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        if data["conventions"] is None:
+            del data["conventions"]
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,69 @@
+"""The closed vocabularies of a run record: request status, error class, output-token source and
+endpoint. Every other module uses these members; none spells their strings."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from slo.runrecord.errors import RunRecordError
+
+
+class RequestStatus(StrEnum):
+    """The one terminal outcome of a request, as `requests.parquet` stores it."""
+
+    OK = "ok"
+    ERROR = "error"  # with an ErrorClass saying which
+    TIMEOUT = "timeout"  # no complete response within the per-request timeout
+    CANCELLED = "cancelled"  # the run stopped while the request was in flight
+    REJECTED = "rejected"  # the server refused it explicitly (429)
+    UNKNOWN = "unknown"  # no record of how it ended
+
+
+class ErrorClass(StrEnum):
+    """Why a request did not finish `ok`; null for `ok` and `cancelled` requests."""
+
+    CONNECTION_REFUSED = "connection_refused"
+    CONNECTION_ERROR = "connection_error"  # other connect failures
+    CONNECTION_RESET = "connection_reset"
+    REJECTED_429 = "rejected_429"
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    TIMEOUT = "timeout"
+    INCOMPLETE_STREAM = "incomplete_stream"  # the stream ended without [DONE]
+    MALFORMED_SSE = "malformed_sse"
+    MALFORMED_JSON = "malformed_json"
+    STREAM_ERROR = "stream_error"  # an {"error": ...} event inside a 200 stream
+    CLIENT_ERROR = "client_error"
+
+
+class TokenSource(StrEnum):
+    """Where a request's `output_tokens` figure came from."""
+
+    USAGE = "usage"  # the server's `usage.completion_tokens`
+    TOKENIZER = "tokenizer"  # the output text retokenised with the run's tokenizer
+    CHUNK_COUNT = "chunk_count"  # the number of token-bearing chunks
+
+    @property
+    def counted_by_client(self) -> bool:
+        """True when the client, not the server, counted the tokens."""
+        return self is not TokenSource.USAGE
+
+
+class Endpoint(StrEnum):
+    """The OpenAI-compatible API a run drives, with its path under the base URL."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+    @property
+    def path(self) -> str:
+        return "/chat/completions" if self is Endpoint.CHAT else "/completions"
+
+
+def parse_enum(kind: type[StrEnum], value: object, what: str) -> StrEnum:
+    """`kind(value)`, or RunRecordError naming the allowed values in one sentence."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise RunRecordError(f"{what} must be one of {allowed}, got {value!r}.") from None

@@ -1,0 +1,121 @@
+"""Opening a run directory: its tables and documents, as the contract defines them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from slo.runrecord.documents import RunManifest, RunSummary
+from slo.runrecord.errors import RunRecordError
+from slo.runrecord.schema import (
+    CHUNKS_SCHEMA,
+    REQUESTS_SCHEMA,
+    SERVER_METRICS_SCHEMA,
+    RequestColumn,
+)
+
+MANIFEST_FILE = "manifest.json"
+SUMMARY_FILE = "summary.json"
+REQUESTS_FILE = "requests.parquet"
+WARMUP_FILE = "warmup.parquet"
+CHUNKS_FILE = "chunks.parquet"
+SERVER_METRICS_FILE = "server_metrics.parquet"
+
+
+@dataclass(frozen=True)
+class RunTables:
+    """The tables of one run directory, as read from disk.
+
+    `chunks`, `warmup` and `server_metrics` are empty tables with the contract's columns when
+    the run has no such file; `manifest` is None when it has no `manifest.json`.
+    """
+
+    requests: pa.Table
+    chunks: pa.Table
+    manifest: RunManifest | None = None
+    warmup: pa.Table = field(default_factory=REQUESTS_SCHEMA.empty_table)
+    server_metrics: pa.Table = field(default_factory=SERVER_METRICS_SCHEMA.empty_table)
+
+
+def _read_table(path: Path, empty: pa.Schema | None) -> pa.Table:
+    if not path.is_file():
+        if empty is None:
+            raise RunRecordError(
+                f"{path.parent} has no {path.name}; pass a run directory written by bench."
+            )
+        return empty.empty_table()
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise RunRecordError(f"{path} is not a readable parquet file ({exc}).") from exc
+
+
+def open_run(run_dir: Path | str) -> RunTables:
+    """Read a run directory written by `RunWriter`.
+
+    Raises `RunRecordError` when the directory or its `requests.parquet` is missing or
+    unreadable, or its manifest has an unknown schema version. Warm-up rows (`is_warmup` true),
+    if a writer left any in `requests.parquet`, are dropped.
+    """
+    run_dir = Path(run_dir)
+    requests = _read_table(run_dir / REQUESTS_FILE, None)
+    if RequestColumn.REQUEST_ID not in requests.column_names:
+        raise RunRecordError(
+            f"{run_dir / REQUESTS_FILE} has no {RequestColumn.REQUEST_ID.value} column; "
+            "it does not follow the contract."
+        )
+    if RequestColumn.IS_WARMUP in requests.column_names:
+        warm = pc.fill_null(requests[RequestColumn.IS_WARMUP], False)
+        requests = requests.filter(pc.invert(warm))
+    manifest_path = run_dir / MANIFEST_FILE
+    return RunTables(
+        requests=requests,
+        chunks=_read_table(run_dir / CHUNKS_FILE, CHUNKS_SCHEMA),
+        manifest=read_manifest(run_dir) if manifest_path.is_file() else None,
+        warmup=_read_table(run_dir / WARMUP_FILE, REQUESTS_SCHEMA),
+        server_metrics=_read_table(run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA),
+    )
+
+
+def read_manifest(run_dir: Path | str) -> RunManifest:
+    """`manifest.json` of `run_dir`; RunRecordError when missing, not JSON or of another version."""
+    path = Path(run_dir) / MANIFEST_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise RunRecordError(
+            f"{run_dir} has no {MANIFEST_FILE}; pass a run directory written by bench."
+        ) from exc
+    except OSError as exc:
+        raise RunRecordError(f"cannot read {path} ({exc.strerror or exc}).") from exc
+    return RunManifest.from_json(text, what=str(path))
+
+
+def read_summary(run_dir: Path | str) -> RunSummary:
+    """`summary.json` of `run_dir`; RunRecordError when missing, not JSON or of another version."""
+    path = Path(run_dir) / SUMMARY_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise RunRecordError(f"{run_dir} has no {SUMMARY_FILE}; run `bench report` on it.") from exc
+    return RunSummary.from_json(text, what=str(path))
+
+
+def float_column(table: pa.Table, name: str) -> np.ndarray:
+    """Column `name` as float64 with NaN for nulls; all-NaN when the column is absent."""
+    if name not in table.column_names:
+        return np.full(table.num_rows, np.nan)
+    column = pc.cast(table[name], pa.float64())
+    return np.asarray(pc.fill_null(column, np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def string_column(table: pa.Table, name: str) -> np.ndarray:
+    """Column `name` as an object array of str, with None for nulls (all None when absent)."""
+    if name not in table.column_names:
+        return np.full(table.num_rows, None, dtype=object)
+    return np.asarray(table[name].to_pylist(), dtype=object)

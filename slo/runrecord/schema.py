@@ -1,0 +1,216 @@
+"""The Arrow schemas of a run directory's tables, their column names, and typed rows.
+
+`requests.parquet` and `warmup.parquet` share `REQUESTS_SCHEMA` (one row per request),
+`chunks.parquet` has one row per received stream event, `server_metrics.parquet` one row per
+scraped Prometheus sample. Times are int64 nanoseconds relative to the manifest's `t0_ns`; a null
+time means the event never happened. The column names are members of the `*Column` enums; code
+outside this module names columns only through them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import astuple, dataclass, fields
+from enum import StrEnum
+
+import pyarrow as pa
+
+from slo.runrecord.enums import ErrorClass, RequestStatus, TokenSource
+from slo.runrecord.errors import RunRecordError
+
+
+class RequestColumn(StrEnum):
+    """Columns of `requests.parquet` / `warmup.parquet`, in file order."""
+
+    REQUEST_ID = "request_id"
+    T_SCHEDULED_NS = "t_scheduled_ns"  # when the schedule said to send it
+    T_SENT_NS = "t_sent_ns"  # just before the request was written
+    T_FIRST_BYTE_NS = "t_first_byte_ns"  # response headers received
+    T_FIRST_TOKEN_NS = "t_first_token_ns"  # first token-bearing chunk
+    T_LAST_TOKEN_NS = "t_last_token_ns"
+    T_DONE_NS = "t_done_ns"  # the request's terminal event
+    STATUS = "status"  # a RequestStatus
+    HTTP_STATUS = "http_status"
+    ERROR_CLASS = "error_class"  # an ErrorClass, or null
+    ERROR_MESSAGE = "error_message"
+    FINISH_REASON = "finish_reason"  # as the server said
+    INPUT_TOKENS = "input_tokens"  # from the workload, by its tokenizer
+    USAGE_PROMPT_TOKENS = "usage_prompt_tokens"  # as the server reported; null when absent
+    USAGE_COMPLETION_TOKENS = "usage_completion_tokens"
+    CLIENT_OUTPUT_TOKENS = "client_output_tokens"  # counted by the client
+    OUTPUT_TOKENS = "output_tokens"  # the figure metrics use
+    OUTPUT_TOKENS_SOURCE = "output_tokens_source"  # a TokenSource
+    OUTPUT_CHARS = "output_chars"
+    OUTPUT_SHA256 = "output_sha256"
+    NUM_CHUNKS = "num_chunks"
+    IS_WARMUP = "is_warmup"
+    OUTPUT_VALID = "output_valid"  # null: not checked; false: a verifier rejected the output
+
+
+class ChunkColumn(StrEnum):
+    """Columns of `chunks.parquet`."""
+
+    REQUEST_ID = "request_id"
+    T_NS = "t_ns"
+    N_TOKENS = "n_tokens"  # tokens in the event; 0 for role- or usage-only events
+    N_CHARS = "n_chars"
+
+
+class ServerMetricColumn(StrEnum):
+    """Columns of `server_metrics.parquet`."""
+
+    T_NS = "t_ns"
+    NAME = "name"  # the Prometheus sample name
+    LABELS = "labels"  # JSON object, keys sorted
+    VALUE = "value"
+
+
+REQUEST_TIME_COLUMNS = (
+    RequestColumn.T_SCHEDULED_NS,
+    RequestColumn.T_SENT_NS,
+    RequestColumn.T_FIRST_BYTE_NS,
+    RequestColumn.T_FIRST_TOKEN_NS,
+    RequestColumn.T_LAST_TOKEN_NS,
+    RequestColumn.T_DONE_NS,
+)
+
+_C = RequestColumn
+_REQUEST_TYPES = {
+    _C.REQUEST_ID: pa.string(),
+    **dict.fromkeys(REQUEST_TIME_COLUMNS, pa.int64()),
+    _C.STATUS: pa.string(),
+    _C.HTTP_STATUS: pa.int32(),
+    _C.ERROR_CLASS: pa.string(),
+    _C.ERROR_MESSAGE: pa.string(),
+    _C.FINISH_REASON: pa.string(),
+    _C.INPUT_TOKENS: pa.int32(),
+    _C.USAGE_PROMPT_TOKENS: pa.int32(),
+    _C.USAGE_COMPLETION_TOKENS: pa.int32(),
+    _C.CLIENT_OUTPUT_TOKENS: pa.int32(),
+    _C.OUTPUT_TOKENS: pa.int32(),
+    _C.OUTPUT_TOKENS_SOURCE: pa.string(),
+    _C.OUTPUT_CHARS: pa.int32(),
+    _C.OUTPUT_SHA256: pa.string(),
+    _C.NUM_CHUNKS: pa.int32(),
+    _C.IS_WARMUP: pa.bool_(),
+    _C.OUTPUT_VALID: pa.bool_(),
+}
+REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
+
+CHUNKS_SCHEMA = pa.schema(
+    [
+        (ChunkColumn.REQUEST_ID.value, pa.string()),
+        (ChunkColumn.T_NS.value, pa.int64()),
+        (ChunkColumn.N_TOKENS.value, pa.int32()),
+        (ChunkColumn.N_CHARS.value, pa.int32()),
+    ]
+)
+
+SERVER_METRICS_SCHEMA = pa.schema(
+    [
+        (ServerMetricColumn.T_NS.value, pa.int64()),
+        (ServerMetricColumn.NAME.value, pa.string()),
+        (ServerMetricColumn.LABELS.value, pa.string()),
+        (ServerMetricColumn.VALUE.value, pa.float64()),
+    ]
+)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One row of `requests.parquet`, field for column (see `RequestColumn` for meanings).
+
+    The enum-typed fields accept their members or their string values; anything else is a
+    `RunRecordError` when the row is written, so a misspelt status never reaches disk.
+    """
+
+    request_id: str
+    t_scheduled_ns: int | None = None
+    t_sent_ns: int | None = None
+    t_first_byte_ns: int | None = None
+    t_first_token_ns: int | None = None
+    t_last_token_ns: int | None = None
+    t_done_ns: int | None = None
+    status: RequestStatus = RequestStatus.UNKNOWN
+    http_status: int | None = None
+    error_class: ErrorClass | None = None
+    error_message: str | None = None
+    finish_reason: str | None = None
+    input_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    client_output_tokens: int | None = None
+    output_tokens: int | None = None
+    output_tokens_source: TokenSource | None = None
+    output_chars: int | None = None
+    output_sha256: str | None = None
+    num_chunks: int | None = None
+    is_warmup: bool = False
+    output_valid: bool | None = None
+
+    def validated(self) -> tuple:
+        """The row as a tuple in column order, with enum fields checked and stored as strings."""
+        row = list(astuple(self))
+        for index, kind, what in _ENUM_FIELDS:
+            value = row[index]
+            if value is None:
+                if kind is RequestStatus:
+                    raise RunRecordError(f"request {self.request_id!r} has no status.")
+                continue
+            try:
+                row[index] = kind(value).value
+            except ValueError:
+                allowed = ", ".join(m.value for m in kind)
+                raise RunRecordError(
+                    f"request {self.request_id!r}: {what} must be one of {allowed}, got {value!r}."
+                ) from None
+        return tuple(row)
+
+
+@dataclass(slots=True)
+class ChunkRecord:
+    """One row of `chunks.parquet`."""
+
+    request_id: str
+    t_ns: int
+    n_tokens: int
+    n_chars: int
+
+
+_NAMES = [f.name for f in fields(RequestRecord)]
+if _NAMES != [c.value for c in RequestColumn] or [f.name for f in fields(ChunkRecord)] != [
+    c.value for c in ChunkColumn
+]:  # the record types and the column enums are one contract; keep them in step
+    raise RunRecordError(
+        "run-record columns and record fields differ; fix slo/runrecord/schema.py."
+    )
+_ENUM_FIELDS = (
+    (_NAMES.index(RequestColumn.STATUS), RequestStatus, RequestColumn.STATUS.value),
+    (_NAMES.index(RequestColumn.ERROR_CLASS), ErrorClass, RequestColumn.ERROR_CLASS.value),
+    (
+        _NAMES.index(RequestColumn.OUTPUT_TOKENS_SOURCE),
+        TokenSource,
+        RequestColumn.OUTPUT_TOKENS_SOURCE.value,
+    ),
+)
+
+
+def requests_table(records: list[RequestRecord]) -> pa.Table:
+    """A `REQUESTS_SCHEMA` table from records (validated; see `RequestRecord.validated`)."""
+    if not records:
+        return REQUESTS_SCHEMA.empty_table()
+    columns = list(zip(*(r.validated() for r in records), strict=True))
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, REQUESTS_SCHEMA, strict=True)],
+        schema=REQUESTS_SCHEMA,
+    )
+
+
+def columns_table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
+    """A table of `schema` from row tuples in column order (chunks, server metrics)."""
+    if not rows:
+        return schema.empty_table()
+    columns = list(zip(*rows, strict=True))
+    return pa.Table.from_arrays(
+        [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
+        schema=schema,
+    )
