@@ -173,6 +173,7 @@ def _render(summary: dict, run_dir: Path, console) -> None:
 @click.option("--stall-s", type=float)
 @click.option("--seed", type=int)
 @click.option("--model")
+@click.option("--no-usage", "usage", flag_value=False, default=None, help="Never report usage.")
 def mock_server(host: str, port: int, **kwargs) -> None:
     """Serve a mock OpenAI-compatible engine with configurable latency and failures."""
     import asyncio

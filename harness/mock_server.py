@@ -39,6 +39,7 @@ class MockConfig:
     stall_s: float = 5.0
     seed: int = 0
     model: str = "mock"
+    usage: bool = True  # False: never report usage (as llama.cpp's server when streaming)
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0:
@@ -64,6 +65,7 @@ class MockEngine:
         self.rng = random.Random(config.seed)
         self.slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
         self.requests_seen = 0
+        self.requests_by_path: dict[str, int] = {}
 
     def _draw_fault(self) -> str | None:
         u = self.rng.random()
@@ -76,6 +78,12 @@ class MockEngine:
     def _jitter(self) -> float:
         sigma = self.config.jitter_sigma
         return math.exp(self.rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
+
+    async def stats(self, _request: web.Request) -> web.Response:
+        """What the mock has served: `{requests_seen, requests_by_path}` (for tests)."""
+        return web.json_response(
+            {"requests_seen": self.requests_seen, "requests_by_path": self.requests_by_path}
+        )
 
     async def models(self, _request: web.Request) -> web.Response:
         return web.json_response(
@@ -90,6 +98,7 @@ class MockEngine:
             asyncio.get_running_loop().time()
         )  # service starts on arrival, before the body is read
         self.requests_seen += 1
+        self.requests_by_path[request.path] = self.requests_by_path.get(request.path, 0) + 1
         try:
             body = await request.json()
         except json.JSONDecodeError:
@@ -132,9 +141,10 @@ class MockEngine:
             choice.update(
                 {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
             )
-            return web.json_response(
-                {"id": "mock", "object": "completion", "choices": [choice], "usage": usage}
-            )
+            answer = {"id": "mock", "object": "completion", "choices": [choice]}
+            if cfg.usage:
+                answer["usage"] = usage
+            return web.json_response(answer)
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
@@ -164,7 +174,7 @@ class MockEngine:
             await response.write(
                 _event(_chunk(cfg.model, created, chat, f" t{i}", finish_reason=reason))
             )
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if cfg.usage and (body.get("stream_options") or {}).get("include_usage"):
             final = {
                 "id": "mock",
                 "object": "chunk",
@@ -214,6 +224,7 @@ def make_app(config: MockConfig) -> web.Application:
     app[ENGINE_KEY] = engine
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/health", engine.health)
+    app.router.add_get("/stats", engine.stats)
     app.router.add_post("/v1/completions", engine.generate)
     app.router.add_post("/v1/chat/completions", engine.generate)
     return app

@@ -25,6 +25,7 @@ REQUESTS_FILE = "requests.parquet"
 WARMUP_FILE = "warmup.parquet"
 CHUNKS_FILE = "chunks.parquet"
 SERVER_METRICS_FILE = "server_metrics.parquet"
+PARTS_DIR = ".parts"  # a writer's row groups until it closes (see `RunWriter`)
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,23 @@ class RunTables:
     server_metrics: pa.Table = field(default_factory=SERVER_METRICS_SCHEMA.empty_table)
 
 
+def part_paths(run_dir: Path, name: str) -> list[Path]:
+    """The parts a writer left for table file `name`, in the order they were written."""
+    stem = name.removesuffix(".parquet")
+    return sorted((Path(run_dir) / PARTS_DIR).glob(f"{stem}-*.parquet"))
+
+
 def _read_table(path: Path, empty: pa.Schema | None) -> pa.Table:
+    parts = part_paths(path.parent, path.name)
+    if parts:  # the writer has not closed (still running, or it died): read what it wrote
+        try:
+            tables = [pq.read_table(p) for p in parts]
+        except (OSError, pa.ArrowException) as exc:
+            raise RunRecordError(f"{parts[0].parent} holds an unreadable part ({exc}).") from exc
+        return pa.concat_tables(tables)
     if not path.is_file():
+        if (path.parent / PARTS_DIR).is_dir():  # a writer started but wrote no row yet
+            return (empty or REQUESTS_SCHEMA).empty_table()
         if empty is None:
             raise RunRecordError(
                 f"{path.parent} has no {path.name}; pass a run directory written by bench."

@@ -1,12 +1,16 @@
-"""The incremental run-directory writer: the manifest first, then rows in parquet row groups.
+"""The incremental run-directory writer: the manifest first, then rows in parquet parts.
 
 The manifest is written at the start with `complete: false` and rewritten by `close`, so an
-interrupted run is readable and says so. Every `append_*` call adds one row group; rows already
-written survive a crash of the writer's process.
+interrupted run says so. Every `append_*` call writes one small, complete parquet file under
+`.parts/` (a parquet file is unreadable until its footer is written, so one long-open file would
+lose everything to a crash); `close` streams the parts of each table into its final file, one
+row group per part, and removes them. A run whose writer died keeps its parts, and `open_run`
+reads them, so every row appended before a crash, even a SIGKILL, is still there.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +22,12 @@ from slo.runrecord.documents import RunManifest, RunSummary, write_json_atomic
 from slo.runrecord.reader import (
     CHUNKS_FILE,
     MANIFEST_FILE,
+    PARTS_DIR,
     REQUESTS_FILE,
     SERVER_METRICS_FILE,
     SUMMARY_FILE,
     WARMUP_FILE,
+    part_paths,
 )
 from slo.runrecord.schema import (
     CHUNKS_SCHEMA,
@@ -32,6 +38,12 @@ from slo.runrecord.schema import (
     requests_table,
 )
 
+_TABLES = (
+    (REQUESTS_FILE, REQUESTS_SCHEMA),
+    (CHUNKS_FILE, CHUNKS_SCHEMA),
+    (WARMUP_FILE, REQUESTS_SCHEMA),
+)
+
 
 @dataclass
 class RunWriter:
@@ -39,21 +51,18 @@ class RunWriter:
 
     run_dir: Path
     manifest: RunManifest
-    _writers: dict[str, pq.ParquetWriter] = field(default_factory=dict)
     _counts: dict[str, int] = field(default_factory=dict)
+    _parts: dict[str, int] = field(default_factory=dict)
     closed: bool = False
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
+        (self.run_dir / PARTS_DIR).mkdir(exist_ok=True)
         self.manifest = self.manifest.evolve(complete=False)
         self.write_manifest()
-        for name, schema in (
-            (REQUESTS_FILE, REQUESTS_SCHEMA),
-            (CHUNKS_FILE, CHUNKS_SCHEMA),
-            (WARMUP_FILE, REQUESTS_SCHEMA),
-        ):
-            self._writers[name] = pq.ParquetWriter(self.run_dir / name, schema)
+        for name, _ in _TABLES:
             self._counts[name] = 0
+            self._parts[name] = 0
 
     def write_manifest(self) -> None:
         write_json_atomic(self.run_dir / MANIFEST_FILE, self.manifest.to_json())
@@ -64,20 +73,27 @@ class RunWriter:
         self.write_manifest()
 
     def append_requests(self, records: list[RequestRecord]) -> None:
-        """Append measured requests as one row group (validated: see `RequestRecord`)."""
+        """Append measured requests (validated: see `RequestRecord`)."""
         self._write(REQUESTS_FILE, requests_table(records))
 
     def append_warmup(self, records: list[RequestRecord]) -> None:
         self._write(WARMUP_FILE, requests_table(records))
 
     def append_chunks(self, rows: list[tuple[str, int, int, int]]) -> None:
-        """Append `(request_id, t_ns, n_tokens, n_chars)` rows as one row group."""
+        """Append `(request_id, t_ns, n_tokens, n_chars)` rows."""
         self._write(CHUNKS_FILE, columns_table(rows, CHUNKS_SCHEMA))
 
     def _write(self, name: str, table: pa.Table) -> None:
+        if self.closed:
+            raise ValueError("the run writer is closed")
         if table.num_rows == 0:
             return
-        self._writers[name].write_table(table)
+        self._parts[name] += 1
+        stem = name.removesuffix(".parquet")
+        final = self.run_dir / PARTS_DIR / f"{stem}-{self._parts[name]:06d}.parquet"
+        tmp = final.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        tmp.replace(final)  # a part is either whole or absent
         self._counts[name] += table.num_rows
 
     @property
@@ -85,14 +101,17 @@ class RunWriter:
         return self._counts[REQUESTS_FILE]
 
     def close(self, *, complete: bool, reason: str | None = None, **manifest_changes) -> None:
-        """Close the tables and rewrite the manifest with the run's end state."""
+        """Merge the parts into the final tables and rewrite the manifest with the end state."""
         if self.closed:
             return
+        self.closed = True
         try:
-            for writer in self._writers.values():
-                writer.close()
+            for name, schema in _TABLES:
+                with pq.ParquetWriter(self.run_dir / name, schema) as out:
+                    for part in part_paths(self.run_dir, name):
+                        out.write_table(pq.read_table(part))
+            shutil.rmtree(self.run_dir / PARTS_DIR, ignore_errors=True)
         finally:
-            self.closed = True
             self.update_manifest(
                 complete=complete,
                 interrupted_reason=reason,
