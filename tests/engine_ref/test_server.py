@@ -12,9 +12,10 @@ import urllib.request
 import aiohttp
 import openai
 import pytest
+from server_fixtures import running_server
 
 from engine_ref.core.engine_config import EngineConfig
-from engine_ref.serving.server import ServerConfig, running_server
+from engine_ref.serving.server import ServerConfig
 
 MODEL = "tiny-random"
 # 512 blocks of 16 tokens: plenty for these tests, and a small allocation.

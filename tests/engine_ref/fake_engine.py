@@ -1,0 +1,125 @@
+"""A scripted fake engine with the `LLMEngine` API (`EngineInterface`), for fast, deterministic
+server tests: it emits SCRIPT_TEXT's tokens and fails or stalls on demand."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from engine_ref.core.detokenizer import IncrementalDetokenizer
+from engine_ref.core.engine import CompletionOutput, RequestOutput
+from engine_ref.core.engine_config import SamplingParams
+from engine_ref.core.scheduler import QueueFullError
+from engine_ref.loading.tiny_random import build_tiny_tokenizer
+
+SCRIPT_TEXT = "Hello 東京 😀 world! "
+
+
+@dataclass
+class _FakeRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    detoks: list[IncrementalDetokenizer]
+    produced: list[int] = field(default_factory=list)
+
+
+class FakeEngine:
+    """Emits the tokens of SCRIPT_TEXT in a cycle, one per step per sample, until max_tokens.
+    At most `max_running` requests run; `max_waiting` more may wait. `fail_next_step` makes
+    the next step raise, `fail_next_add` the next add (as a bug would). Each running sample holds one KV "block"."""
+
+    def __init__(self, *, max_running: int = 64, max_waiting: int = 64, step_s: float = 0.0):
+        self.tokenizer = build_tiny_tokenizer()
+        self.config = SimpleNamespace(model="fake-model")
+        self.max_model_len = 128  # reported through stats(), as LLMEngine does
+        self.script = self.tokenizer.encode(SCRIPT_TEXT)
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.step_s = step_s
+        self.fail_next_step = False
+        self.fail_next_add = False
+        self.stalled = False
+        self.step_calls = 0
+        self.num_steps = 0
+        self.running: dict[str, _FakeRequest] = {}
+        self.waiting: dict[str, _FakeRequest] = {}
+        self.aborted: list[str] = []
+        self.total_blocks = 256
+
+    def add_request(self, request_id, prompt_token_ids, params, *, priority=0):
+        if self.fail_next_add:
+            self.fail_next_add = False
+            raise KeyError("unexpected bug")
+        if len(self.waiting) >= self.max_waiting:
+            raise QueueFullError("waiting queue full")
+        detoks = [
+            IncrementalDetokenizer(self.tokenizer.decode, prompt_token_ids) for _ in range(params.n)
+        ]
+        self.waiting[request_id] = _FakeRequest(request_id, prompt_token_ids, params, detoks)
+
+    def abort(self, request_id):
+        if self.running.pop(request_id, None) or self.waiting.pop(request_id, None):
+            self.aborted.append(request_id)
+
+    def has_unfinished(self):
+        return bool(self.running or self.waiting)
+
+    def step(self):
+        self.step_calls += 1
+        if self.stalled:  # nothing can be scheduled: no progress, no outputs
+            return []
+        self.num_steps += 1
+        time.sleep(self.step_s)
+        if self.fail_next_step:
+            self.fail_next_step = False
+            raise RuntimeError("injected failure")
+        while self.waiting and len(self.running) < self.max_running:
+            request_id = next(iter(self.waiting))
+            self.running[request_id] = self.waiting.pop(request_id)
+        outputs = []
+        for request in list(self.running.values()):
+            token = self.script[len(request.produced) % len(self.script)]
+            request.produced.append(token)
+            done = len(request.produced) >= request.params.max_tokens
+            completions = []
+            for index, detok in enumerate(request.detoks):
+                text = detok.add([token]) + (detok.flush() if done else "")
+                logprobs = None
+                if request.params.logprobs is not None:
+                    logprobs = [{token: -0.5, (token + 1) % 512: -1.5, (token + 2) % 512: -2.5}]
+                completions.append(
+                    CompletionOutput(
+                        index,
+                        [token],
+                        text,
+                        "length" if done else None,
+                        len(request.produced),
+                        logprobs,
+                    )
+                )
+            outputs.append(
+                RequestOutput(request.request_id, completions, done, len(request.prompt), 0)
+            )
+            if done:
+                del self.running[request.request_id]
+        return outputs
+
+    def stats(self):
+        used = sum(r.params.n for r in self.running.values())
+        return SimpleNamespace(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=used / self.total_blocks,
+            num_blocks_used=used,
+            num_blocks_free=self.total_blocks - used,
+            num_blocks_cached=0,
+            prefix_cache_query_tokens=0,
+            prefix_cache_hit_tokens=0,
+            num_preemptions=0,
+            prompt_tokens_total=0,
+            generation_tokens_total=0,
+            max_model_len=self.max_model_len,
+            num_steps=self.num_steps,
+        )
