@@ -1,6 +1,6 @@
 """Thread vs process engine loop of the reference server, measured end to end over HTTP.
 
-For each mode, starts `python -m engine_ref.serving.server --engine-loop MODE --port 0` as a
+For each mode, starts `python -m engine_ref.serving --engine-loop MODE --port 0` as a
 subprocess, sends N concurrent streaming completions (random prompt token ids, ignore_eos, so
 every request makes exactly the asked number of tokens), and reports output tokens/s over the
 whole batch plus TTFT and ITL percentiles measured by this client. Modes alternate for
@@ -28,7 +28,7 @@ def _start_server(model: str, mode: str, extra: list[str]) -> tuple[subprocess.P
     command = [
         sys.executable,
         "-m",
-        "engine_ref.serving.server",
+        "engine_ref.serving",
         "--model",
         model,
         "--port",

@@ -48,7 +48,7 @@ def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
     port_file = workdir / "port"
     log_path = workdir / "server.log"
     cmd = [
-        sys.executable, "-m", "engine_ref.serving.server",
+        sys.executable, "-m", "engine_ref.serving",
         "--model", config.model, "--host", "127.0.0.1", "--port", "0",
         "--port-file", str(port_file), *config.extra_args,
     ]  # fmt: skip

@@ -20,9 +20,11 @@ from typing import Any
 
 import click
 
-from engine_ref.core.engine_config import EngineConfig, EngineConfigError
 from engine_ref.loading.model_files import ModelFileError
 from engine_ref.serving.engine_loop import ENGINE_LOOP_MODES, EngineLoopError
+from engine_ref.serving.interface import EngineConfig, EngineConfigError
+from engine_ref.serving.server import ServerConfig, ServerError
+from engine_ref.serving.server import serve as run_server
 
 _SIZE_UNITS = {
     "": 1,
@@ -119,9 +121,6 @@ def serve(
     """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted.
 
     Prints "listening on http://HOST:PORT" once the port is bound."""
-    from engine_ref.serving.server import ServerConfig, ServerError
-    from engine_ref.serving.server import serve as run_server
-
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         engine = EngineConfig(**{k: v for k, v in engine_kwargs.items() if v is not None})

@@ -47,6 +47,16 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from engine_ref.serving.interface import (
+    EngineConfig,
+    EngineInterface,
+    RequestOutput,
+    SamplingParams,
+    ServedStats,
+    ServedTokenizer,
+    build_engine,
+)
+
 ENGINE_LOOP_MODES = ("thread", "process")
 _STALL_WAIT_S = 0.005
 
@@ -59,7 +69,7 @@ class EngineLoopError(RuntimeError):
 class EngineInfo:
     """What the server needs to know about the engine it fronts."""
 
-    tokenizer: Any
+    tokenizer: ServedTokenizer
     max_model_len: int
     model_name: str
     description: dict = field(default_factory=dict)  # engine, version, dtype, device, config
@@ -69,7 +79,7 @@ class EngineInfo:
 class _Add:
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    params: Any
+    params: SamplingParams
     priority: int
 
 
@@ -81,17 +91,17 @@ class _StepBatch:
     waits briefly for new commands instead of spinning."""
 
     add_results: dict[str, BaseException | None]
-    outputs: list[Any]
+    outputs: list[RequestOutput]
     failed_ids: tuple[str, ...]
     error: str | None
-    stats: Any
+    stats: ServedStats
     stalled: bool = False
 
 
 class _EngineDriver:
     """The engine-side half shared by both modes: apply commands, step, report."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: EngineInterface) -> None:
         self.engine = engine
         self.live_ids: set[str] = set()
         self.latest_stats = engine.stats()
@@ -114,10 +124,10 @@ class _EngineDriver:
             else:  # an abort: the request id
                 self.engine.abort(command)
                 self.live_ids.discard(command)
-        outputs: list[Any] = []
+        outputs: list[RequestOutput] = []
         failed: tuple[str, ...] = ()
         error = None
-        steps_before = getattr(self.latest_stats, "num_steps", None)
+        steps_before = self.latest_stats.num_steps
         if self.engine.has_unfinished():
             try:
                 outputs = self.engine.step()
@@ -136,12 +146,10 @@ class _EngineDriver:
             if output.finished:
                 self.live_ids.discard(output.request_id)
         stats = self.engine.stats()
-        steps_after = getattr(stats, "num_steps", None)
         stalled = (
             not outputs
             and error is None
-            and steps_before is not None
-            and steps_before == steps_after
+            and stats.num_steps == steps_before
             and self.engine.has_unfinished()
         )
         self.latest_stats = stats
@@ -158,7 +166,7 @@ class EngineLoop:
 
     def __init__(self) -> None:
         self.info: EngineInfo | None = None
-        self.latest_stats: Any = None
+        self.latest_stats: ServedStats | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sinks: dict[str, asyncio.Queue] = {}
         self._pending_adds: dict[str, asyncio.Future] = {}
@@ -186,7 +194,7 @@ class EngineLoop:
         self,
         request_id: str,
         prompt_token_ids: tuple[int, ...],
-        params: Any,
+        params: SamplingParams,
         sink: asyncio.Queue,
         *,
         priority: int = 0,
@@ -248,7 +256,7 @@ class EngineLoop:
         self._sinks.clear()
 
 
-def _engine_info(engine: Any) -> EngineInfo:
+def _engine_info(engine: EngineInterface) -> EngineInfo:
     return EngineInfo(
         tokenizer=engine.tokenizer,
         max_model_len=engine.stats().max_model_len,
@@ -257,9 +265,10 @@ def _engine_info(engine: Any) -> EngineInfo:
     )
 
 
-def describe_engine(engine: Any) -> dict:
-    """What a benchmark manifest records about this engine (JSON-serialisable); fields an engine
-    does not have (a test double, say) are left out rather than guessed."""
+def describe_engine(engine: EngineInterface) -> dict:
+    """What a benchmark manifest records about this engine (JSON-serialisable). Beyond the
+    interface it records `engine.device`, the config's dtype and its dataclass fields where the
+    engine has them; what an engine lacks (a test double, say) is left out rather than guessed."""
     try:
         version = metadata.version("llm-bench-harness")
     except metadata.PackageNotFoundError:
@@ -291,7 +300,12 @@ class ThreadEngineLoop(EngineLoop):
     barrier; see the module docstring for what that cost.) `start()` waits for the build and
     raises what it raised."""
 
-    def __init__(self, engine: Any = None, *, build: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        engine: EngineInterface | None = None,
+        *,
+        build: Callable[[], EngineInterface] | None = None,
+    ) -> None:
         super().__init__()
         if (engine is None) == (build is None):
             raise TypeError("pass either an engine or a build callable")
@@ -305,7 +319,7 @@ class ThreadEngineLoop(EngineLoop):
         self._ready: asyncio.Future | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
-    def _adopt(self, engine: Any) -> None:
+    def _adopt(self, engine: EngineInterface) -> None:
         self._driver = _EngineDriver(engine)
         self.info = _engine_info(engine)
         self.latest_stats = self._driver.latest_stats
@@ -380,7 +394,7 @@ class ThreadEngineLoop(EngineLoop):
 class ProcessEngineLoop(EngineLoop):
     """The engine steps in a spawned child process built from an `EngineConfig`."""
 
-    def __init__(self, config: Any, *, startup_timeout_s: float = 600.0) -> None:
+    def __init__(self, config: EngineConfig, *, startup_timeout_s: float = 600.0) -> None:
         super().__init__()
         self._config = config
         self._startup_timeout_s = startup_timeout_s
@@ -484,7 +498,7 @@ def _child_environment() -> Iterator[None]:
             os.environ.pop("OMP_WAIT_POLICY", None)
 
 
-def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
+def _child_main(config: EngineConfig, commands_in: Any, messages_out: Any) -> None:
     """Entry point of the engine process: build the engine, then serve command batches.
     `messages_out` is the writing end of a pipe."""
     # Ctrl-C reaches the whole process group; the server process decides when this one stops.
@@ -495,11 +509,9 @@ def _child_main(config: Any, commands_in: Any, messages_out: Any) -> None:
         messages_out.close()
 
 
-def _serve_engine(config: Any, commands_in: Any, messages_out: Any) -> None:
-    from engine_ref import LLMEngine
-
+def _serve_engine(config: EngineConfig, commands_in: Any, messages_out: Any) -> None:
     try:
-        engine = LLMEngine(config)
+        engine = build_engine(config)
     except Exception as exc:
         messages_out.send(("failed", str(exc) or repr(exc)))
         return

@@ -1,5 +1,5 @@
 """The `serve` command: options generated from EngineConfig, user errors, and a real
-`python -m engine_ref.serving.server` subprocess with the engine in its own process."""
+`python -m engine_ref.serving` subprocess with the engine in its own process."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_process_mode_subprocess_serves_and_stops_cleanly(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "engine_ref.serving.server",
+        "engine_ref.serving",
         "--model",
         "tiny-random",
         "--port",

@@ -1,16 +1,12 @@
-"""Request validation and response bodies of the OpenAI protocol layer (no server)."""
+"""Request validation of the OpenAI wire protocol (`serving/requests.py`; no server)."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine_ref.loading.tiny_random import build_tiny_tokenizer
-from engine_ref.serving.protocol import (
-    ApiError,
-    ChoiceAccumulator,
-    TokenLogprob,
-    chunk_body,
-    completion_logprobs_body,
+from engine_ref.serving.errors import ApiError
+from engine_ref.serving.requests import (
     decode_json_body,
     parse_chat_request,
     parse_completion_request,
@@ -159,48 +155,3 @@ def test_chat_renders_template_and_prefers_max_completion_tokens(tokenizer):
     )
     assert parsed.prompts == (tuple(tokenizer.encode(expected)),)
     assert parsed.params.max_tokens == 4 and parsed.params.logprobs == 0
-
-
-def test_completion_logprob_offsets_count_characters():
-    entries = [TokenLogprob("ab", -1.0, (("ab", -1.0),)), TokenLogprob("東", -2.0, ())]
-    body = completion_logprobs_body(entries, 5)
-    assert body == {
-        "tokens": ["ab", "東"],
-        "token_logprobs": [-1.0, -2.0],
-        "top_logprobs": [{"ab": -1.0}, {}],
-        "text_offset": [5, 7],
-    }
-
-
-def test_chunks_carry_only_unsent_text_and_finish_once():
-    choice = ChoiceAccumulator(0)
-    choice.add("He", [1], [], None, 1)
-    choice.add("", [2], [], None, 2)  # a token whose character is still incomplete
-    first = chunk_body(
-        "completion", "cmpl-1", 0, MODEL, choice, with_logprobs=False, with_token_ids=True
-    )
-    assert first["choices"][0] == {
-        "index": 0,
-        "text": "He",
-        "logprobs": None,
-        "finish_reason": None,
-        "token_ids": [1, 2],
-    }
-    assert not choice.has_pending()
-    choice.add("", [0], [], None, 3)  # a special token: no text, yet a chunk is due
-    assert choice.has_pending()
-    assert chunk_body("chat", "c", 0, MODEL, choice, with_logprobs=False, with_token_ids=False)[
-        "choices"
-    ][0]["delta"] == {"content": ""}
-    choice.add("", [3], [], "stop", 4)
-    assert choice.has_pending()  # the finish reason is due
-    last = chunk_body(
-        "chat", "chatcmpl-1", 0, MODEL, choice, with_logprobs=False, with_token_ids=False
-    )
-    assert last["choices"][0] == {
-        "index": 0,
-        "delta": {},
-        "logprobs": None,
-        "finish_reason": "stop",
-    }
-    assert not choice.has_pending()

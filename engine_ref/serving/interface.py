@@ -1,0 +1,123 @@
+"""The engine as the serving layer sees it: the one module of `engine_ref.serving` that imports
+the engine.
+
+`EngineInterface` declares exactly what the server and its engine loop call on an engine:
+`LLMEngine` satisfies it, and so does any test double (checked by
+`tests/engine_ref/test_engine_interface.py`, signatures included; an implementation may add
+parameters with defaults, which the server never passes). Engine errors and the types
+that cross the boundary are re-exported from here so the rest of `serving/` names them once.
+`describe_engine` (engine_loop.py) also records `engine.device`, `config.torch_dtype()` and the
+config's dataclass fields when an engine has them; those are optional and not declared here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+from engine_ref import (
+    CompletionOutput,
+    EngineConfig,
+    EngineConfigError,
+    EngineError,
+    LLMEngine,
+    QueueFullError,
+    RequestOutput,
+    SamplingParams,
+)
+
+__all__ = [
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineConfigError",
+    "EngineError",
+    "EngineInterface",
+    "QueueFullError",
+    "RequestOutput",
+    "SamplingParams",
+    "ServedConfig",
+    "ServedStats",
+    "ServedTokenizer",
+    "build_engine",
+]
+
+
+@runtime_checkable
+class ServedTokenizer(Protocol):
+    """What request parsing and logprob rendering use: chat templates, encoding prompts,
+    decoding single tokens, and the vocabulary bound for prompts given as token ids."""
+
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """Raises a ValueError (the tokenizer's ChatTemplateError) when it cannot render."""
+        ...
+
+
+@runtime_checkable
+class ServedConfig(Protocol):
+    """The engine config's one field the server needs: the model name it serves by default."""
+
+    model: str
+
+
+@runtime_checkable
+class ServedStats(Protocol):
+    """The fields of a `stats()` snapshot that /metrics, /v1/models and the engine loop read."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks in use, 0..1
+    num_blocks_used: int
+    num_blocks_free: int
+    num_blocks_cached: int
+    prefix_cache_query_tokens: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    max_model_len: int
+    num_steps: int  # unchanged across a step: the step did nothing (the engine loop then waits)
+
+
+@runtime_checkable
+class EngineInterface(Protocol):
+    """An engine the server can front. Called from one thread only (the engine loop's)."""
+
+    tokenizer: ServedTokenizer
+    config: ServedConfig
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; raises `QueueFullError` when the waiting queue is full, and
+        `EngineError` / `EngineConfigError` (ValueErrors) for a request it cannot serve."""
+        ...
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduler iteration: the outputs of the requests that progressed."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free what it holds; unknown or finished ids are ignored."""
+        ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def stats(self) -> ServedStats: ...
+
+
+def build_engine(config: EngineConfig) -> EngineInterface:
+    """The reference engine for `config`; raises `EngineError` when it cannot be built."""
+    return LLMEngine(config)
