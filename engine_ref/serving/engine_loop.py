@@ -1,11 +1,11 @@
 """Running the engine's step loop off the HTTP event loop.
 
-Two modes share one async face (`EngineLoop`):
-- `ThreadEngineLoop`: the engine steps in a dedicated thread. Adds and aborts are handed over
+Two modes share one async face (`EngineLoop`, here, with the engine-side `EngineDriver`):
+- `ThreadEngineLoop` (engine_thread.py): the engine steps in a dedicated thread. Adds and aborts are handed over
   through a deque guarded by a condition variable (the thread sleeps on it when idle); each
   step's outputs go back to the event loop in one `call_soon_threadsafe` call, which routes
   them to per-request asyncio queues.
-- `ProcessEngineLoop`: the engine lives in a child process (spawned, so torch starts clean);
+- `ProcessEngineLoop` (engine_process.py): the engine lives in a child process (spawned, so torch starts clean);
   commands travel over a multiprocessing queue, per-step output batches back over a pipe, and
   a reader thread in the server process hands each batch to the event loop.
 
@@ -32,33 +32,21 @@ batches arrived 11-200 ms apart instead of a steady 10 ms).
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
-import multiprocessing
-import os
-import pickle
-import queue
-import signal
-import threading
-import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 from engine_ref.serving.interface import (
-    EngineConfig,
     EngineInterface,
     RequestOutput,
     SamplingParams,
     ServedStats,
     ServedTokenizer,
-    build_engine,
 )
 
 ENGINE_LOOP_MODES = ("thread", "process")
-_STALL_WAIT_S = 0.005
+STALL_WAIT_S = 0.005
 
 
 class EngineLoopError(RuntimeError):
@@ -84,7 +72,7 @@ class _Add:
 
 
 @dataclass(frozen=True)
-class _StepBatch:
+class StepBatch:
     """What the engine side reports after one iteration: the outcome of each add (None or the
     exception), the step's outputs, the ids failed by an engine error, and fresh stats.
     `stalled`: the engine has work but its step did nothing (nothing fits yet); the loop then
@@ -98,7 +86,7 @@ class _StepBatch:
     stalled: bool = False
 
 
-class _EngineDriver:
+class EngineDriver:
     """The engine-side half shared by both modes: apply commands, step, report."""
 
     def __init__(self, engine: EngineInterface) -> None:
@@ -106,7 +94,7 @@ class _EngineDriver:
         self.live_ids: set[str] = set()
         self.latest_stats = engine.stats()
 
-    def run_iteration(self, commands: list[Any]) -> _StepBatch:
+    def run_iteration(self, commands: list[Any]) -> StepBatch:
         add_results: dict[str, BaseException | None] = {}
         for command in commands:
             if isinstance(command, _Add):
@@ -153,7 +141,7 @@ class _EngineDriver:
             and self.engine.has_unfinished()
         )
         self.latest_stats = stats
-        return _StepBatch(add_results, outputs, failed, error, stats, stalled)
+        return StepBatch(add_results, outputs, failed, error, stats, stalled)
 
 
 class EngineLoop:
@@ -221,7 +209,7 @@ class EngineLoop:
         if self._sinks.pop(request_id, None) is not None and self._dead is None:
             self._submit([request_id])
 
-    def _on_batch(self, batch: _StepBatch) -> None:
+    def _on_batch(self, batch: StepBatch) -> None:
         """Runs on the event loop, once per engine iteration."""
         self.latest_stats = batch.stats
         for request_id, exc in batch.add_results.items():
@@ -256,7 +244,7 @@ class EngineLoop:
         self._sinks.clear()
 
 
-def _engine_info(engine: EngineInterface) -> EngineInfo:
+def engine_info(engine: EngineInterface) -> EngineInfo:
     return EngineInfo(
         tokenizer=engine.tokenizer,
         max_model_len=engine.stats().max_model_len,
@@ -287,288 +275,3 @@ def describe_engine(engine: EngineInterface) -> dict:
         "device": str(getattr(engine, "device", "")) or None,
         "engine_config": {k: v if isinstance(v, plain) else str(v) for k, v in fields.items()},
     }
-
-
-class ThreadEngineLoop(EngineLoop):
-    """The engine steps in a daemon thread of this process.
-
-    Give it `build` (a callable returning the engine) rather than a built engine whenever the
-    engine runs torch on the CPU: the engine is then built in the thread that steps it, so
-    every torch call comes from that one thread and OpenMP keeps a single team of workers.
-    (A model loaded on one thread and stepped on another leaves two teams, more OpenMP
-    threads than cores, and libgomp then parks its workers after a few spins at every
-    barrier; see the module docstring for what that cost.) `start()` waits for the build and
-    raises what it raised."""
-
-    def __init__(
-        self,
-        engine: EngineInterface | None = None,
-        *,
-        build: Callable[[], EngineInterface] | None = None,
-    ) -> None:
-        super().__init__()
-        if (engine is None) == (build is None):
-            raise TypeError("pass either an engine or a build callable")
-        self._build = build
-        self._driver: _EngineDriver | None = None
-        if engine is not None:
-            self._adopt(engine)
-        self._commands: collections.deque = collections.deque()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._ready: asyncio.Future | None = None
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-
-    def _adopt(self, engine: EngineInterface) -> None:
-        self._driver = _EngineDriver(engine)
-        self.info = _engine_info(engine)
-        self.latest_stats = self._driver.latest_stats
-
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._ready = self._loop.create_future()
-        self._thread.start()
-        await self._ready
-
-    def _report_ready(self, error: BaseException | None) -> None:
-        """Runs on the event loop: resolve the future `start()` waits on."""
-        if self._ready is None or self._ready.done():
-            return
-        if error is None:
-            self._ready.set_result(None)
-        else:
-            self._ready.set_exception(error)
-
-    async def close(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
-
-    def _submit(self, commands: list[Any]) -> None:
-        with self._cond:
-            self._commands.extend(commands)
-            self._cond.notify()
-
-    def _run(self) -> None:
-        assert self._loop is not None
-        error: BaseException | None = None
-        if self._build is not None:
-            try:
-                self._adopt(self._build())
-            except Exception as exc:
-                error = exc
-        try:
-            self._loop.call_soon_threadsafe(self._report_ready, error)
-        except RuntimeError:  # the event loop closed under us
-            return
-        if error is None:
-            self._step_until_stopped()
-
-    def _step_until_stopped(self) -> None:
-        assert self._loop is not None and self._driver is not None
-        engine = self._driver.engine
-        while True:
-            with self._cond:
-                while not (self._commands or self._stopping or engine.has_unfinished()):
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                commands = list(self._commands)
-                self._commands.clear()
-            try:
-                batch = self._driver.run_iteration(commands)
-            except Exception as exc:  # a bug outside step(): report and stop serving
-                self._loop.call_soon_threadsafe(self._on_dead, f"engine loop crashed: {exc!r}")
-                return
-            try:
-                self._loop.call_soon_threadsafe(self._on_batch, batch)
-            except RuntimeError:  # the event loop closed under us
-                return
-            if batch.stalled:
-                with self._cond:
-                    if not (self._commands or self._stopping):
-                        self._cond.wait(_STALL_WAIT_S)
-
-
-class ProcessEngineLoop(EngineLoop):
-    """The engine steps in a spawned child process built from an `EngineConfig`."""
-
-    def __init__(self, config: EngineConfig, *, startup_timeout_s: float = 600.0) -> None:
-        super().__init__()
-        self._config = config
-        self._startup_timeout_s = startup_timeout_s
-        context = multiprocessing.get_context("spawn")
-        # Commands go through a queue (its feeder thread keeps the event loop from blocking
-        # on a full pipe); output batches come back over a bare pipe that the engine process
-        # writes synchronously, so a batch never waits for a feeder thread to get a core
-        # while the engine's OpenMP workers hold them.
-        self._to_child = context.Queue()
-        self._from_child, self._child_end = context.Pipe(duplex=False)
-        self._process = context.Process(
-            target=_child_main,
-            args=(config, self._to_child, self._child_end),
-            name="engine-process",
-            daemon=True,
-        )
-        self._reader: threading.Thread | None = None
-
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        with _child_environment():
-            self._process.start()
-        self._child_end.close()  # so the pipe reports EOF once the child is gone
-        kind, payload = await self._loop.run_in_executor(None, self._await_ready)
-        if kind != "ready":
-            self._process.join(5.0)
-            raise EngineLoopError(payload)
-        self.info, self.latest_stats = payload
-        self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
-        self._reader.start()
-
-    def _await_ready(self) -> tuple[str, Any]:
-        deadline = time.monotonic() + self._startup_timeout_s
-        while time.monotonic() < deadline:
-            if self._from_child.poll(1.0):
-                try:
-                    return self._from_child.recv()
-                except (EOFError, OSError):
-                    break
-            if not self._process.is_alive():
-                break
-        self._process.kill()
-        return "failed", (
-            f"engine process exited with code {self._process.exitcode} before it was ready"
-            if self._process.exitcode is not None
-            else f"engine process did not start within {self._startup_timeout_s:.0f} s"
-        )
-
-    async def close(self) -> None:
-        if self._process.is_alive():
-            self._to_child.put(None)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._process.join, 30.0)
-        if self._process.is_alive():
-            self._process.kill()
-            await loop.run_in_executor(None, self._process.join, 5.0)
-        if self._reader is not None:
-            await loop.run_in_executor(None, self._reader.join, 5.0)
-        self._to_child.close()
-        self._from_child.close()
-
-    def _submit(self, commands: list[Any]) -> None:
-        self._to_child.put(commands)
-
-    def _read(self) -> None:
-        assert self._loop is not None
-        while True:
-            try:
-                if not self._from_child.poll(1.0):
-                    if self._process.is_alive():
-                        continue
-                    raise EOFError
-                message = self._from_child.recv()
-            except (EOFError, OSError):
-                self._process.join(1.0)
-                message = ("dead", f"engine process exited with code {self._process.exitcode}")
-            kind, payload = message
-            try:
-                if kind == "batch":
-                    self._loop.call_soon_threadsafe(self._on_batch, payload)
-                    continue
-                if kind == "dead":
-                    self._loop.call_soon_threadsafe(self._on_dead, payload)
-            except RuntimeError:  # the event loop closed under us
-                pass
-            return  # "stopped" or "dead"
-
-
-@contextlib.contextmanager
-def _child_environment() -> Iterator[None]:
-    """Environment for spawning the engine process. Unless the user chose otherwise, its
-    OpenMP workers sleep when idle instead of spinning (`OMP_WAIT_POLICY=PASSIVE`): spinning
-    workers take the cores the HTTP process needs between steps. The variable must be set
-    before the child loads torch, hence at spawn; the server process's own value is restored."""
-    saved = os.environ.get("OMP_WAIT_POLICY")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_WAIT_POLICY", None)
-
-
-def _child_main(config: EngineConfig, commands_in: Any, messages_out: Any) -> None:
-    """Entry point of the engine process: build the engine, then serve command batches.
-    `messages_out` is the writing end of a pipe."""
-    # Ctrl-C reaches the whole process group; the server process decides when this one stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        _serve_engine(config, commands_in, messages_out)
-    finally:
-        messages_out.close()
-
-
-def _serve_engine(config: EngineConfig, commands_in: Any, messages_out: Any) -> None:
-    try:
-        engine = build_engine(config)
-    except Exception as exc:
-        messages_out.send(("failed", str(exc) or repr(exc)))
-        return
-    messages_out.send(("ready", (_engine_info(engine), engine.stats())))
-    driver = _EngineDriver(engine)
-    parent = multiprocessing.parent_process()
-    while True:
-        if not engine.has_unfinished():
-            first = _wait_for_commands(commands_in, parent)
-            rest = None if first is None else _drain(commands_in)
-            commands = None if rest is None else first + rest
-        else:
-            commands = _drain(commands_in)
-        if commands is None:
-            messages_out.send(("stopped", None))
-            return
-        batch = driver.run_iteration(commands)
-        messages_out.send(("batch", _picklable(batch)))
-        if batch.stalled:
-            time.sleep(_STALL_WAIT_S)
-
-
-def _wait_for_commands(commands_in: Any, parent: Any) -> list[Any] | None:
-    """Block until a command batch arrives (None: stop). Wakes once a second to stop when the
-    server process died without saying so."""
-    while True:
-        try:
-            return commands_in.get(timeout=1.0)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                return None
-
-
-def _drain(commands_in: Any) -> list[Any] | None:
-    """Every command batch already queued, flattened; None when a stop request is among them."""
-    commands: list[Any] = []
-    while True:
-        try:
-            batch = commands_in.get_nowait()
-        except queue.Empty:
-            return commands
-        if batch is None:
-            return None
-        commands.extend(batch)
-    return commands
-
-
-def _picklable(batch: _StepBatch) -> _StepBatch:
-    """Add errors cross the process boundary; replace any that would not pickle."""
-    results = {}
-    for request_id, exc in batch.add_results.items():
-        if exc is not None:
-            try:
-                pickle.dumps(exc)
-            except Exception:
-                exc = EngineLoopError(f"{type(exc).__name__}: {exc}")
-        results[request_id] = exc
-    return _StepBatch(
-        results, batch.outputs, batch.failed_ids, batch.error, batch.stats, batch.stalled
-    )

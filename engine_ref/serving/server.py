@@ -25,12 +25,9 @@ from typing import Any
 from aiohttp import web
 
 from engine_ref.serving.endpoints import ENDPOINTS, Endpoint
-from engine_ref.serving.engine_loop import (
-    ENGINE_LOOP_MODES,
-    EngineLoop,
-    ProcessEngineLoop,
-    ThreadEngineLoop,
-)
+from engine_ref.serving.engine_loop import ENGINE_LOOP_MODES, EngineLoop
+from engine_ref.serving.engine_process import ProcessEngineLoop
+from engine_ref.serving.engine_thread import ThreadEngineLoop
 from engine_ref.serving.errors import ApiError, error_body
 from engine_ref.serving.generation import GenerationRun
 from engine_ref.serving.interface import EngineConfig, EngineError, EngineInterface, build_engine

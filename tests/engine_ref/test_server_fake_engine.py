@@ -13,7 +13,7 @@ import pytest
 from fake_engine import FakeEngine
 from server_fixtures import running_server
 
-from engine_ref.serving.engine_loop import ThreadEngineLoop
+from engine_ref.serving.engine_thread import ThreadEngineLoop
 from engine_ref.serving.server import ServerConfig
 
 

@@ -1,0 +1,120 @@
+"""The thread mode of the engine loop: the engine steps in a daemon thread of the server
+process (see `engine_loop` for why the engine is best built on that thread too)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from engine_ref.serving.engine_loop import (
+    STALL_WAIT_S,
+    EngineDriver,
+    EngineLoop,
+    engine_info,
+)
+from engine_ref.serving.interface import EngineInterface
+
+
+class ThreadEngineLoop(EngineLoop):
+    """The engine steps in a daemon thread of this process.
+
+    Give it `build` (a callable returning the engine) rather than a built engine whenever the
+    engine runs torch on the CPU: the engine is then built in the thread that steps it, so
+    every torch call comes from that one thread and OpenMP keeps a single team of workers.
+    (A model loaded on one thread and stepped on another leaves two teams, more OpenMP
+    threads than cores, and libgomp then parks its workers after a few spins at every
+    barrier; the `engine_loop` docstring says what that cost.) `start()` waits for the build and
+    raises what it raised."""
+
+    def __init__(
+        self,
+        engine: EngineInterface | None = None,
+        *,
+        build: Callable[[], EngineInterface] | None = None,
+    ) -> None:
+        super().__init__()
+        if (engine is None) == (build is None):
+            raise TypeError("pass either an engine or a build callable")
+        self._build = build
+        self._driver: EngineDriver | None = None
+        if engine is not None:
+            self._adopt(engine)
+        self._commands: collections.deque = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._ready: asyncio.Future | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    def _adopt(self, engine: EngineInterface) -> None:
+        self._driver = EngineDriver(engine)
+        self.info = engine_info(engine)
+        self.latest_stats = self._driver.latest_stats
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._ready = self._loop.create_future()
+        self._thread.start()
+        await self._ready
+
+    def _report_ready(self, error: BaseException | None) -> None:
+        """Runs on the event loop: resolve the future `start()` waits on."""
+        if self._ready is None or self._ready.done():
+            return
+        if error is None:
+            self._ready.set_result(None)
+        else:
+            self._ready.set_exception(error)
+
+    async def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
+
+    def _submit(self, commands: list[Any]) -> None:
+        with self._cond:
+            self._commands.extend(commands)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        assert self._loop is not None
+        error: BaseException | None = None
+        if self._build is not None:
+            try:
+                self._adopt(self._build())
+            except Exception as exc:
+                error = exc
+        try:
+            self._loop.call_soon_threadsafe(self._report_ready, error)
+        except RuntimeError:  # the event loop closed under us
+            return
+        if error is None:
+            self._step_until_stopped()
+
+    def _step_until_stopped(self) -> None:
+        assert self._loop is not None and self._driver is not None
+        engine = self._driver.engine
+        while True:
+            with self._cond:
+                while not (self._commands or self._stopping or engine.has_unfinished()):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                commands = list(self._commands)
+                self._commands.clear()
+            try:
+                batch = self._driver.run_iteration(commands)
+            except Exception as exc:  # a bug outside step(): report and stop serving
+                self._loop.call_soon_threadsafe(self._on_dead, f"engine loop crashed: {exc!r}")
+                return
+            try:
+                self._loop.call_soon_threadsafe(self._on_batch, batch)
+            except RuntimeError:  # the event loop closed under us
+                return
+            if batch.stalled:
+                with self._cond:
+                    if not (self._commands or self._stopping):
+                        self._cond.wait(STALL_WAIT_S)
