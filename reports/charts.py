@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from reports.taxonomy import OUTCOME_KINDS  # noqa: E402
+from reports.taxonomy import OUTCOME_KINDS, OutcomeKind  # noqa: E402
 
 # Colour-blind-safe palette (Okabe-Ito) for runs; outcome kinds get fixed colours.
 RUN_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
@@ -130,7 +130,7 @@ def failures_over_time_svg(
         ts = [r["t_s"] for r in rows]
         bottom = [0] * len(rows)
         for kind in OUTCOME_KINDS:
-            if kind == "ok":
+            if kind == OutcomeKind.OK:
                 continue
             counts = [r.get(kind, 0) for r in rows]
             if any(counts):

@@ -15,6 +15,7 @@ Every request falls in exactly one kind, decided in this order:
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 
 import numpy as np
 import pyarrow as pa
@@ -27,16 +28,21 @@ from slo.runrecord import (
     string_column,
 )
 
-OUTCOME_KINDS = (
-    "ok",
-    "rejected",
-    "timeout",
-    "oom",
-    "cancelled",
-    "unknown",
-    "wrong_output",
-    "error",
-)
+
+class OutcomeKind(StrEnum):
+    """The card's outcome kinds (a request status refined by the checks above), in card order."""
+
+    OK = "ok"
+    REJECTED = "rejected"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+    WRONG_OUTPUT = "wrong_output"
+    ERROR = "error"
+
+
+OUTCOME_KINDS = tuple(kind.value for kind in OutcomeKind)
 _OOM_PATTERN = re.compile(r"out of memory|\boom\b|outofmemory|memoryerror", re.IGNORECASE)
 
 
@@ -59,19 +65,19 @@ def classify_outcomes(requests: pa.Table) -> np.ndarray:
         s, cls, msg = status[i], error_class[i], message[i]
         if s == RequestStatus.OK:
             unusable = (valid is not None and not valid[i]) or not output_tokens[i] > 0
-            kinds[i] = "wrong_output" if unusable else "ok"
+            kinds[i] = (OutcomeKind.WRONG_OUTPUT if unusable else OutcomeKind.OK).value
         elif _OOM_PATTERN.search(f"{msg or ''} {cls or ''}"):
-            kinds[i] = "oom"
+            kinds[i] = OutcomeKind.OOM.value
         elif s == RequestStatus.REJECTED or cls == ErrorClass.REJECTED_429 or http[i] == 429:
-            kinds[i] = "rejected"
+            kinds[i] = OutcomeKind.REJECTED.value
         elif s == RequestStatus.TIMEOUT or cls == ErrorClass.TIMEOUT:
-            kinds[i] = "timeout"
+            kinds[i] = OutcomeKind.TIMEOUT.value
         elif s == RequestStatus.CANCELLED:
-            kinds[i] = "cancelled"
+            kinds[i] = OutcomeKind.CANCELLED.value
         elif s is None or s == RequestStatus.UNKNOWN:
-            kinds[i] = "unknown"
+            kinds[i] = OutcomeKind.UNKNOWN.value
         else:
-            kinds[i] = "error"
+            kinds[i] = OutcomeKind.ERROR.value
     return kinds
 
 

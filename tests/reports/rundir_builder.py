@@ -1,9 +1,10 @@
-"""Synthetic run directories that follow docs/CONTRACTS.md, for the reports and gate tests.
+"""Synthetic run directories for the reports and gate tests, written with the production
+writer (`slo.runrecord.RunWriter`), so they hold only what the contract admits.
 
 `write_run(path, SyntheticRun(...))` writes `manifest.json`, `requests.parquet`,
 `chunks.parquet` (and `capacity.json` when asked) from a seeded generator, so the same spec
-always gives byte-identical tables. `summary.json` is written by `slo.summarize` when the
-spec asks for it, exactly as the harness would.
+always gives the same rows. `summary.json` is written by `slo.summarize` when the spec asks
+for it, exactly as the harness would.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from slo.runrecord import CHUNKS_SCHEMA, REQUESTS_SCHEMA
+from slo.runrecord import (
+    RequestRecord,
+    RunManifest,
+    RunSummary,
+    RunWriter,
+    TokenSource,
+    write_summary,
+)
 
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -91,7 +97,6 @@ GOLDEN_SPEC = SyntheticRun(
 
 def _manifest(spec: SyntheticRun, run_id: str, duration_s: float) -> dict:
     return {
-        "schema_version": 1,
         "harness_version": "0.1.0",
         "git_sha": "0123456789abcdef0123456789abcdef01234567",
         "command_line": f"bench run --workload sharegpt --slo p99 --out runs/{run_id}",
@@ -126,9 +131,6 @@ def _manifest(spec: SyntheticRun, run_id: str, duration_s: float) -> dict:
         "started_at": "2026-11-29T10:00:00+00:00",
         "t0_ns": 1_000_000_000_000,
         "config": {"seed": spec.seed},
-        "complete": True,
-        "ended_at": f"2026-11-29T10:00:{min(59, int(duration_s) + 1):02d}+00:00",
-        "interrupted_reason": None,
     }
 
 
@@ -161,75 +163,58 @@ def write_run(path: Path, spec: SyntheticRun) -> Path:
     ok_positions = [i for i in range(n) if i not in failed_at]
     wrong = set(ok_positions[1 : 1 + 7 * spec.wrong_output : 7][: spec.wrong_output])
 
-    rows: dict[str, list] = {name: [] for name in REQUESTS_SCHEMA.names}
-    chunks: dict[str, list] = {name: [] for name in CHUNKS_SCHEMA.names}
+    records: list[RequestRecord] = []
+    chunks: list[tuple[str, int, int, int]] = []
     for i in range(n):
         rid = f"req-{i:05d}"
         sched = int(arrivals_ns[i])
         sent = sched + int(lag_ns[i])
-        row = dict.fromkeys(REQUESTS_SCHEMA.names)
-        row.update(
+        row = RequestRecord(
             request_id=rid,
             is_warmup=False,
             t_scheduled_ns=sched,
             t_sent_ns=sent,
             input_tokens=int(in_tokens[i]),
         )
+        records.append(row)
         kind = failed_at.get(i)
         if kind is not None:
             status, http, error_class, message = FAILURE_KINDS[kind]
-            row.update(
-                status=status,
-                http_status=http,
-                error_class=error_class,
-                error_message=message,
-                t_done_ns=sent + (30 * NS_PER_S if status == "timeout" else 5 * NS_PER_MS),
-                output_tokens=0,
-                client_output_tokens=0,
-                output_tokens_source="client_count",
-                output_chars=0,
-                num_chunks=0,
-            )
+            row.status, row.http_status = status, http
+            row.error_class, row.error_message = error_class, message
+            row.t_done_ns = sent + (30 * NS_PER_S if status == "timeout" else 5 * NS_PER_MS)
+            row.output_tokens = row.client_output_tokens = row.output_chars = row.num_chunks = 0
+            row.output_tokens_source = TokenSource.CHUNK_COUNT
         else:
             n_out = 0 if i in wrong else int(out_tokens[i])
             first = sent + int(ttft_ns[i])
             token_times = first + np.arange(max(n_out, 1), dtype=np.int64) * int(tpot_ns[i])
             last = int(token_times[-1])
-            row.update(
-                status="ok",
-                http_status=200,
-                finish_reason="length" if n_out else "stop",
-                t_first_byte_ns=first - 100_000,
-                t_first_token_ns=first if n_out else None,
-                t_last_token_ns=last if n_out else None,
-                t_done_ns=last + 200_000,
-                usage_prompt_tokens=int(in_tokens[i]),
-                usage_completion_tokens=n_out,
-                client_output_tokens=n_out,
-                output_tokens=n_out,
-                output_tokens_source="usage",
-                output_chars=4 * n_out,
-                output_sha256=f"{i:064x}",
-                num_chunks=n_out,
-            )
-            for t in token_times[:n_out]:
-                chunks["request_id"].append(rid)
-                chunks["t_ns"].append(int(t))
-                chunks["n_tokens"].append(1)
-                chunks["n_chars"].append(4)
-        for name in REQUESTS_SCHEMA.names:
-            rows[name].append(row[name])
+            row.status, row.http_status = "ok", 200
+            row.finish_reason = "length" if n_out else "stop"
+            row.t_first_byte_ns = first - 100_000
+            row.t_first_token_ns = first if n_out else None
+            row.t_last_token_ns = last if n_out else None
+            row.t_done_ns = last + 200_000
+            row.usage_prompt_tokens = int(in_tokens[i])
+            row.usage_completion_tokens = row.client_output_tokens = row.output_tokens = n_out
+            row.output_tokens_source = TokenSource.USAGE
+            row.output_chars = 4 * n_out
+            row.output_sha256 = f"{i:064x}"
+            row.num_chunks = n_out
+            chunks.extend((rid, int(t), 1, 4) for t in token_times[:n_out])
 
-    pq.write_table(pa.Table.from_pydict(rows, schema=REQUESTS_SCHEMA), path / "requests.parquet")
-    pq.write_table(pa.Table.from_pydict(chunks, schema=CHUNKS_SCHEMA), path / "chunks.parquet")
-    duration_s = max(row_done for row_done in rows["t_done_ns"]) / NS_PER_S
-    manifest = _manifest(spec, path.name, duration_s)
-    (path / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    duration_s = max(r.t_done_ns for r in records) / NS_PER_S
+    writer = RunWriter(path, RunManifest(**_manifest(spec, path.name, duration_s)))
+    writer.append_requests(records)
+    writer.append_chunks(chunks)
+    writer.close(complete=True)
+    # The wall-clock end is part of the golden cards, so it is pinned, not the writer's clock.
+    writer.update_manifest(ended_at=f"2026-11-29T10:00:{min(59, int(duration_s) + 1):02d}+00:00")
     if spec.capacity is not None:
         (path / "capacity.json").write_text(json.dumps({"curve": spec.capacity}, indent=2))
     if spec.write_summary:
         import slo
 
-        summary = slo.summarize(path, spec.slo)
-        (path / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        write_summary(path, RunSummary.from_dict(slo.summarize(path, spec.slo)))
     return path

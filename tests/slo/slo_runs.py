@@ -1,14 +1,14 @@
-"""Builders for synthetic run directories that follow docs/CONTRACTS.md (imported by tests)."""
+"""Builders for synthetic run directories, written with the production writer
+(`slo.runrecord.RunWriter`), so a fixture can hold only values the contract admits."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from slo.runrecord import CHUNKS_SCHEMA, REQUESTS_SCHEMA
+from slo.runrecord import RequestRecord, RunManifest, RunWriter
+from slo.runrecord.schema import CHUNKS_SCHEMA, columns_table, requests_table
 
 
 def ms(value_ms: float | None) -> int | None:
@@ -16,29 +16,33 @@ def ms(value_ms: float | None) -> int | None:
     return None if value_ms is None else round(value_ms * 1_000_000)
 
 
-def requests_table(rows: list[dict]) -> pa.Table:
-    """A contract requests table; missing columns are null (is_warmup defaults to False)."""
-    filled = [{"is_warmup": False, **row} for row in rows]
-    return pa.Table.from_pylist(filled, schema=REQUESTS_SCHEMA)
+def records(rows: list[dict]) -> list[RequestRecord]:
+    """Request records from dicts of column values (missing columns are null)."""
+    return [RequestRecord(**row) for row in rows]
 
 
-def chunks_table(rows: list[tuple]) -> pa.Table:
-    """A contract chunks table from (request_id, t_ns, n_tokens) tuples; n_chars = 4 * tokens."""
-    return pa.Table.from_pylist(
-        [{"request_id": r, "t_ns": t, "n_tokens": n, "n_chars": 4 * n} for r, t, n in rows],
-        schema=CHUNKS_SCHEMA,
-    )
+def requests_table_of(rows: list[dict]) -> pa.Table:
+    """A contract requests table, validated by the writer's own table builder."""
+    return requests_table(records(rows))
+
+
+def chunks_rows(rows: list[tuple]) -> list[tuple]:
+    """(request_id, t_ns, n_tokens) tuples as chunk rows; n_chars = 4 * tokens."""
+    return [(r, t, n, 4 * n) for r, t, n in rows]
 
 
 def write_run(
     run_dir: Path, requests: list[dict], chunks: list[tuple], manifest: dict | None = None
 ) -> Path:
-    """Write requests.parquet, chunks.parquet and manifest.json into `run_dir`; return it."""
+    """Write a run directory with `RunWriter`: the requests, their chunks and a manifest with
+    `t0_ns` 0 (fields in `manifest` override); returns `run_dir`."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(requests_table(requests), run_dir / "requests.parquet")
-    pq.write_table(chunks_table(chunks), run_dir / "chunks.parquet")
-    base = {"schema_version": 1, "t0_ns": 0, "complete": True, "slo": None}
-    (run_dir / "manifest.json").write_text(json.dumps({**base, **(manifest or {})}))
+    fields = {"t0_ns": 0, **(manifest or {})}
+    complete = fields.pop("complete", True)
+    writer = RunWriter(run_dir, RunManifest(**fields))
+    writer.append_requests(records(requests))
+    writer.append_chunks(chunks_rows(chunks))
+    writer.close(complete=complete, reason=fields.get("interrupted_reason"))
     return run_dir
 
 
@@ -47,7 +51,7 @@ def hand_requests() -> tuple[list[dict], list[tuple]]:
 
     r1 ok: sent 0, token chunks at 100 (1 tok), 150 (2), 250 (1); done 260; 4 out, 10 in.
     r2 ok: scheduled 100, sent 102; role chunk at 150 (0 tok); tokens at 302, 422; done 430.
-    r3 ok: sent 200; one token chunk at 500; done 505; 1 out (client_count).
+    r3 ok: sent 200; one token chunk at 500; done 505; 1 out (counted as chunks).
     r4 error (http_5xx): scheduled 300, sent 330, done 400; no tokens.
     r5 rejected (rejected_429): sent 400, done 401.
     """
@@ -60,7 +64,7 @@ def hand_requests() -> tuple[list[dict], list[tuple]]:
              output_tokens=2, output_tokens_source="usage"),
         dict(request_id="r3", t_scheduled_ns=ms(200), t_sent_ns=ms(200), t_first_token_ns=ms(500),
              t_last_token_ns=ms(500), t_done_ns=ms(505), status="ok", input_tokens=30,
-             output_tokens=1, output_tokens_source="client_count"),
+             output_tokens=1, output_tokens_source="chunk_count"),
         dict(request_id="r4", t_scheduled_ns=ms(300), t_sent_ns=ms(330), t_done_ns=ms(400),
              status="error", http_status=500, error_class="http_5xx", input_tokens=40),
         dict(request_id="r5", t_scheduled_ns=ms(400), t_sent_ns=ms(400), t_done_ns=ms(401),
@@ -78,4 +82,6 @@ def request_metrics(requests: list[dict], chunks: list[tuple]):
     """`slo.frame.RequestMetrics` straight from rows, without writing a run directory."""
     from slo.frame import RequestMetrics
 
-    return RequestMetrics.from_tables(requests_table(requests), chunks_table(chunks))
+    return RequestMetrics.from_tables(
+        requests_table_of(requests), columns_table(chunks_rows(chunks), CHUNKS_SCHEMA)
+    )

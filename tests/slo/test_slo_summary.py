@@ -107,7 +107,7 @@ def test_dispatch_lag_and_client_bound(hand_run):
 def test_output_tokens_source_recorded(hand_run):
     s = slo.summarize(hand_run)
     assert s["output_tokens_source"] == "mixed"
-    assert s["output_tokens_source_counts"] == {"client_count": 1, "usage": 2}
+    assert s["output_tokens_source_counts"] == {"chunk_count": 1, "usage": 2}
 
 
 def test_summary_is_json_serialisable(hand_run):
