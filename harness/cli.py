@@ -174,6 +174,7 @@ def _render(summary: dict, run_dir: Path, console) -> None:
 @click.option("--seed", type=int)
 @click.option("--model")
 @click.option("--no-usage", "usage", flag_value=False, default=None, help="Never report usage.")
+@click.option("--api-key", help="Answer 401 to generation requests without this bearer token.")
 def mock_server(host: str, port: int, **kwargs) -> None:
     """Serve a mock OpenAI-compatible engine with configurable latency and failures."""
     import asyncio

@@ -52,6 +52,11 @@ _SHARED = (
         help="Tokenizer for token counts: reference model name, GGUF path or HF directory.",
     ),
     click.option(
+        "--api-key",
+        envvar="OPENAI_API_KEY",
+        help="Bearer token for the target (default: $OPENAI_API_KEY); never written to the run directory.",
+    ),
+    click.option(
         "--server-arg",
         "server_args",
         multiple=True,

@@ -40,6 +40,7 @@ class MockConfig:
     seed: int = 0
     model: str = "mock"
     usage: bool = True  # False: never report usage (as llama.cpp's server when streaming)
+    api_key: str | None = None  # set: generation requests need `Authorization: Bearer <key>`
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0:
@@ -85,7 +86,13 @@ class MockEngine:
             {"requests_seen": self.requests_seen, "requests_by_path": self.requests_by_path}
         )
 
-    async def models(self, _request: web.Request) -> web.Response:
+    def _authorised(self, request: web.Request) -> bool:
+        key = self.config.api_key
+        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
+
+    async def models(self, request: web.Request) -> web.Response:
+        if not self._authorised(request):
+            return _error(401, "the mock needs its API key as a bearer token")
         return web.json_response(
             {"object": "list", "data": [{"id": self.config.model, "object": "model"}]}
         )
@@ -99,6 +106,8 @@ class MockEngine:
         )  # service starts on arrival, before the body is read
         self.requests_seen += 1
         self.requests_by_path[request.path] = self.requests_by_path.get(request.path, 0) + 1
+        if not self._authorised(request):
+            return _error(401, "the mock needs its API key as a bearer token")
         try:
             body = await request.json()
         except json.JSONDecodeError:

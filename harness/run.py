@@ -106,13 +106,26 @@ def load_slo_spec(name: str | None) -> dict | None:
         raise HarnessError(str(exc)) from exc
 
 
-def preflight(base_url: str, timeout_s: float = 10.0) -> dict:
-    """GET `<base_url>/models`: proves the target is reachable; returns its JSON (or {})."""
+def _get(url: str, api_key: str | None, timeout_s: float):
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
+
+
+def preflight(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:
+    """GET `<base_url>/models`: proves the target is reachable; returns its JSON (or {}).
+
+    A 401 or 403 ends the run before it starts, in one sentence naming `--api-key`."""
     url = base_url.rstrip("/") + "/models"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with _get(url, api_key, timeout_s) as resp:
             return json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError:
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            given = "refused the API key given" if api_key else "needs an API key"
+            raise HarnessError(
+                f"the target at {base_url} {given} (HTTP {exc.code} for GET /models); "
+                "pass it with --api-key or OPENAI_API_KEY."
+            ) from exc
         return {}  # reachable; some servers have no /models
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -123,11 +136,11 @@ def preflight(base_url: str, timeout_s: float = 10.0) -> dict:
         return {}
 
 
-def target_info(base_url: str) -> dict:
+def target_info(base_url: str, api_key: str | None = None) -> dict:
     """The reference engine's `/info` (engine, version, model, dtype, config), when present."""
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        with urllib.request.urlopen(root + "/info", timeout=5) as resp:
+        with _get(root + "/info", api_key, 5) as resp:
             return json.loads(resp.read())
     except (urllib.error.URLError, OSError, json.JSONDecodeError):
         return {}
@@ -258,7 +271,7 @@ class RunContext:
 
 def _run_against(inputs: RunInputs, base_url: str, target: dict) -> RunOutcome:
     config, workload, run_dir = inputs.config, inputs.workload, inputs.run_dir
-    models = preflight(base_url)
+    models = preflight(base_url, api_key=config.api_key)
     served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
     model = config.model or (served[0] if served else None)
     if model is None:
@@ -266,7 +279,7 @@ def _run_against(inputs: RunInputs, base_url: str, target: dict) -> RunOutcome:
     endpoint = Endpoint(
         config.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
     )
-    info = target_info(base_url)
+    info = target_info(base_url, config.api_key)
     target.update(
         model=model,
         endpoint=endpoint.value,
