@@ -140,7 +140,7 @@ async def _open_loop(plan, t0, deadline_ns, limit, launch) -> tuple[int, bool]:
     clock = time.perf_counter_ns
     sent = 0
     for payload, offset_s in zip(plan.payloads, plan.arrival_s, strict=True):
-        t_scheduled = t0 + int(offset_s * 1e9)
+        t_scheduled = t0 + round(offset_s * 1e9)
         if deadline_ns is not None and t_scheduled >= deadline_ns:
             return sent, True
         delay_ns = t_scheduled - clock()

@@ -54,7 +54,9 @@ def tiny_random_config(vocab_size: int = TINY_VOCAB_SIZE) -> ModelConfig:
         num_key_value_heads=2,
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
-        max_position_embeddings=2048,
+        # SmolLM2's context, so every built-in workload (long-context's 5,120-token prompts
+        # included) runs on the tiny model as it does on the real one.
+        max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=2,

@@ -18,7 +18,7 @@ def test_config_is_the_documented_small_llama(tiny_model):
         num_key_value_heads=2,
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
-        max_position_embeddings=2048,
+        max_position_embeddings=8192,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=2,

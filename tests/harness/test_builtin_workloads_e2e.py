@@ -1,0 +1,49 @@
+"""Every built-in workload, end to end against the managed reference engine (tiny-random), as
+a new user runs them: a few requests each, all at once, zero errors. `long-context` sends
+3,072-5,120-token prompts, more than the engine's default step budget of 2,048 tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness.config import RunConfig
+from harness.run import run_benchmark, target_for
+from workloads.registry import builtin_names
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    with target_for(RunConfig(model="tiny-random", startup_timeout_s=180)) as target:
+        yield target
+
+
+@pytest.mark.parametrize("workload", builtin_names())
+def test_builtin_workload_runs_with_zero_errors(tiny_target, workload, tmp_path):
+    config = RunConfig(
+        model="tiny-random",
+        workload=workload,
+        num_requests=3,
+        request_rate=float("inf"),
+        out=tmp_path / "run",
+        scrape_interval_s=0,
+        timeout_s=300,
+    )
+    outcome = run_benchmark(config, target=tiny_target)
+    assert outcome.complete
+    requests = pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()
+    assert len(requests) == 3
+    failures = [
+        (r["status"], r["error_class"], r["error_message"]) for r in requests if r["status"] != "ok"
+    ]
+    assert failures == []
+    for r in requests:
+        assert r["output_tokens"] >= 1 and r["usage_prompt_tokens"] is not None
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["target"]["model"] == "tiny-random"
+    if workload == "long-context":
+        assert min(r["input_tokens"] for r in requests) > 2048
