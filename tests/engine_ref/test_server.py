@@ -161,7 +161,7 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"model": "tiny-random", "prompt": "hi"', 400),  # malformed JSON
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": "ten"}', 400),  # wrong type
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": 0}', 400),
-    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 5000}', 400),  # beyond the context
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 9000}', 400),  # beyond the 8192 context
     ("/v1/completions", b'{"prompt": "hi", "model": "gpt-4"}', 404),  # unknown model
     ("/v1/chat/completions", b'{"model": "tiny-random", "messages": []}', 400),
     ("/v1/completions", b'{"prompt": "caf\xc3"}', 400),  # invalid UTF-8
