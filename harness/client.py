@@ -32,7 +32,7 @@ class RawResult:
 
     request_id: str
     is_warmup: bool
-    t_scheduled_ns: int
+    t_scheduled_ns: int | None
     t_sent_ns: int | None = None
     t_first_byte_ns: int | None = None
     t_done_ns: int | None = None
@@ -174,11 +174,15 @@ async def send(
         aiohttp.ClientPayloadError,
         ConnectionResetError,
     ) as exc:
-        _set_error(result, RequestStatus.ERROR, ErrorClass.CONNECTION_RESET, _one_line(exc))
+        # The request went out and the connection broke before a terminal event: the server
+        # may have done the work, so the outcome is unknown, not a plain error.
+        _set_error(result, RequestStatus.UNKNOWN, ErrorClass.CONNECTION_RESET, _one_line(exc))
     except aiohttp.ClientOSError as exc:
         reset = exc.errno in (errno.ECONNRESET, errno.EPIPE)
-        error_class = ErrorClass.CONNECTION_RESET if reset else ErrorClass.CLIENT_ERROR
-        _set_error(result, RequestStatus.ERROR, error_class, _one_line(exc))
+        if reset:
+            _set_error(result, RequestStatus.UNKNOWN, ErrorClass.CONNECTION_RESET, _one_line(exc))
+        else:
+            _set_error(result, RequestStatus.ERROR, ErrorClass.CLIENT_ERROR, _one_line(exc))
     except aiohttp.ClientError as exc:
         _set_error(result, RequestStatus.ERROR, ErrorClass.CLIENT_ERROR, _one_line(exc))
     finally:

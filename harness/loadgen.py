@@ -15,6 +15,7 @@ from typing import Protocol
 
 from harness.client import RawResult, RequestPayload
 from harness.transport import Transport
+from slo.runrecord import RequestStatus
 
 
 class LoadObserver(Protocol):
@@ -60,6 +61,7 @@ class LoadResult:
     num_warmup: int = 0
     stopped_by_duration: bool = False
     in_flight_at_stop: int = 0
+    num_not_sent: int = 0
 
 
 async def run_load(
@@ -76,14 +78,21 @@ async def run_load(
 
     `start_callback(t0_ns)` is called when the measured phase starts; all of that phase's
     scheduled times are `t0_ns + arrival_s * 1e9`. Cancelling this coroutine cancels every
-    in-flight request, each of which is still handed to `on_result` as `cancelled`.
+    in-flight request, each of which is still handed to `on_result` as `cancelled`, and hands
+    every request it never dispatched to `on_result` as `not_sent`, so each request of the
+    plan gets exactly one result. (Requests past `duration_s` are outside the run and get
+    none: a duration bounds the schedule.)
     """
     outcome = LoadResult()
     clock = time.perf_counter_ns
     tasks: set[asyncio.Task] = set()
     limit = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
+    dispatched: set[str] = set()
+    t0: int | None = None
+    finished = False
 
     async def one(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> None:
+        dispatched.add(payload.request_id)
         raw = RawResult(payload.request_id, payload.is_warmup, t_scheduled_ns)
         try:
             if observer is not None:
@@ -122,18 +131,38 @@ async def run_load(
             )
         else:
             outcome.num_scheduled, outcome.stopped_by_duration = await _closed_loop(
-                plan, t0, deadline_ns, transport, on_result, observer
+                plan, t0, deadline_ns, transport, on_result, observer, dispatched
             )
         if tasks:
             await asyncio.gather(*list(tasks))
+        finished = True
     finally:
         outcome.in_flight_at_stop = len(tasks)
         for task in list(tasks):
             task.cancel()
         if tasks:
             await asyncio.gather(*list(tasks), return_exceptions=True)
+        if not finished:
+            outcome.num_not_sent = _report_not_sent(plan, dispatched, t0, on_result)
         outcome.t_end_ns = clock()
     return outcome
+
+
+def _report_not_sent(plan: LoadPlan, dispatched: set[str], t0: int | None, on_result) -> int:
+    """Hand every request of `plan` that was never dispatched to `on_result` as `not_sent`."""
+    count = 0
+    arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
+    pending = [(p, None) for p in plan.warmup] + list(zip(plan.payloads, arrivals, strict=True))
+    for payload, offset_s in pending:
+        if payload.request_id in dispatched:
+            continue
+        scheduled = None if (t0 is None or offset_s is None) else t0 + round(offset_s * 1e9)
+        raw = RawResult(payload.request_id, payload.is_warmup, scheduled)
+        raw.status = RequestStatus.NOT_SENT
+        raw.error_message = "the run stopped before this request was sent"
+        on_result(raw)
+        count += 1
+    return count
 
 
 async def _open_loop(plan, t0, deadline_ns, limit, launch) -> tuple[int, bool]:
@@ -153,7 +182,9 @@ async def _open_loop(plan, t0, deadline_ns, limit, launch) -> tuple[int, bool]:
     return sent, False
 
 
-async def _closed_loop(plan, t0, deadline_ns, transport, on_result, observer) -> tuple[int, bool]:
+async def _closed_loop(
+    plan, t0, deadline_ns, transport, on_result, observer, dispatched
+) -> tuple[int, bool]:
     clock = time.perf_counter_ns
     queue = iter(plan.payloads)
     counters = {"sent": 0, "stopped": False}
@@ -168,6 +199,7 @@ async def _closed_loop(plan, t0, deadline_ns, transport, on_result, observer) ->
             if payload is None:
                 return
             counters["sent"] += 1
+            dispatched.add(payload.request_id)
             raw = RawResult(payload.request_id, payload.is_warmup, t_ready)
             try:
                 if observer is not None:

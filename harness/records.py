@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from harness.client import RawResult
 from harness.sse import ParsedStream, parse_body, parse_stream
-from slo.runrecord import RequestRecord, RequestStatus, TokenSource
+from slo.runrecord import ErrorClass, RequestRecord, RequestStatus, TokenSource
 
 TokenCounter = Callable[[str], int]
 
@@ -41,7 +41,9 @@ def to_rows(
         if parsed.error_class is None:
             status = RequestStatus.OK
         else:
-            status = RequestStatus.ERROR
+            # A stream cut before its terminal event leaves the outcome unknown.
+            cut = parsed.error_class is ErrorClass.INCOMPLETE_STREAM
+            status = RequestStatus.UNKNOWN if cut else RequestStatus.ERROR
             error_class, error_message = parsed.error_class, parsed.error_message
     elif raw.reads:  # failed mid-stream: keep what arrived
         parsed = parse_stream(raw.reads, chat=ctx.is_chat)
@@ -51,7 +53,9 @@ def to_rows(
     usage = (parsed.usage if parsed else None) or {}
     client_tokens = sum(n for _, n, _ in parsed.chunks) if parsed else 0
     usage_completion = usage.get("completion_tokens")
-    if usage_completion is not None:
+    if status is RequestStatus.NOT_SENT:
+        output_tokens, source = None, None
+    elif usage_completion is not None:
         output_tokens, source = int(usage_completion), TokenSource.USAGE
     elif ctx.count_tokens is not None and text:
         output_tokens, source = ctx.count_tokens(text), TokenSource.TOKENIZER

@@ -248,6 +248,12 @@ class RunContext:
         )
         self.manifest = self.manifest.evolve(t0_ns=t0_ns)
         self.recorder = RunRecorder(self.run_dir, context, self.input_tokens, self.manifest)
+        plan = self.plan
+        arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
+        self.recorder.writer.write_schedule(
+            [(p.request_id, None, True) for p in plan.warmup]
+            + [(p.request_id, a, False) for p, a in zip(plan.payloads, arrivals, strict=True)]
+        )
         for raw in self.early:
             self.recorder.add(raw)
         self.early.clear()

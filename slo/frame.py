@@ -6,9 +6,23 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from slo import metrics
 from slo.runrecord import RequestColumn, RequestStatus, float_column, string_column
+
+
+def attempted_requests(requests: pa.Table) -> pa.Table:
+    """`requests` without its `not_sent` rows."""
+    if RequestColumn.STATUS not in requests.column_names or requests.num_rows == 0:
+        return requests
+    sent = pc.not_equal(requests[RequestColumn.STATUS], RequestStatus.NOT_SENT.value)
+    return requests.filter(pc.fill_null(sent, True))
+
+
+def not_sent_count(requests: pa.Table) -> int:
+    """Rows of requests the run scheduled but never sent."""
+    return requests.num_rows - attempted_requests(requests).num_rows
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,7 +54,12 @@ class RequestMetrics:
 
     @classmethod
     def from_tables(cls, requests: pa.Table, chunks: pa.Table) -> RequestMetrics:
-        """Build from a contract `requests` table and `chunks` table (may be empty)."""
+        """Build from a contract `requests` table and `chunks` table (may be empty).
+
+        Rows of requests that were never sent (`not_sent`: the run stopped first) are left out:
+        every metric is over the requests the target saw. `not_sent_count` counts them.
+        """
+        requests = attempted_requests(requests)
         request_id = string_column(requests, RequestColumn.REQUEST_ID)
         t = {str(name): float_column(requests, name) for name in (
             RequestColumn.T_SCHEDULED_NS, RequestColumn.T_SENT_NS, RequestColumn.T_FIRST_TOKEN_NS,

@@ -22,7 +22,7 @@ from slo.runrecord import ChunkColumn, RequestStatus
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
 PERCENTILES = (50, 90, 95, 99)
-STATUSES = tuple(s.value for s in RequestStatus)
+STATUSES = tuple(s.value for s in RequestStatus if s.attempted)  # of requests that were sent
 
 
 def ttft_ms(t_sent_ns: np.ndarray, t_first_token_ns: np.ndarray) -> np.ndarray:

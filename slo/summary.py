@@ -10,7 +10,7 @@ from slo import metrics
 from slo.consistency import littles_law
 from slo.conventions import conventions_summary
 from slo.errors import SLOError
-from slo.frame import RequestMetrics
+from slo.frame import RequestMetrics, not_sent_count
 from slo.goodput import goodput_summary
 from slo.runrecord import (
     SUMMARY_SCHEMA_VERSION,
@@ -181,6 +181,7 @@ def summarize_tables(
     summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "definitions": DEFINITIONS}
     ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     summary.update(core_summary(rm, client_bound_ms=client_bound_ms, rng=ci_rng))
+    summary["counts"]["not_sent"] = not_sent_count(tables.requests)
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
     summary["run_complete"] = tables.manifest.complete if tables.manifest else None
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)

@@ -14,9 +14,11 @@ from slo.runrecord.enums import Endpoint, ErrorClass, RequestStatus, TokenSource
 from slo.runrecord.schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
+    SCHEDULE_SCHEMA,
     SERVER_METRICS_SCHEMA,
     ChunkColumn,
     RequestColumn,
+    ScheduleColumn,
     ServerMetricColumn,
 )
 
@@ -55,6 +57,11 @@ CHUNK_MEANINGS = {
     ChunkColumn.N_TOKENS: "tokens in the event; 0 for role- or usage-only events",
     ChunkColumn.N_CHARS: "characters of text in the event",
 }
+SCHEDULE_MEANINGS = {
+    ScheduleColumn.REQUEST_ID: "every request the run meant to send, warm-up included",
+    ScheduleColumn.ARRIVAL_S: "offset from the start of the measured phase; null: closed loop, warm-up",
+    ScheduleColumn.IS_WARMUP: "true for warm-up requests",
+}
 SERVER_METRIC_MEANINGS = {
     ServerMetricColumn.T_NS: "when the scrape started",
     ServerMetricColumn.NAME: "Prometheus sample name (e.g. `vllm:num_requests_running`)",
@@ -68,7 +75,8 @@ STATUS_MEANINGS = {
     RequestStatus.TIMEOUT: "no complete response within the per-request timeout",
     RequestStatus.CANCELLED: "the run stopped while the request was in flight",
     RequestStatus.REJECTED: "the server refused it explicitly (HTTP 429)",
-    RequestStatus.UNKNOWN: "no record of how it ended",
+    RequestStatus.UNKNOWN: "sent, then the connection broke before a terminal event (the server may have done the work)",
+    RequestStatus.NOT_SENT: "scheduled but never dispatched: the run stopped first",
 }
 ERROR_CLASS_MEANINGS = {
     ErrorClass.CONNECTION_REFUSED: "nothing listens at the target",
@@ -125,6 +133,7 @@ def contract_markdown() -> str:
             "`requests.parquet` and `warmup.parquet`", REQUESTS_SCHEMA, RequestColumn, MEANINGS
         ),
         *_columns("`chunks.parquet`", CHUNKS_SCHEMA, ChunkColumn, CHUNK_MEANINGS),
+        *_columns("`schedule.parquet`", SCHEDULE_SCHEMA, ScheduleColumn, SCHEDULE_MEANINGS),
         *_columns(
             "`server_metrics.parquet`",
             SERVER_METRICS_SCHEMA,

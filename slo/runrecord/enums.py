@@ -16,7 +16,14 @@ class RequestStatus(StrEnum):
     TIMEOUT = "timeout"  # no complete response within the per-request timeout
     CANCELLED = "cancelled"  # the run stopped while the request was in flight
     REJECTED = "rejected"  # the server refused it explicitly (429)
-    UNKNOWN = "unknown"  # no record of how it ended
+    UNKNOWN = "unknown"  # sent, then the connection broke before a terminal event: the server
+    # may or may not have done the work
+    NOT_SENT = "not_sent"  # scheduled, never dispatched: the run stopped first
+
+    @property
+    def attempted(self) -> bool:
+        """False only for `not_sent`: the request never reached the target."""
+        return self is not RequestStatus.NOT_SENT
 
 
 class ErrorClass(StrEnum):

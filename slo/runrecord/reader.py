@@ -15,6 +15,7 @@ from slo.runrecord.errors import RunRecordError
 from slo.runrecord.schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
+    SCHEDULE_SCHEMA,
     SERVER_METRICS_SCHEMA,
     RequestColumn,
 )
@@ -25,6 +26,7 @@ REQUESTS_FILE = "requests.parquet"
 WARMUP_FILE = "warmup.parquet"
 CHUNKS_FILE = "chunks.parquet"
 SERVER_METRICS_FILE = "server_metrics.parquet"
+SCHEDULE_FILE = "schedule.parquet"
 PARTS_DIR = ".parts"  # a writer's row groups until it closes (see `RunWriter`)
 
 
@@ -32,8 +34,8 @@ PARTS_DIR = ".parts"  # a writer's row groups until it closes (see `RunWriter`)
 class RunTables:
     """The tables of one run directory, as read from disk.
 
-    `chunks`, `warmup` and `server_metrics` are empty tables with the contract's columns when
-    the run has no such file; `manifest` is None when it has no `manifest.json`.
+    `chunks`, `warmup`, `server_metrics` and `schedule` are empty tables with the contract's
+    columns when the run has no such file; `manifest` is None when it has no `manifest.json`.
     """
 
     requests: pa.Table
@@ -41,6 +43,7 @@ class RunTables:
     manifest: RunManifest | None = None
     warmup: pa.Table = field(default_factory=REQUESTS_SCHEMA.empty_table)
     server_metrics: pa.Table = field(default_factory=SERVER_METRICS_SCHEMA.empty_table)
+    schedule: pa.Table = field(default_factory=SCHEDULE_SCHEMA.empty_table)
 
 
 def part_paths(run_dir: Path, name: str) -> list[Path]:
@@ -95,6 +98,7 @@ def open_run(run_dir: Path | str) -> RunTables:
         manifest=read_manifest(run_dir) if manifest_path.is_file() else None,
         warmup=_read_table(run_dir / WARMUP_FILE, REQUESTS_SCHEMA),
         server_metrics=_read_table(run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA),
+        schedule=_read_table(run_dir / SCHEDULE_FILE, SCHEDULE_SCHEMA),
     )
 
 

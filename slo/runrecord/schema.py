@@ -55,6 +55,14 @@ class ChunkColumn(StrEnum):
     N_CHARS = "n_chars"
 
 
+class ScheduleColumn(StrEnum):
+    """Columns of `schedule.parquet`: every request the run meant to send, in plan order."""
+
+    REQUEST_ID = "request_id"
+    ARRIVAL_S = "arrival_s"  # offset from the start of the measured phase; null: closed loop
+    IS_WARMUP = "is_warmup"
+
+
 class ServerMetricColumn(StrEnum):
     """Columns of `server_metrics.parquet`."""
 
@@ -102,6 +110,14 @@ CHUNKS_SCHEMA = pa.schema(
         (ChunkColumn.T_NS.value, pa.int64()),
         (ChunkColumn.N_TOKENS.value, pa.int32()),
         (ChunkColumn.N_CHARS.value, pa.int32()),
+    ]
+)
+
+SCHEDULE_SCHEMA = pa.schema(
+    [
+        (ScheduleColumn.REQUEST_ID.value, pa.string()),
+        (ScheduleColumn.ARRIVAL_S.value, pa.float64()),
+        (ScheduleColumn.IS_WARMUP.value, pa.bool_()),
     ]
 )
 

@@ -24,6 +24,7 @@ from slo.runrecord.reader import (
     MANIFEST_FILE,
     PARTS_DIR,
     REQUESTS_FILE,
+    SCHEDULE_FILE,
     SERVER_METRICS_FILE,
     SUMMARY_FILE,
     WARMUP_FILE,
@@ -32,6 +33,7 @@ from slo.runrecord.reader import (
 from slo.runrecord.schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
+    SCHEDULE_SCHEMA,
     SERVER_METRICS_SCHEMA,
     RequestRecord,
     columns_table,
@@ -71,6 +73,11 @@ class RunWriter:
         """Apply `changes` to the manifest and rewrite it on disk."""
         self.manifest = self.manifest.evolve(**changes)
         self.write_manifest()
+
+    def write_schedule(self, rows: list[tuple[str, float | None, bool]]) -> None:
+        """Record every request the run means to send, `(request_id, arrival_s, is_warmup)`,
+        before the first is sent: the ledger proves each got exactly one row."""
+        pq.write_table(columns_table(rows, SCHEDULE_SCHEMA), self.run_dir / SCHEDULE_FILE)
 
     def append_requests(self, records: list[RequestRecord]) -> None:
         """Append measured requests (validated: see `RequestRecord`)."""

@@ -231,7 +231,10 @@ async def _respond(outcome: Outcome, result: RawResult, clock: Callable[[], int]
             await asyncio.sleep(delay_s)
             result.reads.append((clock(), data))
         if outcome.fail_with is not None:
-            _set_error(result, RequestStatus.ERROR, outcome.fail_with, "FakeStreamError: scripted")
+            # As `send`: a connection broken after the request went out leaves it `unknown`.
+            cut = outcome.fail_with is ErrorClass.CONNECTION_RESET
+            status = RequestStatus.UNKNOWN if cut else RequestStatus.ERROR
+            _set_error(result, status, outcome.fail_with, "FakeStreamError: scripted")
             return
     result.t_done_ns = clock()
 

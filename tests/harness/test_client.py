@@ -377,7 +377,7 @@ def test_server_closing_before_responding_is_a_reset():
             await server.wait_closed()
 
     raw = asyncio.run(go())
-    assert (raw.status, raw.error_class) == (RequestStatus.ERROR, ErrorClass.CONNECTION_RESET)
+    assert (raw.status, raw.error_class) == (RequestStatus.UNKNOWN, ErrorClass.CONNECTION_RESET)
     assert raw.http_status is None and raw.t_sent_ns <= raw.t_done_ns
 
 

@@ -53,8 +53,22 @@ def _run(transport: FakeTransport, plan: LoadPlan) -> Run:
 
 
 def _assert_each_sent_reported_once(run: Run) -> None:
-    assert Counter(r.request_id for r in run.results) == Counter(run.sent_ids())
-    assert all(count == 1 for count in Counter(run.sent_ids()).values())
+    sent = Counter(run.sent_ids())
+    reported = Counter(r.request_id for r in run.results if r.status is not RequestStatus.NOT_SENT)
+    assert reported == sent
+    assert all(count == 1 for count in sent.values())
+
+
+def _assert_each_planned_reported_once(run: Run) -> None:
+    """A stopped run: every request of the plan has exactly one result; those never sent
+    are `not_sent`, with no send time."""
+    _assert_each_sent_reported_once(run)
+    planned = [p.request_id for p in (*run.plan.warmup, *run.plan.payloads)]
+    assert Counter(r.request_id for r in run.results) == Counter(planned)
+    not_sent = {r.request_id for r in run.results if r.status is RequestStatus.NOT_SENT}
+    assert not_sent == set(planned) - set(run.sent_ids())
+    assert all(r.t_sent_ns is None for r in run.results if r.request_id in not_sent)
+    assert run.outcome is None or run.outcome.num_not_sent == len(not_sent)
 
 
 class RecordingObserver:
@@ -234,11 +248,12 @@ async def _cancel_when(run: Run, *, in_flight: int, reported: int) -> None:
 def test_cancelling_reports_every_request_in_flight_as_cancelled(plan):
     run = Run(FakeTransport(_quick_or_hang), plan)
     asyncio.run(_cancel_when(run, in_flight=2, reported=1))
-    _assert_each_sent_reported_once(run)
+    _assert_each_planned_reported_once(run)
     results = run.by_id()
     assert results["r0"].status is None
-    cancelled = [r for r in run.results if r.request_id != "r0"]
+    cancelled = [r for r in run.results if r.status is RequestStatus.CANCELLED]
     assert len(cancelled) == 2
+    assert len(run.results) == len(plan.payloads)
     for raw in cancelled:
         assert (raw.status, raw.error_class) == (RequestStatus.CANCELLED, None)
         assert raw.t_sent_ns <= raw.t_done_ns
@@ -251,6 +266,13 @@ def test_cancelling_during_warmup_reports_the_warmup_requests():
     asyncio.run(_cancel_when(run, in_flight=2, reported=1))
     assert run.t0_ns is None  # the measured phase never started
     assert run.sent_ids() == ["w0", "w1", "w2"]
-    _assert_each_sent_reported_once(run)
+    _assert_each_planned_reported_once(run)
     statuses = {r.request_id: r.status for r in run.results}
-    assert statuses == {"w0": None, "w1": RequestStatus.CANCELLED, "w2": RequestStatus.CANCELLED}
+    not_sent = dict.fromkeys(("r0", "r1", "r2"), RequestStatus.NOT_SENT)
+    assert statuses == {
+        "w0": None,
+        "w1": RequestStatus.CANCELLED,
+        "w2": RequestStatus.CANCELLED,
+        **not_sent,
+    }
+    assert all(r.t_scheduled_ns is None for r in run.results if r.request_id in not_sent)

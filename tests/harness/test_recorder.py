@@ -70,9 +70,9 @@ CASES = {
     "refused": Case(ConnectFailure(), S.ERROR, E.CONNECTION_REFUSED, None, NONE, NONE),
     "reset": Case(
         stream(["xy", "z"], done=False, fail_with=E.CONNECTION_RESET),
-        S.ERROR, E.CONNECTION_RESET, 200, (T.CHUNK_COUNT, 2), (T.TOKENIZER, 3), 2,
+        S.UNKNOWN, E.CONNECTION_RESET, 200, (T.CHUNK_COUNT, 2), (T.TOKENIZER, 3), 2,
     ),
-    "incomplete": Case(stream(["abc"], done=False), S.ERROR, E.INCOMPLETE_STREAM, 200, (T.CHUNK_COUNT, 1), (T.TOKENIZER, 3), 1),
+    "incomplete": Case(stream(["abc"], done=False), S.UNKNOWN, E.INCOMPLETE_STREAM, 200, (T.CHUNK_COUNT, 1), (T.TOKENIZER, 3), 1),
     "stream-error": Case(
         Stream([(0.0, sse_event({"error": {"message": "out of memory"}}))]),
         S.ERROR, E.STREAM_ERROR, 200, NONE, NONE,
