@@ -1,0 +1,1 @@
+"""Built-in fault plans (YAML), listed by `bench faults list`."""

@@ -1,0 +1,391 @@
+"""Fault plans: schema errors (one sentence naming the field), built-ins, sha256, window
+activation at its boundaries, and the `bench faults` commands."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from faults.cli import faults
+from faults.plan import (
+    Direction,
+    FaultKind,
+    FaultPlan,
+    FaultPlanError,
+    Layer,
+    RetryPolicy,
+    Window,
+    WindowTracker,
+    builtin_plan_names,
+    builtin_plan_text,
+    load_plan,
+    parse_plan,
+    parse_seconds,
+)
+
+BASE = {
+    "name": "t",
+    "description": "a test plan",
+    "seed": 3,
+    "windows": [
+        {
+            "kind": "reset_peer",
+            "at": "5s",
+            "for": "10s",
+            "fraction": 0.5,
+            "direction": "downstream",
+            "params": {"timeout_ms": 100},
+        },
+        {"kind": "cancel", "after_requests": 20, "params": {"after_tokens": 3}},
+    ],
+    "retry": {"enabled": True, "max_attempts": 2},
+}
+
+
+def _with(path: tuple, value) -> dict:
+    """BASE with the entry at `path` (keys and list indexes) set to `value`."""
+    data = copy.deepcopy(BASE)
+    target = data
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return data
+
+
+W0 = ("windows", 0)
+W1 = ("windows", 1)
+# (mutation path, value, words the message must contain)
+BAD = [
+    (("colour",), "red", ["unknown field 'colour'", "known fields: name"]),
+    ((*W0, "start"), 5, ["windows[0]", "unknown field 'start'", "after_requests"]),
+    ((*W0, "params"), {"timeout": 1}, ["windows[0]", "'timeout'", "timeout_ms"]),
+    ((*W0, "params"), [1], ["windows[0]", "params must be a mapping"]),
+    ((*W0, "kind"), "explode", ["windows[0]", "'explode' is unknown", "reset_peer", "kill_engine"]),
+    (("windows",), {"kind": "down"}, ["windows must be a list"]),
+    (("windows",), ["down"], ["windows[0] must be a mapping"]),
+    (("seed",), "x", ["seed must be an integer"]),
+    (("seed",), -1, ["seed must be an integer >= 0"]),
+    (("name",), "", ["non-empty name"]),
+    (("description",), 3, ["description must be text"]),
+    ((*W0, "fraction"), "half", ["windows[0]", "fraction must be in [0, 1]"]),
+    ((*W0, "fraction"), 1.5, ["windows[0]", "fraction must be in [0, 1]"]),
+    ((*W0, "fraction"), -0.1, ["windows[0]", "fraction must be in [0, 1]"]),
+    ((*W0, "fraction"), True, ["windows[0]", "fraction must be in [0, 1]"]),
+    ((*W0, "at"), "-5s", ["windows[0]", "at must not be negative"]),
+    ((*W0, "at"), -1, ["windows[0]", "at must not be negative"]),
+    ((*W0, "for"), "-1s", ["windows[0]", "for must not be negative"]),
+    ((*W0, "for"), "5 hours", ["windows[0]", "for must be a duration such as 5, 5s or 500ms"]),
+    ((*W0, "for"), 0, ["windows[0]", "for must be positive"]),
+    ((*W0, "at"), math.inf, ["windows[0]", "at must be a duration"]),
+    ((*W1, "after_requests"), -3, ["windows[1]", "after_requests must be an integer >= 0"]),
+    ((*W1, "after_requests"), 2.5, ["windows[1]", "after_requests must be an integer"]),
+    ((*W1, "at"), 1, ["windows[1]", "either at or after_requests"]),
+    ((*W1, "direction"), "both", ["windows[1]", "direction applies to network kinds only"]),
+    ((*W0, "direction"), "sideways", ["windows[0]", "direction 'sideways' is unknown", "upstream"]),
+    ((*W0, "params"), {"timeout_ms": -1}, ["windows[0]", "params.timeout_ms", ">= 0"]),
+    ((*W0, "params"), {"timeout_ms": "1"}, ["windows[0]", "params.timeout_ms", "number"]),
+    ((*W1, "params"), {}, ["windows[1]", "exactly one of params.after_tokens"]),
+    ((*W1, "params"), {"after_tokens": 2, "after_ms": 5}, ["windows[1]", "exactly one"]),
+    ((*W1, "params"), {"after_tokens": 0}, ["windows[1]", "params.after_tokens", ">= 1"]),
+    ((*W1,), {"kind": "latency"}, ["windows[1]", "latency needs params.latency_ms"]),
+    ((*W1,), {"kind": "pause_engine"}, ["windows[1]", "pause_engine needs for"]),
+    ((*W1,), {"kind": "kill_engine", "fraction": 0.5}, ["windows[1]", "drop fraction"]),
+    (
+        (*W1,),
+        {"kind": "pause_engine", "for": 1, "params": {"x": 1}},
+        ["windows[1]", "known fields: none"],
+    ),
+    ((*W1,), {"at": 1}, ["windows[1]", "missing 'kind'"]),
+    ((*W1,), {"kind": "down", "fraction": 0.5}, ["windows[1]", "drop fraction"]),
+    (
+        (*W1,),
+        {"kind": "down", "params": {"reset_open": 2}},
+        ["windows[1]", "reset_open must be 0 or 1"],
+    ),
+    (
+        (*W1,),
+        {"kind": "slicer", "params": {"average_size": 10, "size_variation": 10}},
+        ["windows[1]", "size_variation below average_size"],
+    ),
+    ((*W1,), {"kind": "bandwidth", "params": {"rate_kbps": 0}}, ["params.rate_kbps", "> 0"]),
+    (
+        (*W1,),
+        {"kind": "slow_reader", "params": {"read_delay_ms": 5, "read_bytes": 1.5}},
+        ["params.read_bytes must be an integer >= 1"],
+    ),
+    (
+        (*W1,),
+        {"kind": "disconnect_storm", "params": {"min_ms": 500, "max_ms": 100}},
+        ["windows[1]", "min_ms below max_ms"],
+    ),
+    (
+        ("windows",),
+        [{"kind": "slow_reader", "params": {"read_delay_ms": 5}}] * 2,
+        ["one slow_reader window"],
+    ),
+    (("retry",), {"tries": 3}, ["retry", "unknown field 'tries'", "max_attempts"]),
+    (("retry",), {"max_attempts": 0}, ["retry.max_attempts must be an integer >= 1"]),
+    (("retry",), {"statuses": [200]}, ["retry.statuses must be HTTP error codes"]),
+    (("retry",), {"statuses": 429}, ["retry.statuses must be HTTP error codes"]),
+    (("retry",), {"enabled": "yes"}, ["retry.enabled must be true or false"]),
+    (("retry",), {"backoff_ms": -5}, ["retry.backoff_ms must be a positive number"]),
+    (("retry",), {"backoff_ms": 500, "max_backoff_ms": 100}, ["retry.max_backoff_ms"]),
+    (("retry",), [1], ["retry must be a mapping"]),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "words"), BAD, ids=[str(i) for i in range(len(BAD))])
+def test_every_schema_violation_is_one_sentence_naming_the_field(path, value, words):
+    with pytest.raises(FaultPlanError) as info:
+        FaultPlan.from_dict(_with(path, value), "plan.yaml")
+    message = str(info.value)
+    assert message.startswith("plan.yaml")
+    assert message.endswith(".") and "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_missing_name_and_not_a_mapping():
+    with pytest.raises(FaultPlanError, match=r"^plan\.yaml is missing 'name'\.$"):
+        FaultPlan.from_dict({"windows": []}, "plan.yaml")
+    with pytest.raises(FaultPlanError, match=r"^plan\.yaml must be a mapping, not list\.$"):
+        FaultPlan.from_dict([1], "plan.yaml")
+
+
+def test_invalid_yaml_names_the_line():
+    with pytest.raises(
+        FaultPlanError, match=r"^p\.yaml is not valid YAML at line 3; fix its syntax\.$"
+    ):
+        parse_plan("name: x\nwindows: [\n", "p.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        (5, 5.0),
+        (0.5, 0.5),
+        ("5", 5.0),
+        ("5s", 5.0),
+        ("500ms", 0.5),
+        (" 1.5 s ", 1.5),
+        ("2m", 120.0),
+    ],
+)
+def test_durations(text, seconds):
+    assert parse_seconds(text, "at") == seconds
+
+
+def test_a_window_reads_its_defaults():
+    plan = FaultPlan.from_dict(BASE)
+    reset, cancel = plan.windows
+    assert (reset.kind, reset.layer, reset.at_s, reset.for_s) == (
+        FaultKind.RESET_PEER,
+        Layer.NETWORK,
+        5.0,
+        15.0 - 5.0,
+    )
+    assert reset.direction is Direction.DOWNSTREAM and reset.param("timeout_ms") == 100.0
+    assert (cancel.at_s, cancel.after_requests, cancel.for_s, cancel.fraction) == (
+        None,
+        20,
+        None,
+        1.0,
+    )
+    assert cancel.direction is None
+    down = Window(kind="down")
+    assert (down.at_s, down.direction, down.params) == (
+        0.0,
+        Direction.DOWNSTREAM,
+        (("reset_open", 1.0),),
+    )
+    assert Window(kind="latency", params=(("latency_ms", 5),)).param("jitter_ms") == 0.0
+    assert plan.retry == RetryPolicy(enabled=True, max_attempts=2)
+
+
+EXPECTED_BUILTINS = {
+    "latency-200ms",
+    "reset-storm",
+    "stall",
+    "limit-data",
+    "down",
+    "cancel-storm",
+    "slow-readers",
+    "kill-engine",
+    "pause-engine",
+}
+
+
+def test_builtins_load_by_name_with_or_without_suffix():
+    names = builtin_plan_names()
+    assert EXPECTED_BUILTINS <= set(names)
+    for name in names:
+        plan = load_plan(name)
+        assert plan.name == name and plan.description
+        assert load_plan(f"{name}.yaml") == plan
+        assert parse_plan(builtin_plan_text(name), name) == plan
+
+
+def test_builtin_layers():
+    assert load_plan("reset-storm").needs_proxy
+    assert not load_plan("reset-storm").needs_managed_engine
+    assert load_plan("kill-engine").needs_managed_engine
+    assert load_plan("pause-engine").kinds_by_layer == {Layer.ENGINE: (FaultKind.PAUSE_ENGINE,)}
+    cancel = load_plan("cancel-storm")
+    assert cancel.has_client_faults and not cancel.needs_proxy
+    assert FaultPlan.from_dict(BASE).kinds_by_layer == {
+        Layer.NETWORK: (FaultKind.RESET_PEER,),
+        Layer.CLIENT: (FaultKind.CANCEL,),
+    }
+
+
+def test_unknown_name_lists_the_builtins_and_a_file_path_wins(tmp_path, monkeypatch):
+    with pytest.raises(FaultPlanError) as info:
+        load_plan("reset-strom")
+    assert "'reset-strom'" in str(info.value) and "reset-storm" in str(info.value)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "stall.yaml").write_text("name: mine\nwindows: [{kind: down}]\n")
+    assert load_plan("stall.yaml").name == "mine"
+    assert load_plan("stall").name == "stall"
+
+
+def test_to_dict_round_trips_through_json_and_yaml():
+    plan = FaultPlan.from_dict(BASE)
+    assert FaultPlan.from_dict(plan.to_dict()) == plan
+    assert parse_plan(yaml.safe_dump(plan.to_dict()), "again") == plan
+    for name in builtin_plan_names():
+        built = load_plan(name)
+        assert FaultPlan.from_dict(built.to_dict()).sha256 == built.sha256
+
+
+def test_sha256_is_pinned_for_a_minimal_plan():
+    # Pinned: manifests compare plans by this digest, so its canonical form must not drift.
+    plan = FaultPlan(name="x")
+    assert plan.sha256 == "e13d804041a26558621f436fa5c5dce5886fdf29719024d1ca2446a573d93ddf"
+
+
+def test_equal_spellings_have_one_digest():
+    a = FaultPlan.from_dict(_with((*W0, "at"), "5s"))
+    b = FaultPlan.from_dict(_with((*W0, "at"), "5000ms"))
+    c = FaultPlan.from_dict(_with((*W0, "at"), 5))
+    assert a.sha256 == b.sha256 == c.sha256 == FaultPlan.from_dict(BASE).sha256
+    explicit = _with(W1, {**BASE["windows"][1], "fraction": 1})
+    assert FaultPlan.from_dict(explicit).sha256 == a.sha256
+
+
+CHANGES = [
+    (("name",), "u"),
+    (("description",), "other"),
+    (("seed",), 4),
+    (W0, {**BASE["windows"][0], "kind": "stall", "params": {}}),
+    ((*W0, "at"), "6s"),
+    ((*W0, "for"), "11s"),
+    ((*W0, "fraction"), 0.25),
+    ((*W0, "direction"), "upstream"),
+    ((*W0, "params"), {"timeout_ms": 101}),
+    ((*W1, "after_requests"), 21),
+    ((*W1, "params"), {"after_ms": 3}),
+    (("windows",), [BASE["windows"][1], BASE["windows"][0]]),
+    (("retry",), {"enabled": False, "max_attempts": 2}),
+    (("retry",), {"enabled": True, "max_attempts": 3}),
+    (("retry",), {"enabled": True, "max_attempts": 2, "honour_retry_after": False}),
+    (("retry",), {"enabled": True, "max_attempts": 2, "statuses": [429]}),
+    (("retry",), {"enabled": True, "max_attempts": 2, "backoff_ms": 50}),
+    (("retry",), {"enabled": True, "max_attempts": 2, "max_backoff_ms": 500}),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), CHANGES, ids=[str(c[0]) for c in CHANGES])
+def test_sha256_changes_with_any_field(path, value):
+    base = FaultPlan.from_dict(BASE)
+    changed = FaultPlan.from_dict(_with(path, value))
+    assert changed.sha256 != base.sha256
+    assert FaultPlan.from_dict(BASE).sha256 == base.sha256
+
+
+TIMED = Window(kind="stall", at_s=5.0, for_s=10.0)
+
+
+@pytest.mark.parametrize(
+    ("elapsed_s", "active"),
+    [(4.999, False), (5.0, True), (5.001, True), (14.999, True), (15.0, False), (15.001, False)],
+)
+def test_a_timed_window_is_half_open(elapsed_s, active):
+    plan = FaultPlan(name="t", windows=(TIMED,))
+    assert TIMED.is_active(elapsed_s, 0) is active
+    assert plan.active_windows(elapsed_s, 10_000) == ([TIMED] if active else [])
+
+
+COUNTED = Window(kind="stall", after_requests=20, for_s=10.0)
+
+
+@pytest.mark.parametrize(
+    ("elapsed_s", "sent", "trigger_s", "active"),
+    [
+        (50.0, 19, None, False),  # one request short
+        (3.0, 20, 3.0, True),  # the moment the 20th went out
+        (3.001, 21, 3.0, True),
+        (12.999, 40, 3.0, True),
+        (13.0, 40, 3.0, False),  # for 10 s from the trigger
+        (13.001, 40, 3.0, False),
+        (99.0, 20, None, True),  # trigger time unknown: fired now
+    ],
+)
+def test_a_request_count_window_starts_at_its_trigger(elapsed_s, sent, trigger_s, active):
+    assert COUNTED.is_active(elapsed_s, sent, trigger_s) is active
+    plan = FaultPlan(name="t", windows=(TIMED, COUNTED))
+    found = plan.active_windows(elapsed_s, sent, {1: trigger_s} if trigger_s is not None else None)
+    assert (COUNTED in found) is active
+
+
+def test_open_ended_windows_and_bounds():
+    forever = Window(kind="down", at_s=2.0)
+    counted = Window(kind="down", after_requests=0)
+    plan = FaultPlan(name="t", windows=(forever, counted, TIMED))
+    assert not forever.is_active(1.999, 0) and forever.is_active(1e9, 0)
+    assert counted.is_active(0.0, 0)
+    assert plan.window_bounds() == [(2.0, math.inf), None, (5.0, 15.0)]
+    assert plan.window_bounds({1: 4.0}) == [(2.0, math.inf), (4.0, math.inf), (5.0, 15.0)]
+
+
+def test_the_tracker_remembers_when_a_trigger_fired():
+    plan = FaultPlan(name="t", windows=(COUNTED,))
+    tracker = WindowTracker(plan)
+    assert tracker.poll(1.0, 19) == []
+    assert tracker.poll(2.0, 20) == [COUNTED]
+    assert tracker.poll(11.999, 30) == [COUNTED]
+    assert tracker.poll(12.0, 30) == []
+    assert tracker.trigger_s == {0: 2.0}
+
+
+@pytest.mark.parametrize(
+    ("retry", "retry_after_s", "wait_s"),
+    [(1, None, 0.1), (2, None, 0.2), (3, None, 0.4), (9, None, 1.0), (1, 0.7, 0.7), (1, 30.0, 1.0)],
+)
+def test_retry_waits(retry, retry_after_s, wait_s):
+    policy = RetryPolicy(enabled=True, backoff_ms=100, max_backoff_ms=1000)
+    assert policy.wait_s(retry, retry_after_s) == pytest.approx(wait_s)
+    ignoring = RetryPolicy(enabled=True, honour_retry_after=False, backoff_ms=100)
+    assert ignoring.wait_s(1, 5.0) == pytest.approx(0.1)
+
+
+def test_cli_list_and_show(tmp_path):
+    runner = CliRunner()
+    listed = runner.invoke(faults, ["list"])
+    assert listed.exit_code == 0
+    lines = listed.output.splitlines()
+    assert [line.split()[0] for line in lines] == builtin_plan_names()
+    assert all(len(line.split(maxsplit=1)) == 2 for line in lines)
+    shown = runner.invoke(faults, ["show", "reset-storm"])
+    assert shown.exit_code == 0 and shown.output == builtin_plan_text("reset-storm").rstrip() + "\n"
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nwindows: [{kind: down}]\n")
+    assert runner.invoke(faults, ["show", str(path)]).output == path.read_text()
+    unknown = runner.invoke(faults, ["show", "nope"])
+    assert unknown.exit_code == 2 and "built-ins: cancel-storm" in unknown.output
+    path.write_text("name: bad\nwindows: [{kind: boom}]\n")
+    bad = runner.invoke(faults, ["show", str(path)])
+    assert bad.exit_code == 2 and "'boom' is unknown" in bad.output
