@@ -120,6 +120,16 @@ def _drop_none(**kwargs) -> dict:
 @click.option("--slo", help="SLO spec: built-in name (p99, interactive) or a YAML file.")
 @click.option("--no-stream", is_flag=True, help="Use non-streaming requests.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary table (for CI).")
+@click.option(
+    "--max-error-rate",
+    type=float,
+    help="Stop the run (exit 3) once more than this fraction of requests failed (judged after 20).",
+)
+@click.option(
+    "--max-consecutive-errors",
+    type=int,
+    help="Stop the run (exit 3) after this many failed requests in a row.",
+)
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
     """Drive a target with a workload, record every request and chunk, and summarise."""
     from rich.console import Console
@@ -132,14 +142,19 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     outcome = run_benchmark(config, console=console, quiet=quiet)
     if not quiet:
         _render(outcome.summary, outcome.run_dir, console)
+    verdict = outcome.verdict
+    if verdict.sentence:
+        click.echo(verdict.sentence, err=True)
     if outcome.complete:
         click.echo(f"run directory: {outcome.run_dir}")
-    else:
+    elif not outcome.stopped_by_errors:
         click.echo(
             f"run stopped early ({outcome.interrupted_reason}); what was recorded is in {outcome.run_dir}, marked incomplete.",
             err=True,
         )
-        sys.exit(130)
+    else:
+        click.echo(f"what was recorded is in {outcome.run_dir}, marked incomplete.", err=True)
+    sys.exit(verdict.exit_code)
 
 
 def _render(summary: dict, run_dir: Path, console) -> None:
@@ -175,6 +190,15 @@ def _render(summary: dict, run_dir: Path, console) -> None:
 @click.option("--model")
 @click.option("--no-usage", "usage", flag_value=False, default=None, help="Never report usage.")
 @click.option("--api-key", help="Answer 401 to generation requests without this bearer token.")
+@click.option(
+    "--metrics", is_flag=True, default=None, help="Serve /metrics (running, waiting, KV gauges)."
+)
+@click.option(
+    "--leak-on-cancel",
+    is_flag=True,
+    default=None,
+    help="Never release a request whose client left (to test leak checks).",
+)
 def mock_server(host: str, port: int, **kwargs) -> None:
     """Serve a mock OpenAI-compatible engine with configurable latency and failures."""
     import asyncio

@@ -55,6 +55,9 @@ class RunConfig:
     server_args: tuple[str, ...] = field(default_factory=tuple)
     startup_timeout_s: float = 600.0
     api_key: str | None = None
+    max_error_rate: float | None = None  # stop once more than this fraction failed (0-1)
+    max_consecutive_errors: int | None = None  # stop after this many failures in a row
+    settle_s: float = 10.0  # how long to wait for the target to go idle after the run
 
     def __post_init__(self) -> None:
         def positive(name: str, value, *, integer: bool = False) -> None:
@@ -73,6 +76,13 @@ class RunConfig:
             positive(name, getattr(self, name), integer=True)
         for name in ("duration_s", "request_rate", "burstiness", "timeout_s", "client_bound_ms"):
             positive(name, getattr(self, name))
+        if self.max_error_rate is not None and not 0 <= self.max_error_rate < 1:
+            raise HarnessError(
+                f"--max-error-rate must be at least 0 and below 1, got {self.max_error_rate!r}."
+            )
+        positive("max_consecutive_errors", self.max_consecutive_errors, integer=True)
+        if self.settle_s < 0:
+            raise HarnessError(f"settle_s must be zero or more, got {self.settle_s!r}.")
         if self.warmup < 0:
             raise HarnessError(f"--warmup must be zero or more, got {self.warmup!r}.")
         if self.endpoint is not None:

@@ -41,6 +41,9 @@ class MockConfig:
     model: str = "mock"
     usage: bool = True  # False: never report usage (as llama.cpp's server when streaming)
     api_key: str | None = None  # set: generation requests need `Authorization: Bearer <key>`
+    metrics: bool = False  # serve /metrics with vLLM's running/waiting/KV gauges
+    leak_on_cancel: bool = False  # a request whose client went away is never released (a bug
+    # on purpose, so the ledger's leak check can be shown to catch one); implies metrics
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0:
@@ -67,6 +70,8 @@ class MockEngine:
         self.slots = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
         self.requests_seen = 0
         self.requests_by_path: dict[str, int] = {}
+        self.running = 0  # requests being served (the /metrics gauges)
+        self.kv_blocks_used = 0
 
     def _draw_fault(self) -> str | None:
         u = self.rng.random()
@@ -128,6 +133,34 @@ class MockEngine:
             return await self._serve(request, body, chat, n_out, fault, start)
 
     async def _serve(self, request, body, chat, n_out, fault, start) -> web.StreamResponse:
+        self.running += 1
+        self.kv_blocks_used += 1
+        released = True
+        try:
+            return await self._respond(request, body, chat, n_out, fault, start)
+        except (asyncio.CancelledError, ConnectionError):  # the client went away
+            released = not self.config.leak_on_cancel
+            raise
+        finally:
+            if released:
+                self.running -= 1
+                self.kv_blocks_used -= 1
+
+    async def metrics_text(self, _request: web.Request) -> web.Response:
+        """vLLM-named gauges, for the ledger's leak check."""
+        lines = []
+        for name, value in (
+            ("num_requests_running", self.running),
+            ("num_requests_waiting", 0),
+            ("kv_cache_blocks_used", self.kv_blocks_used),
+        ):
+            lines += [
+                f"# TYPE vllm:{name} gauge",
+                f'vllm:{name}{{model_name="{self.config.model}"}} {value}',
+            ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def _respond(self, request, body, chat, n_out, fault, start) -> web.StreamResponse:
         cfg = self.config
         loop = asyncio.get_running_loop()
         ttft_s = cfg.ttft_ms / 1e3 * self._jitter()
@@ -234,6 +267,8 @@ def make_app(config: MockConfig) -> web.Application:
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/health", engine.health)
     app.router.add_get("/stats", engine.stats)
+    if config.metrics or config.leak_on_cancel:
+        app.router.add_get("/metrics", engine.metrics_text)
     app.router.add_post("/v1/completions", engine.generate)
     app.router.add_post("/v1/chat/completions", engine.generate)
     return app

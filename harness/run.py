@@ -23,12 +23,22 @@ from harness.environment import git_sha, hardware_info, software_versions
 from harness.errors import HarnessError
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServerConfig, managed_server
+from harness.outcome import EXIT_OK, Verdict, judge
 from harness.progress import ProgressDisplay
 from harness.recorder import RunRecorder, prepare_run_dir
 from harness.records import RecordContext
 from harness.scraper import MetricsScraper
+from harness.server_state import read_gauges, settle
 from harness.transport import Transport
-from slo.runrecord import Endpoint, RunManifest, RunSummary, write_summary
+from slo.runrecord import (
+    Endpoint,
+    RequestStatus,
+    RunManifest,
+    RunSummary,
+    read_manifest,
+    write_json_atomic,
+    write_summary,
+)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -41,6 +51,8 @@ class RunOutcome:
     summary: dict
     complete: bool
     interrupted_reason: str | None
+    verdict: Verdict = Verdict(EXIT_OK, None)
+    stopped_by_errors: bool = False
 
 
 def run_event_loop(coro):
@@ -235,6 +247,9 @@ class RunContext:
     quiet: bool = True
     recorder: RunRecorder | None = None
     early: list[RawResult] = field(default_factory=list)
+    errors: ErrorLimits | None = None
+    stop: asyncio.Task | None = None  # the task to cancel when the error limits trip
+    stop_reason: str | None = None
 
     @property
     def t0_ns(self) -> int | None:
@@ -263,16 +278,70 @@ class RunContext:
             self.early.append(raw)
         else:
             self.recorder.add(raw)
+        if self.errors is not None and not raw.is_warmup and self.stop_reason is None:
+            reason = self.errors.observe(raw)
+            if reason is not None:
+                self.stop_reason = reason
+                if self.stop is not None:
+                    self.stop.cancel()
 
     def flush(self) -> None:
         if self.recorder is not None:
             self.recorder.flush()
 
-    def close(self, reason: str | None) -> None:
+    def close(self, reason: str | None, server_state: dict | None = None) -> None:
         if self.recorder is None:  # stopped during warm-up: still leave a readable run
             self.start(time.perf_counter_ns())
         scraped = self.scraper.write(self.run_dir)
-        self.recorder.close(complete=reason is None, reason=reason, server_metrics_samples=scraped)
+        self.recorder.close(
+            complete=reason is None,
+            reason=reason,
+            server_metrics_samples=scraped,
+            server_state=server_state,
+        )
+
+
+@dataclass
+class ErrorLimits:
+    """`--max-error-rate` and `--max-consecutive-errors`: stop a run that only measures
+    failures. The rate is judged once `min_requests` results are in."""
+
+    max_error_rate: float | None = None
+    max_consecutive: int | None = None
+    min_requests: int = 20
+    done: int = 0
+    failed: int = 0
+    consecutive: int = 0
+
+    def observe(self, raw: RawResult) -> str | None:
+        """Count one result; the reason to stop, in words, once a limit is passed."""
+        if raw.status is RequestStatus.NOT_SENT:
+            return None
+        self.done += 1
+        # The transport sets a status only for outcomes it decided, all of them failures; a
+        # stream that parses badly is counted when the recorder parses it, not here.
+        if raw.status is not None:
+            self.failed += 1
+            self.consecutive += 1
+        else:
+            self.consecutive = 0
+        last = f"{raw.error_class or raw.status}: {raw.error_message}"
+        if self.max_consecutive is not None and self.consecutive >= self.max_consecutive:
+            return (
+                f"{self.consecutive} requests in a row failed (--max-consecutive-errors "
+                f"{self.max_consecutive}); the last: {last}"
+            )
+        rate = self.failed / self.done
+        if (
+            self.max_error_rate is not None
+            and self.done >= self.min_requests
+            and rate > self.max_error_rate
+        ):
+            return (
+                f"{self.failed} of {self.done} requests failed ({rate:.0%}, above "
+                f"--max-error-rate {self.max_error_rate:g}); the last: {last}"
+            )
+        return None
 
 
 def _run_against(inputs: RunInputs, base_url: str, target: dict) -> RunOutcome:
@@ -330,15 +399,43 @@ def _run_against(inputs: RunInputs, base_url: str, target: dict) -> RunOutcome:
         console=inputs.console,
         quiet=inputs.quiet,
     )
+    run.errors = ErrorLimits(config.max_error_rate, config.max_consecutive_errors)
+    metrics_url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    idle_before = read_gauges(metrics_url, api_key=config.api_key)
     reason: str | None = "the harness stopped unexpectedly"
+    server_state = None
     try:
         reason = asyncio.run(_drive(run, inputs.transport))
+        server_state = settle(
+            metrics_url, idle_before, api_key=config.api_key, settle_s=config.settle_s
+        )
     except BaseException as exc:
         reason = f"the harness crashed: {type(exc).__name__}: {exc}"
         raise
     finally:
-        run.close(reason)
-    return _summarise(run_dir, inputs.slo_spec, config, reason)
+        run.close(reason, server_state)
+    stopped_by_errors = run.stop_reason is not None and reason == run.stop_reason
+    outcome = _summarise(run_dir, inputs.slo_spec, config, reason)
+    verdict = judge(
+        outcome.summary,
+        stopped_reason=reason,
+        stopped_by_errors=stopped_by_errors,
+        slo_given=inputs.slo_spec is not None,
+    )
+    _record_outcome(run_dir, verdict)
+    return RunOutcome(
+        run_dir=run_dir,
+        summary=outcome.summary,
+        complete=outcome.complete,
+        interrupted_reason=reason,
+        verdict=verdict,
+        stopped_by_errors=stopped_by_errors,
+    )
+
+
+def _record_outcome(run_dir: Path, verdict: Verdict) -> None:
+    manifest = read_manifest(run_dir).evolve(outcome=verdict.to_dict())
+    write_json_atomic(run_dir / "manifest.json", manifest.to_json())
 
 
 def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:
@@ -372,6 +469,7 @@ async def _drive(run: RunContext, transport: Transport | None) -> str | None:
     """
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
+    run.stop = main
     stop_reason: dict = {}
 
     def interrupt(signame: str) -> None:
@@ -408,7 +506,7 @@ async def _drive(run: RunContext, transport: Transport | None) -> str | None:
             with display or contextlib.nullcontext():
                 await run_load(transport, plan, run.on_result, display, start_callback=run.start)
     except asyncio.CancelledError:
-        return stop_reason.get("reason", "cancelled")
+        return stop_reason.get("reason") or run.stop_reason or "cancelled"
     finally:
         flush_task.cancel()
         if scrape_task is not None:

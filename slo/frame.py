@@ -37,6 +37,7 @@ class RequestMetrics:
     request_id: np.ndarray
     status: np.ndarray
     error_class: np.ndarray
+    error_message: np.ndarray
     output_tokens_source: np.ndarray
     t_scheduled_ns: np.ndarray
     t_sent_ns: np.ndarray
@@ -72,6 +73,7 @@ class RequestMetrics:
             request_id=request_id,
             status=string_column(requests, RequestColumn.STATUS),
             error_class=string_column(requests, RequestColumn.ERROR_CLASS),
+            error_message=string_column(requests, RequestColumn.ERROR_MESSAGE),
             output_tokens_source=string_column(requests, RequestColumn.OUTPUT_TOKENS_SOURCE),
             input_tokens=float_column(requests, RequestColumn.INPUT_TOKENS),
             output_tokens=output_tokens,

@@ -12,6 +12,7 @@ from slo.conventions import conventions_summary
 from slo.errors import SLOError
 from slo.frame import RequestMetrics, not_sent_count
 from slo.goodput import goodput_summary
+from slo.ledger import ledger_summary
 from slo.runrecord import (
     SUMMARY_SCHEMA_VERSION,
     Endpoint,
@@ -99,6 +100,17 @@ def throughput_summary(rm: RequestMetrics, window_s: float | None) -> dict:
     )
 
 
+def first_messages(rm: RequestMetrics) -> dict[str, str]:
+    """The error message of the first request (by end time) of each error class."""
+    order = np.argsort(np.where(np.isnan(rm.t_done_ns), np.inf, rm.t_done_ns), kind="stable")
+    first: dict[str, str] = {}
+    for i in order:
+        name, message = rm.error_class[i], rm.error_message[i]
+        if name is not None and name not in first:
+            first[name] = message or ""
+    return dict(sorted(first.items()))
+
+
 def error_rate(rm: RequestMetrics) -> float | None:
     """Fraction of requests whose status is not `ok`; None with no requests."""
     return float((~rm.is_ok).mean()) if len(rm) else None
@@ -182,12 +194,14 @@ def summarize_tables(
     ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     summary.update(core_summary(rm, client_bound_ms=client_bound_ms, rng=ci_rng))
     summary["counts"]["not_sent"] = not_sent_count(tables.requests)
+    summary["counts"]["first_message_by_error_class"] = first_messages(rm)
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
     summary["run_complete"] = tables.manifest.complete if tables.manifest else None
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
     summary["slices"] = slices_summary(
         rm, spec, input_edges=input_edges, output_edges=output_edges, num_phases=num_phases
     )
+    summary["ledger"] = ledger_summary(tables)
     summary["slo"] = None
     summary["goodput"] = None
     if spec is not None:

@@ -68,6 +68,8 @@ class RunManifest:
     num_requests_recorded: int | None = None
     num_warmup_recorded: int | None = None
     server_metrics_samples: int | None = None
+    server_state: dict | None = None  # the target's idle gauges before and after the run
+    outcome: dict | None = None  # how the run ended: exit code, reason, dominant error
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "manifest.json") -> RunManifest:
@@ -115,6 +117,7 @@ class RunSummary:
     slices: dict = field(default_factory=dict)
     slo: dict | None = None
     goodput: dict | None = None
+    ledger: dict | None = None
     conventions: dict | None = None
 
     @classmethod

@@ -1,0 +1,70 @@
+"""How a run ended, in words and as the exit code of `bench run`.
+
+Exit codes: 0 the run completed (and met its SLO when `--slo` was given); 1 it completed but
+missed its SLO; 2 usage error (bad flags, files or target, before anything ran); 3 the run was
+stopped by its error limits (`--max-error-rate`, `--max-consecutive-errors`) or most of its
+requests failed; 130 interrupted (Ctrl-C, SIGTERM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slo.stats import FAIL
+
+EXIT_OK = 0
+EXIT_SLO_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ERRORS = 3
+EXIT_INTERRUPTED = 130
+UNHEALTHY_ERROR_RATE = 0.5  # more than this fraction failed: the run measured a broken target
+
+
+@dataclass(frozen=True)
+class Verdict:
+    exit_code: int
+    sentence: str | None  # what the console says, None when all went well
+
+    def to_dict(self) -> dict:
+        return {"exit_code": self.exit_code, "sentence": self.sentence}
+
+
+def dominant_error(summary: dict) -> tuple[str | None, int, str | None]:
+    """(error class, count, its first message) of the most frequent error class."""
+    counts = summary.get("counts") or {}
+    by_class = counts.get("by_error_class") or {}
+    if not by_class:
+        return None, 0, None
+    name, n = max(by_class.items(), key=lambda item: (item[1], item[0]))
+    first = (counts.get("first_message_by_error_class") or {}).get(name)
+    return name, n, first
+
+
+def failure_sentence(summary: dict) -> str:
+    counts = summary.get("counts") or {}
+    total = int(counts.get("total") or 0)
+    ok = int((counts.get("by_status") or {}).get("ok", 0))
+    name, n, first = dominant_error(summary)
+    detail = f"; most failed with {name} ({n})" if name else ""
+    if first:
+        detail += f": {first}"
+    return f"{total - ok} of {total} requests failed{detail}."
+
+
+def judge(
+    summary: dict, *, stopped_reason: str | None, stopped_by_errors: bool, slo_given: bool
+) -> Verdict:
+    """The run's verdict from its summary and how it stopped."""
+    if stopped_by_errors:
+        return Verdict(EXIT_ERRORS, f"The run was stopped early: {stopped_reason}")
+    if stopped_reason is not None:
+        return Verdict(EXIT_INTERRUPTED, None)
+    error_rate = summary.get("error_rate")
+    total = int((summary.get("counts") or {}).get("total") or 0)
+    if total and error_rate is not None and error_rate > UNHEALTHY_ERROR_RATE:
+        return Verdict(
+            EXIT_ERRORS, f"The target did not serve this run: {failure_sentence(summary)}"
+        )
+    if slo_given and (summary.get("slo") or {}).get("verdict") == FAIL:
+        return Verdict(EXIT_SLO_FAILED, "The run missed its SLO.")
+    return Verdict(EXIT_OK, None)
