@@ -38,6 +38,7 @@ LAZY_COMMANDS = {
         "model",
         "Fetch, list and export reference-engine models.",
     ),
+    "faults": ("faults.cli", "faults", "List and show fault plans."),
     "report": ("reports.cli", "report", "Write a report card (HTML/JSON) for one or more runs."),
     "compare": (
         "reports.cli",
@@ -120,6 +121,10 @@ def _drop_none(**kwargs) -> dict:
 @click.option("--slo", help="SLO spec: built-in name (p99, interactive) or a YAML file.")
 @click.option("--no-stream", is_flag=True, help="Use non-streaming requests.")
 @click.option("--quiet", is_flag=True, help="No progress bar or summary table (for CI).")
+@click.option(
+    "--faults",
+    help="Fault plan: built-in name or YAML file (bench faults list); injected while measuring.",
+)
 @click.option(
     "--max-error-rate",
     type=float,
@@ -234,6 +239,7 @@ USER_ERRORS = (
     ("reports", "ReportError"),
     ("engine_ref.loading.model_files", "ModelFileError"),
     ("slo.runrecord.errors", "RunRecordError"),
+    ("faults.plan", "FaultPlanError"),
 )
 
 

@@ -58,6 +58,7 @@ class RunConfig:
     max_error_rate: float | None = None  # stop once more than this fraction failed (0-1)
     max_consecutive_errors: int | None = None  # stop after this many failures in a row
     settle_s: float = 10.0  # how long to wait for the target to go idle after the run
+    faults: str | None = None  # a fault plan: built-in name or YAML file (`bench faults list`)
 
     def __post_init__(self) -> None:
         def positive(name: str, value, *, integer: bool = False) -> None:

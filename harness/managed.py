@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from harness.errors import HarnessError
 
 @dataclass(frozen=True)
 class ManagedServerConfig:
-    """How to launch `python -m engine_ref.serving.server`; `extra_args` are passed through verbatim."""
+    """How to launch `python -m engine_ref.serving`; `extra_args` are passed through verbatim."""
 
     model: str = "smollm2-135m"
     startup_timeout_s: float = 300.0
@@ -29,11 +30,67 @@ class ManagedServerConfig:
             raise ValueError("startup_timeout_s must be positive")
 
 
-@dataclass(frozen=True)
 class ManagedServer:
-    base_url: str
-    pid: int
-    log_path: Path
+    """A running reference server and what engine faults do to it (`kill`, `restart`, `pause`,
+    `resume`). A restart binds the same port, so clients find it at the same URL."""
+
+    def __init__(self, config: ManagedServerConfig, workdir: Path) -> None:
+        self.config = config
+        self.workdir = workdir
+        self.log_path = workdir / "server.log"
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def start(self, *, timeout_s: float | None = None) -> None:
+        port_file = self.workdir / "port"
+        port_file.unlink(missing_ok=True)
+        cmd = [
+            sys.executable, "-m", "engine_ref.serving",
+            "--model", self.config.model, "--host", "127.0.0.1", "--port", str(self.port or 0),
+            "--port-file", str(port_file), *self.config.extra_args,
+        ]  # fmt: skip
+        # The server inherits this environment as it is. OMP_WAIT_POLICY=PASSIVE, which this
+        # once set, cost the thread-mode server 15% (`benchmarks/server_vs_vllm.py`, reference
+        # only: 232 vs 274 output tokens/s with libgomp's default policy), since its engine's
+        # OpenMP workers then sleep at every barrier.
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        timeout = timeout_s if timeout_s is not None else self.config.startup_timeout_s
+        self.port = _wait_ready(self.proc, port_file, self.log_path, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the server (an engine death: nothing is flushed, nothing is answered)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def restart(self) -> None:
+        self.kill()
+        self.restarts += 1
+        self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP: a hang, not a death (connections stay open, nothing answers)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.resume()
+            _stop(self.proc)
 
 
 @contextlib.contextmanager
@@ -44,28 +101,15 @@ def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
     `/health`. On failure the server's log tail is in the error; the process is stopped on every
     exit path (terminate, then kill after 10 s).
     """
-    workdir = Path(tempfile.mkdtemp(prefix="bench-server-"))
-    port_file = workdir / "port"
-    log_path = workdir / "server.log"
-    cmd = [
-        sys.executable, "-m", "engine_ref.serving",
-        "--model", config.model, "--host", "127.0.0.1", "--port", "0",
-        "--port-file", str(port_file), *config.extra_args,
-    ]  # fmt: skip
-    # The server inherits this environment as it is. OMP_WAIT_POLICY=PASSIVE, which this
-    # once set, cost the thread-mode server 15% (`benchmarks/server_vs_vllm.py`, reference
-    # only: 232 vs 274 output tokens/s with libgomp's default policy), since its engine's
-    # OpenMP workers then sleep at every barrier.
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    server = ManagedServer(config, Path(tempfile.mkdtemp(prefix="bench-server-")))
     try:
-        base_url = _wait_ready(proc, port_file, log_path, config.startup_timeout_s)
-        yield ManagedServer(base_url=base_url, pid=proc.pid, log_path=log_path)
+        server.start()
+        yield server
     finally:
-        _stop(proc)
+        server.stop()
 
 
-def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout_s: float) -> str:
+def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout_s: float) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -77,7 +121,7 @@ def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
                     if resp.status == 200:
-                        return f"http://127.0.0.1:{port}/v1"
+                        return port
             except (urllib.error.URLError, OSError):
                 pass
         time.sleep(0.2)

@@ -21,8 +21,9 @@ from harness.client import AiohttpTransport, ClientOptions, RawResult, RequestPa
 from harness.config import RunConfig
 from harness.environment import git_sha, hardware_info, software_versions
 from harness.errors import HarnessError
+from harness.fault_session import FaultSession
 from harness.loadgen import LoadPlan, run_load
-from harness.managed import ManagedServerConfig, managed_server
+from harness.managed import ManagedServer, ManagedServerConfig, managed_server
 from harness.outcome import EXIT_OK, Verdict, judge
 from harness.progress import ProgressDisplay
 from harness.recorder import RunRecorder, prepare_run_dir
@@ -107,6 +108,18 @@ def materialise_workload(config: RunConfig, tokenizer):
         raise HarnessError(str(exc)) from exc
 
 
+def load_fault_plan(name: str | None):
+    """The `faults.plan.FaultPlan` named by `--faults` (a file or a built-in), or None."""
+    if name is None:
+        return None
+    from faults.plan import FaultPlanError, load_plan
+
+    try:
+        return load_plan(name)
+    except FaultPlanError as exc:
+        raise HarnessError(str(exc)) from exc
+
+
 def load_slo_spec(name: str | None) -> dict | None:
     if name is None:
         return None
@@ -158,11 +171,21 @@ def target_info(base_url: str, api_key: str | None = None) -> dict:
         return {}
 
 
+@dataclass(frozen=True)
+class Target:
+    """What a run drives: its base URL, its manifest entry, and the server process when the
+    harness manages it (engine faults act on it)."""
+
+    base_url: str
+    entry: dict
+    server: ManagedServer | None = None
+
+
 @contextlib.contextmanager
 def target_for(config: RunConfig):
-    """Yield `(base_url, target manifest dict)`: `config.url`, or a managed reference server."""
+    """Yield the `Target`: `config.url`, or a managed reference server."""
     if config.url is not None:
-        yield config.url, {"kind": "url", "url": config.url}
+        yield Target(config.url, {"kind": "url", "url": config.url})
         return
     server_cfg = ManagedServerConfig(
         model=config.model or DEFAULT_MODEL,
@@ -170,10 +193,8 @@ def target_for(config: RunConfig):
         startup_timeout_s=config.startup_timeout_s,
     )
     with managed_server(server_cfg) as server:
-        yield (
-            server.base_url,
-            {"kind": "managed", "url": server.base_url, "server_log": str(server.log_path)},
-        )
+        entry = {"kind": "managed", "url": server.base_url, "server_log": str(server.log_path)}
+        yield Target(server.base_url, entry, server)
 
 
 def run_benchmark(
@@ -181,7 +202,7 @@ def run_benchmark(
     *,
     console: Console | None = None,
     quiet: bool = True,
-    target: tuple[str, dict] | None = None,
+    target: Target | None = None,
     tokenizer=None,
     transport: Transport | None = None,
 ) -> RunOutcome:
@@ -189,10 +210,12 @@ def run_benchmark(
 
     Bad input raises `HarnessError` before anything is written. Ctrl-C (SIGINT) or SIGTERM
     stops the run: in-flight requests are recorded as `cancelled` and the run directory is
-    closed and marked incomplete; the outcome says so. `target` (base URL, manifest entry)
-    reuses a target the caller already started, as a capacity search does for its probes.
-    `transport` replaces the aiohttp client for every request (a fault wrapper, a test double).
+    closed and marked incomplete; the outcome says so. `target` reuses a target the caller
+    already started, as a capacity search does for its probes.
+    `transport` replaces the aiohttp client for every request (a test double); `--faults`
+    (`config.faults`) puts a fault plan's proxy and client wrappers in front of it.
     """
+    fault_plan = load_fault_plan(config.faults)
     run_dir = prepare_run_dir(config.out or default_run_dir(config))
     slo_spec = load_slo_spec(config.slo)
     tokenizer = tokenizer or load_tokenizer_for(config)
@@ -205,12 +228,12 @@ def run_benchmark(
         console=console,
         quiet=quiet,
         transport=transport,
+        fault_plan=fault_plan,
     )
     if target is not None:
-        base_url, entry = target
-        return _run_against(inputs, base_url, dict(entry))
-    with target_for(config) as (base_url, entry):
-        return _run_against(inputs, base_url, entry)
+        return _run_against(inputs, Target(target.base_url, dict(target.entry), target.server))
+    with target_for(config) as started:
+        return _run_against(inputs, started)
 
 
 @dataclass(frozen=True)
@@ -225,6 +248,7 @@ class RunInputs:
     console: Console | None = None
     quiet: bool = True
     transport: Transport | None = None
+    fault_plan: object | None = None  # faults.plan.FaultPlan
 
 
 @dataclass
@@ -289,6 +313,12 @@ class RunContext:
         if self.recorder is not None:
             self.recorder.flush()
 
+    def set_fault_plan(self, entry: dict) -> None:
+        """Record the plan and the windows it applied (written when the run closes)."""
+        self.manifest = self.manifest.evolve(fault_plan=entry)
+        if self.recorder is not None:
+            self.recorder.writer.manifest = self.recorder.writer.manifest.evolve(fault_plan=entry)
+
     def close(self, reason: str | None, server_state: dict | None = None) -> None:
         if self.recorder is None:  # stopped during warm-up: still leave a readable run
             self.start(time.perf_counter_ns())
@@ -344,8 +374,9 @@ class ErrorLimits:
         return None
 
 
-def _run_against(inputs: RunInputs, base_url: str, target: dict) -> RunOutcome:
+def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
     config, workload, run_dir = inputs.config, inputs.workload, inputs.run_dir
+    base_url, target = started.base_url, started.entry
     models = preflight(base_url, api_key=config.api_key)
     served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
     model = config.model or (served[0] if served else None)
@@ -405,7 +436,7 @@ def _run_against(inputs: RunInputs, base_url: str, target: dict) -> RunOutcome:
     reason: str | None = "the harness stopped unexpectedly"
     server_state = None
     try:
-        reason = asyncio.run(_drive(run, inputs.transport))
+        reason = asyncio.run(_drive(run, inputs.transport, inputs.fault_plan, started.server))
         server_state = settle(
             metrics_url, idle_before, api_key=config.api_key, settle_s=config.settle_s
         )
@@ -462,10 +493,16 @@ def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan
     return plan, input_tokens
 
 
-async def _drive(run: RunContext, transport: Transport | None) -> str | None:
+async def _drive(
+    run: RunContext,
+    transport: Transport | None,
+    fault_plan=None,
+    server: ManagedServer | None = None,
+) -> str | None:
     """Run the load loop with signal handling and periodic flushes; returns why it stopped early.
 
-    `transport` replaces the aiohttp client (tests, fault wrappers); None uses the default.
+    `transport` replaces the aiohttp client (tests); None uses the default. `fault_plan` puts
+    a `FaultSession` (proxy, client faults, engine faults) in front of the target.
     """
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
@@ -496,7 +533,23 @@ async def _drive(run: RunContext, transport: Transport | None) -> str | None:
     )
     try:
         async with contextlib.AsyncExitStack() as stack:
-            if transport is None:
+            start = run.start
+            if fault_plan is not None:
+                fault_session = FaultSession(
+                    fault_plan,
+                    run.options,
+                    server=server,
+                    max_connections=min(max_connections, 4096),
+                )
+                # Registered first, so it runs last: after the session closed its windows.
+                stack.callback(lambda: run.set_fault_plan(fault_session.manifest_entry()))
+                transport = await stack.enter_async_context(fault_session)
+
+                def start(t0_ns: int) -> None:
+                    run.start(t0_ns)
+                    fault_session.start(t0_ns)
+
+            elif transport is None:
                 transport = await stack.enter_async_context(
                     AiohttpTransport(run.options, max_connections=min(max_connections, 4096))
                 )
@@ -504,7 +557,7 @@ async def _drive(run: RunContext, transport: Transport | None) -> str | None:
                 session = await stack.enter_async_context(aiohttp.ClientSession())
                 scrape_task = asyncio.create_task(run.scraper.run(session, lambda: run.t0_ns))
             with display or contextlib.nullcontext():
-                await run_load(transport, plan, run.on_result, display, start_callback=run.start)
+                await run_load(transport, plan, run.on_result, display, start_callback=start)
     except asyncio.CancelledError:
         return stop_reason.get("reason") or run.stop_reason or "cancelled"
     finally:

@@ -42,9 +42,7 @@ def leak_check(server_state: dict | None) -> dict:
     for name in KV_GAUGES:
         if after.get(name) is not None and before.get(name) is not None:
             if after[name] > before[name]:
-                reasons.append(
-                    f"{name} {after[name]:g} after the run, {before[name]:g} before it"
-                )
+                reasons.append(f"{name} {after[name]:g} after the run, {before[name]:g} before it")
             break  # the first gauge the target has is the one that counts
     return {
         "checked": True,

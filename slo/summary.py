@@ -13,6 +13,7 @@ from slo.errors import SLOError
 from slo.frame import RequestMetrics, not_sent_count
 from slo.goodput import goodput_summary
 from slo.ledger import ledger_summary
+from slo.recovery import recovery_summary
 from slo.runrecord import (
     SUMMARY_SCHEMA_VERSION,
     Endpoint,
@@ -202,6 +203,16 @@ def summarize_tables(
         rm, spec, input_edges=input_edges, output_edges=output_edges, num_phases=num_phases
     )
     summary["ledger"] = ledger_summary(tables)
+    fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
+    summary["faults"] = (
+        {
+            "plan": fault_plan.get("name"),
+            "sha256": fault_plan.get("sha256"),
+            "windows": recovery_summary(rm, fault_plan.get("windows") or [], spec=spec),
+        }
+        if fault_plan
+        else None
+    )
     summary["slo"] = None
     summary["goodput"] = None
     if spec is not None:

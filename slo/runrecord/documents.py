@@ -118,6 +118,7 @@ class RunSummary:
     slo: dict | None = None
     goodput: dict | None = None
     ledger: dict | None = None
+    faults: dict | None = None
     conventions: dict | None = None
 
     @classmethod

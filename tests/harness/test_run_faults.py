@@ -1,0 +1,96 @@
+"""`bench run --faults` end to end: the proxy, client faults and engine faults wired into a real
+run, the windows they applied in the manifest, the recovery figures and the ledger."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_run_outcome import MockProcess, one_row_per_scheduled
+
+pytestmark = pytest.mark.slow
+
+FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8", "--quiet"]
+
+
+def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "harness.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_latency_plan_adds_its_latency_to_ttft(tmp_path):
+    plan = tmp_path / "lat.yaml"
+    plan.write_text("name: lat\nwindows:\n  - kind: latency\n    params: {latency_ms: 200}\n")
+    ttft = {}
+    with MockProcess("--ttft-ms", "10", "--itl-ms", "2") as mock:
+        for name, extra in (("direct", ()), ("proxied", ("--faults", str(plan)))):
+            run = tmp_path / name
+            result = bench("run", "--url", mock.url, *FAST, "--output-len", "4",
+                           "--num-requests", "20", "--request-rate", "20", "--out", str(run), *extra)  # fmt: skip
+            assert result.returncode == 0, result.stderr
+            ttft[name] = _summary(run)["latency_ms"]["ttft"]["p50"]
+    added = ttft["proxied"] - ttft["direct"]
+    assert 150 < added < 400, ttft
+    manifest = json.loads((tmp_path / "proxied" / "manifest.json").read_text())
+    faults = manifest["fault_plan"]
+    assert faults["name"] == "lat" and len(faults["sha256"]) == 64
+    assert faults["windows"][0]["kind"] == "latency" and faults["windows"][0]["start_s"] < 0.1
+
+
+def test_down_window_is_refused_then_recovers(tmp_path):
+    plan = tmp_path / "down.yaml"
+    plan.write_text("name: down\nwindows:\n  - kind: down\n    at: 1s\n    for: 1s\n")
+    run = tmp_path / "run"
+    with MockProcess("--ttft-ms", "5", "--itl-ms", "2") as mock:
+        result = bench("run", "--url", mock.url, *FAST, "--output-len", "4", "--num-requests", "80",
+                       "--request-rate", "20", "--out", str(run), "--faults", str(plan))  # fmt: skip
+    assert result.returncode == 0, result.stderr  # a quarter failed: measured, not a broken run
+    statuses = one_row_per_scheduled(run)
+    assert statuses["ok"] > 40
+    rows = pq.read_table(run / "requests.parquet").to_pydict()
+    assert "connection_refused" in rows["error_class"] or "connection_reset" in rows["error_class"]
+    window = _summary(run)["faults"]["windows"][0]
+    assert window["kind"] == "down" and 0.9 < window["start_s"] < 1.3
+    assert window["goodput_before_per_s"] > 5 and window["recovery_s"] is not None
+    assert window["attainment_in_window"] < 0.5
+    assert (
+        _summary(run)["ledger"]["verdict"] in ("ok", "unchecked")
+        or _summary(run)["ledger"]["lost"] == 0
+    )
+
+
+@pytest.mark.parametrize("plan_text", [
+    "name: kill\nwindows:\n  - kind: kill_engine\n    at: 2s\n",
+    "name: pause\nwindows:\n  - kind: pause_engine\n    at: 2s\n    for: 1.5s\n",
+], ids=["kill", "pause"])  # fmt: skip
+def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(plan_text)
+    run = tmp_path / "run"
+    result = bench("run", "--model", "tiny-random", "--workload", "random", "--input-len", "16",
+                   "--output-len", "32", "--num-requests", "60", "--request-rate", "8",
+                   "--timeout", "20", "--quiet", "--out", str(run), "--faults", str(plan))  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    statuses = one_row_per_scheduled(run)
+    summary = _summary(run)
+    ledger = summary["ledger"]
+    assert (ledger["lost"], ledger["unexpected"]) == (0, 0), ledger
+    assert ledger["leak"]["checked"] and not ledger["leak"]["leaked"], ledger["leak"]
+    window = summary["faults"]["windows"][0]
+    manifest = json.loads((run / "manifest.json").read_text())
+    if "kill" in plan_text:
+        assert manifest["fault_plan"]["engine_restarts"] == 1
+        assert window["end_s"] - window["start_s"] < 60  # the outage ends when it answers again
+        assert statuses["ok"] >= 10 and sum(statuses.values()) == 60
+        assert statuses["ok"] < 60  # the kill cost requests
+    else:
+        assert statuses["ok"] >= 50  # a pause delays, it does not kill
+    assert window["recovery_s"] is not None, window
