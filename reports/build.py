@@ -270,6 +270,13 @@ def _notes(env: Environment, health: ClientHealth, summary: dict, failures: Fail
         notes.append(f"Output tokens come from mixed sources ({detail}).")
     if failures.total == 0:
         notes.append("The run recorded no requests.")
+    ledger = summary.get("ledger") or {}
+    if ledger.get("verdict") == "failed":
+        leak = " ".join((ledger.get("leak") or {}).get("reasons") or [])
+        notes.append(
+            f"Ledger failed: {ledger.get('lost')} lost, {ledger.get('unexpected')} unexpected, "
+            f"{'leak: ' + leak if leak else 'no leak'}."
+        )
     return notes
 
 
@@ -306,6 +313,9 @@ def build_card(
     failures = Failures(
         total=len(kinds),
         by_error_class=dict((summary.get("counts") or {}).get("by_error_class") or {}),
+        first_message_by_error_class=dict(
+            (summary.get("counts") or {}).get("first_message_by_error_class") or {}
+        ),
         **counts,
     )
     lag = summary.get("dispatch_lag_ms") or {}
@@ -340,4 +350,6 @@ def build_card(
         window_s=summary.get("window_s"),
         output_tokens_source=summary.get("output_tokens_source"),
         notes=_notes(env, health, summary, failures),
+        ledger=summary.get("ledger"),
+        faults=list((summary.get("faults") or {}).get("windows") or []),
     )

@@ -103,12 +103,14 @@ class Failures:
     unknown: int
     wrong_output: int
     error: int
+    not_sent: int = 0
     by_error_class: dict[str, int] = field(default_factory=dict)
+    first_message_by_error_class: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> int:
-        """Requests in any failure kind."""
-        return self.total - self.ok
+        """Requests sent that ended in any failure kind (not-sent ones were never tried)."""
+        return self.total - self.ok - self.not_sent
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ class Card:
     window_s: float | None
     output_tokens_source: str | None
     notes: list[str] = field(default_factory=list)
+    ledger: dict | None = None  # slo's ledger: lost, unexpected, leaked, outcomes, verdict
+    faults: list[dict] = field(default_factory=list)  # recovery figures per fault window
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

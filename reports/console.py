@@ -171,9 +171,59 @@ def card_renderable(card: Card) -> RenderableType:
     parts.append(latency_table(card.latency))
     counts = {kind: getattr(card.failures, kind) for kind in OUTCOME_KINDS}
     parts.append(outcomes_table(counts, card.failures.total))
+    for name, message in card.failures.first_message_by_error_class.items():
+        parts.append(Text(f"  first {name}: {message}", style="dim"))
+    if card.faults:
+        parts.append(faults_table(card.faults))
+    if card.ledger:
+        parts.append(ledger_text(card.ledger))
     parts.append(Text(""))
     parts.append(_health_line(card))
     return _spaced(parts)
+
+
+def ledger_text(ledger: dict) -> Text:
+    """`ledger ok: 60 scheduled, 0 lost, 0 unexpected, 0 leaked` (red when it failed)."""
+    verdict = ledger.get("verdict")
+    style = {"ok": "green", "failed": "bold red"}.get(verdict, "dim")
+    if ledger.get("scheduled") is None:
+        text = (
+            f"ledger {verdict}: the run kept no schedule to check; leaked = {ledger.get('leaked')}"
+        )
+    else:
+        text = (
+            f"ledger {verdict}: {ledger.get('scheduled')} scheduled, lost = {ledger.get('lost')}, "
+            f"unexpected = {ledger.get('unexpected')}, leaked = {ledger.get('leaked')}"
+        )
+    leak = ledger.get("leak") or {}
+    if not leak.get("checked"):
+        text += " (the target has no /metrics to check for leaks)"
+    elif leak.get("reasons"):
+        text += " (" + "; ".join(leak["reasons"]) + ")"
+    return Text(text, style=style)
+
+
+def faults_table(windows: list[dict]) -> Table:
+    """One row per applied fault window: when, goodput before and during, recovery time."""
+    table = _table()
+    for name in ("fault", "from s", "to s", "goodput before/s", "during/s", "recovered after s",
+                 "ok in window", "outcomes in window"):  # fmt: skip
+        table.add_column(
+            name, justify="left" if name in ("fault", "outcomes in window") else "right"
+        )
+    for w in windows:
+        outcomes = ", ".join(f"{k} {v}" for k, v in (w.get("outcomes_in_window") or {}).items())
+        table.add_row(
+            str(w.get("kind")),
+            _num(w.get("start_s"), 2),
+            _num(w.get("end_s"), 2),
+            _num(w.get("goodput_before_per_s"), 2),
+            _num(w.get("goodput_during_per_s"), 2),
+            "never" if w.get("recovery_s") is None else _num(w.get("recovery_s"), 2),
+            _num(w.get("attainment_in_window"), 3),
+            outcomes or "-",
+        )
+    return table
 
 
 def summary_renderable(summary: dict) -> RenderableType:

@@ -40,6 +40,7 @@ class OutcomeKind(StrEnum):
     UNKNOWN = "unknown"
     WRONG_OUTPUT = "wrong_output"
     ERROR = "error"
+    NOT_SENT = "not_sent"  # scheduled, never sent: the run stopped first
 
 
 OUTCOME_KINDS = tuple(kind.value for kind in OutcomeKind)
@@ -63,7 +64,9 @@ def classify_outcomes(requests: pa.Table) -> np.ndarray:
     kinds = np.empty(requests.num_rows, dtype=object)
     for i in range(requests.num_rows):
         s, cls, msg = status[i], error_class[i], message[i]
-        if s == RequestStatus.OK:
+        if s == RequestStatus.NOT_SENT:
+            kinds[i] = OutcomeKind.NOT_SENT.value
+        elif s == RequestStatus.OK:
             unusable = (valid is not None and not valid[i]) or not output_tokens[i] > 0
             kinds[i] = (OutcomeKind.WRONG_OUTPUT if unusable else OutcomeKind.OK).value
         elif _OOM_PATTERN.search(f"{msg or ''} {cls or ''}"):

@@ -116,6 +116,15 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% endfor %}
 </table>
 {% if card.failures.by_error_class %}<p class="sub">By error class: {% for k, v in card.failures.by_error_class.items() %}{{ k }} {{ v }}{{ ", " if not loop.last }}{% endfor %}.</p>{% endif %}
+{% if card.failures.first_message_by_error_class %}<table><tr><th>error class</th><th>first message</th></tr>
+{% for k, v in card.failures.first_message_by_error_class.items() %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}
+</table>{% endif %}
+
+<h2>Reliability</h2>
+{% if card.ledger %}<p class="{{ 'warning' if card.ledger.verdict == 'failed' else 'sub' }}">Ledger {{ card.ledger.verdict }}: {{ card.ledger.scheduled }} scheduled, lost = {{ card.ledger.lost }}, unexpected = {{ card.ledger.unexpected }}, leaked = {{ card.ledger.leaked }}{% if card.ledger.leak and card.ledger.leak.reasons %} ({{ card.ledger.leak.reasons | join("; ") }}){% elif card.ledger.leak and not card.ledger.leak.checked %} (the target has no /metrics to check for leaks){% endif %}.</p>{% else %}<p class="empty">No ledger in the summary.</p>{% endif %}
+{% if card.faults %}<table><tr><th>fault</th><th>from s</th><th>to s</th><th>goodput before /s</th><th>during /s</th><th>recovered after s</th><th>ok in window</th><th>outcomes in window</th></tr>
+{% for w in card.faults %}<tr><td>{{ w.kind }}</td><td>{{ w.start_s | fmt(2) }}</td><td>{{ w.end_s | fmt(2) }}</td><td>{{ w.goodput_before_per_s | fmt(2) }}</td><td>{{ w.goodput_during_per_s | fmt(2) }}</td><td>{{ "never" if w.recovery_s is none else (w.recovery_s | fmt(2)) }}</td><td>{{ w.attainment_in_window | fmt(3) }}</td><td>{% for k, v in w.outcomes_in_window.items() %}{{ k }} {{ v }}{{ ", " if not loop.last }}{% endfor %}</td></tr>{% endfor %}
+</table>{% else %}<p class="sub">No faults were injected.</p>{% endif %}
 
 <h2>Memory per request</h2>
 {% if card.memory.available %}

@@ -59,7 +59,8 @@ def ledger_summary(tables: RunTables) -> dict:
     `lost`: scheduled requests with no row; `unexpected`: rows for requests that were not
     scheduled, plus every row beyond the first for a request; `outcomes`: rows by status.
     `verdict` is `ok` when lost, unexpected and leaked are all zero, `unchecked` for a run
-    without a schedule (written before the ledger existed), else `failed`.
+    without a schedule (written before the ledger existed: lost and unexpected are None), else
+    `failed`.
     """
     scheduled = _ids(tables.schedule, ScheduleColumn.REQUEST_ID)
     rows = _ids(tables.requests, RequestColumn.REQUEST_ID) + _ids(
@@ -75,15 +76,19 @@ def ledger_summary(tables: RunTables) -> dict:
         n - 1 for rid, n in seen.items() if rid in expected and n > 1
     )
     leak = leak_check(tables.manifest.server_state if tables.manifest else None)
-    outcomes = dict.fromkeys((s.value for s in RequestStatus), 0)
-    for status in statuses:
-        outcomes[status] = outcomes.get(status, 0) + 1
-    if not scheduled:
-        verdict = "unchecked"
-    elif lost or unexpected or leak["leaked"]:
-        verdict = "failed"
-    else:
-        verdict = "ok"
+    if not scheduled:  # written before runs kept their schedule: nothing to check against
+        return {
+            "scheduled": None,
+            "recorded": len(rows),
+            "lost": None,
+            "lost_ids": [],
+            "unexpected": None,
+            "leaked": int(leak["leaked"]),
+            "outcomes": _outcomes(statuses),
+            "leak": leak,
+            "verdict": "failed" if leak["leaked"] else "unchecked",
+        }
+    verdict = "failed" if (lost or unexpected or leak["leaked"]) else "ok"
     return {
         "scheduled": len(scheduled),
         "recorded": len(rows),
@@ -91,7 +96,14 @@ def ledger_summary(tables: RunTables) -> dict:
         "lost_ids": lost[:20],
         "unexpected": unexpected,
         "leaked": int(leak["leaked"]),
-        "outcomes": outcomes,
+        "outcomes": _outcomes(statuses),
         "leak": leak,
         "verdict": verdict,
     }
+
+
+def _outcomes(statuses: list[str]) -> dict[str, int]:
+    outcomes = dict.fromkeys((s.value for s in RequestStatus), 0)
+    for status in statuses:
+        outcomes[status] = outcomes.get(status, 0) + 1
+    return outcomes

@@ -206,6 +206,7 @@ def write_run(path: Path, spec: SyntheticRun) -> Path:
 
     duration_s = max(r.t_done_ns for r in records) / NS_PER_S
     writer = RunWriter(path, RunManifest(**_manifest(spec, path.name, duration_s)))
+    writer.write_schedule([(r.request_id, r.t_scheduled_ns / NS_PER_S, False) for r in records])
     writer.append_requests(records)
     writer.append_chunks(chunks)
     writer.close(complete=True)
