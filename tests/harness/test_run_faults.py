@@ -94,3 +94,21 @@ def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text):
     else:
         assert statuses["ok"] >= 50  # a pause delays, it does not kill
     assert window["recovery_s"] is not None, window
+
+
+def test_fifty_cancelled_streams_leave_the_reference_engine_idle(tmp_path):
+    """A client that cancels 50 streams after 4 tokens: the ledger reads the engine's live KV
+    blocks back at their idle level afterwards (no leak), and every request is accounted for."""
+    plan = tmp_path / "cancel.yaml"
+    plan.write_text("name: cancel-all\nwindows:\n  - kind: cancel\n    params: {after_tokens: 4}\n")
+    run = tmp_path / "run"
+    result = bench("run", "--model", "tiny-random", "--workload", "random", "--input-len", "64",
+                   "--output-len", "256", "--num-requests", "50", "--request-rate", "inf",
+                   "--quiet", "--out", str(run), "--faults", str(plan))  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    statuses = one_row_per_scheduled(run)
+    assert statuses["cancelled"] == 50
+    ledger = _summary(run)["ledger"]
+    assert ledger["verdict"] == "ok", ledger
+    assert ledger["leak"]["after"]["kv_blocks_used"] == ledger["leak"]["before"]["kv_blocks_used"]
+    assert ledger["leak"]["after"]["running"] == 0
