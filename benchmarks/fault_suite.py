@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 from harness.config import RunConfig
-from harness.run import run_benchmark, target_for
+from harness.run import run_benchmark
+from harness.targets import target_for
 
 DEFAULT_PLANS = (
     "latency-200ms",

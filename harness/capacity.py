@@ -11,7 +11,8 @@ from pathlib import Path
 
 from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.run import load_tokenizer_for, run_benchmark, target_for
+from harness.run import load_tokenizer_for, run_benchmark
+from harness.targets import target_for
 
 
 @dataclass(frozen=True)

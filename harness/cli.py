@@ -39,6 +39,7 @@ LAZY_COMMANDS = {
         "Fetch, list and export reference-engine models.",
     ),
     "faults": ("faults.cli", "faults", "List and show fault plans."),
+    "probe": ("faults.probe_cli", "probe", "Probe a server's robustness (bad-input)."),
     "report": ("reports.cli", "report", "Write a report card (HTML/JSON) for one or more runs."),
     "compare": (
         "reports.cli",

@@ -4,44 +4,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import sys
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 from rich.console import Console
 
 import harness
-from harness.client import AiohttpTransport, ClientOptions, RawResult, RequestPayload, build_body
+from harness.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.config import RunConfig
 from harness.environment import git_sha, hardware_info, software_versions
 from harness.errors import HarnessError
 from harness.fault_session import FaultSession
 from harness.loadgen import LoadPlan, run_load
-from harness.managed import ManagedServer, ManagedServerConfig, managed_server
+from harness.managed import ManagedServer
 from harness.outcome import EXIT_OK, Verdict, judge
 from harness.progress import ProgressDisplay
-from harness.recorder import RunRecorder, prepare_run_dir
-from harness.records import RecordContext
+from harness.recorder import prepare_run_dir
+from harness.run_context import ErrorLimits, RunContext
 from harness.scraper import MetricsScraper
 from harness.server_state import read_gauges, settle
+from harness.targets import DEFAULT_MODEL, Target, preflight, target_for, target_info
 from harness.transport import Transport
 from slo.runrecord import (
     Endpoint,
-    RequestStatus,
     RunManifest,
     RunSummary,
     read_manifest,
     write_json_atomic,
     write_summary,
 )
-
-DEFAULT_MODEL = "smollm2-135m"
 
 
 @dataclass(frozen=True)
@@ -131,72 +126,6 @@ def load_slo_spec(name: str | None) -> dict | None:
         raise HarnessError(str(exc)) from exc
 
 
-def _get(url: str, api_key: str | None, timeout_s: float):
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
-
-
-def preflight(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:
-    """GET `<base_url>/models`: proves the target is reachable; returns its JSON (or {}).
-
-    A 401 or 403 ends the run before it starts, in one sentence naming `--api-key`."""
-    url = base_url.rstrip("/") + "/models"
-    try:
-        with _get(url, api_key, timeout_s) as resp:
-            return json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            given = "refused the API key given" if api_key else "needs an API key"
-            raise HarnessError(
-                f"the target at {base_url} {given} (HTTP {exc.code} for GET /models); "
-                "pass it with --api-key or OPENAI_API_KEY."
-            ) from exc
-        return {}  # reachable; some servers have no /models
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise HarnessError(
-            f"cannot reach the target at {base_url} ({reason}); check --url and that the server is running."
-        ) from exc
-    except json.JSONDecodeError:
-        return {}
-
-
-def target_info(base_url: str, api_key: str | None = None) -> dict:
-    """The reference engine's `/info` (engine, version, model, dtype, config), when present."""
-    root = base_url.rstrip("/").removesuffix("/v1")
-    try:
-        with _get(root + "/info", api_key, 5) as resp:
-            return json.loads(resp.read())
-    except (urllib.error.URLError, OSError, json.JSONDecodeError):
-        return {}
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a run drives: its base URL, its manifest entry, and the server process when the
-    harness manages it (engine faults act on it)."""
-
-    base_url: str
-    entry: dict
-    server: ManagedServer | None = None
-
-
-@contextlib.contextmanager
-def target_for(config: RunConfig):
-    """Yield the `Target`: `config.url`, or a managed reference server."""
-    if config.url is not None:
-        yield Target(config.url, {"kind": "url", "url": config.url})
-        return
-    server_cfg = ManagedServerConfig(
-        model=config.model or DEFAULT_MODEL,
-        extra_args=config.server_args,
-        startup_timeout_s=config.startup_timeout_s,
-    )
-    with managed_server(server_cfg) as server:
-        entry = {"kind": "managed", "url": server.base_url, "server_log": str(server.log_path)}
-        yield Target(server.base_url, entry, server)
-
-
 def run_benchmark(
     config: RunConfig,
     *,
@@ -249,129 +178,6 @@ class RunInputs:
     quiet: bool = True
     transport: Transport | None = None
     fault_plan: object | None = None  # faults.plan.FaultPlan
-
-
-@dataclass
-class RunContext:
-    """One run's state while it is driven: what to send, where to record it, how to show it.
-
-    `start(t0_ns)` opens the recorder when the measured phase begins; results that finish
-    before that (warm-up) wait in `early`. `close` always leaves a readable run directory.
-    """
-
-    config: RunConfig
-    options: ClientOptions
-    plan: LoadPlan
-    run_dir: Path
-    manifest: RunManifest
-    input_tokens: dict[str, int]
-    tokenizer: object
-    scraper: MetricsScraper
-    console: Console | None = None
-    quiet: bool = True
-    recorder: RunRecorder | None = None
-    early: list[RawResult] = field(default_factory=list)
-    errors: ErrorLimits | None = None
-    stop: asyncio.Task | None = None  # the task to cancel when the error limits trip
-    stop_reason: str | None = None
-
-    @property
-    def t0_ns(self) -> int | None:
-        return self.recorder.context.t0_ns if self.recorder is not None else None
-
-    def start(self, t0_ns: int) -> None:
-        context = RecordContext(
-            t0_ns=t0_ns,
-            is_chat=self.options.is_chat,
-            count_tokens=lambda text: len(self.tokenizer.encode(text)),
-        )
-        self.manifest = self.manifest.evolve(t0_ns=t0_ns)
-        self.recorder = RunRecorder(self.run_dir, context, self.input_tokens, self.manifest)
-        plan = self.plan
-        arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
-        self.recorder.writer.write_schedule(
-            [(p.request_id, None, True) for p in plan.warmup]
-            + [(p.request_id, a, False) for p, a in zip(plan.payloads, arrivals, strict=True)]
-        )
-        for raw in self.early:
-            self.recorder.add(raw)
-        self.early.clear()
-
-    def on_result(self, raw: RawResult) -> None:
-        if self.recorder is None:
-            self.early.append(raw)
-        else:
-            self.recorder.add(raw)
-        if self.errors is not None and not raw.is_warmup and self.stop_reason is None:
-            reason = self.errors.observe(raw)
-            if reason is not None:
-                self.stop_reason = reason
-                if self.stop is not None:
-                    self.stop.cancel()
-
-    def flush(self) -> None:
-        if self.recorder is not None:
-            self.recorder.flush()
-
-    def set_fault_plan(self, entry: dict) -> None:
-        """Record the plan and the windows it applied (written when the run closes)."""
-        self.manifest = self.manifest.evolve(fault_plan=entry)
-        if self.recorder is not None:
-            self.recorder.writer.manifest = self.recorder.writer.manifest.evolve(fault_plan=entry)
-
-    def close(self, reason: str | None, server_state: dict | None = None) -> None:
-        if self.recorder is None:  # stopped during warm-up: still leave a readable run
-            self.start(time.perf_counter_ns())
-        scraped = self.scraper.write(self.run_dir)
-        self.recorder.close(
-            complete=reason is None,
-            reason=reason,
-            server_metrics_samples=scraped,
-            server_state=server_state,
-        )
-
-
-@dataclass
-class ErrorLimits:
-    """`--max-error-rate` and `--max-consecutive-errors`: stop a run that only measures
-    failures. The rate is judged once `min_requests` results are in."""
-
-    max_error_rate: float | None = None
-    max_consecutive: int | None = None
-    min_requests: int = 20
-    done: int = 0
-    failed: int = 0
-    consecutive: int = 0
-
-    def observe(self, raw: RawResult) -> str | None:
-        """Count one result; the reason to stop, in words, once a limit is passed."""
-        if raw.status is RequestStatus.NOT_SENT:
-            return None
-        self.done += 1
-        # The transport sets a status only for outcomes it decided, all of them failures; a
-        # stream that parses badly is counted when the recorder parses it, not here.
-        if raw.status is not None:
-            self.failed += 1
-            self.consecutive += 1
-        else:
-            self.consecutive = 0
-        last = f"{raw.error_class or raw.status}: {raw.error_message}"
-        if self.max_consecutive is not None and self.consecutive >= self.max_consecutive:
-            return (
-                f"{self.consecutive} requests in a row failed (--max-consecutive-errors "
-                f"{self.max_consecutive}); the last: {last}"
-            )
-        rate = self.failed / self.done
-        if (
-            self.max_error_rate is not None
-            and self.done >= self.min_requests
-            and rate > self.max_error_rate
-        ):
-            return (
-                f"{self.failed} of {self.done} requests failed ({rate:.0%}, above "
-                f"--max-error-rate {self.max_error_rate:g}); the last: {last}"
-            )
-        return None
 
 
 def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:

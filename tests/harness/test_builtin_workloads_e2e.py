@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness.config import RunConfig
-from harness.run import run_benchmark, target_for
+from harness.run import run_benchmark
+from harness.targets import target_for
 from workloads.registry import builtin_names
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,142 @@
+"""One run's state while it is driven (`RunContext`) and the error limits that stop a run
+that only measures failures (`ErrorLimits`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from harness.client import ClientOptions, RawResult
+from harness.config import RunConfig
+from harness.loadgen import LoadPlan
+from harness.recorder import RunRecorder
+from harness.records import RecordContext
+from harness.scraper import MetricsScraper
+from slo.runrecord import RequestStatus, RunManifest
+
+
+@dataclass
+class RunContext:
+    """One run's state while it is driven: what to send, where to record it, how to show it.
+
+    `start(t0_ns)` opens the recorder when the measured phase begins; results that finish
+    before that (warm-up) wait in `early`. `close` always leaves a readable run directory.
+    """
+
+    config: RunConfig
+    options: ClientOptions
+    plan: LoadPlan
+    run_dir: Path
+    manifest: RunManifest
+    input_tokens: dict[str, int]
+    tokenizer: object
+    scraper: MetricsScraper
+    console: Console | None = None
+    quiet: bool = True
+    recorder: RunRecorder | None = None
+    early: list[RawResult] = field(default_factory=list)
+    errors: ErrorLimits | None = None
+    stop: asyncio.Task | None = None  # the task to cancel when the error limits trip
+    stop_reason: str | None = None
+
+    @property
+    def t0_ns(self) -> int | None:
+        return self.recorder.context.t0_ns if self.recorder is not None else None
+
+    def start(self, t0_ns: int) -> None:
+        context = RecordContext(
+            t0_ns=t0_ns,
+            is_chat=self.options.is_chat,
+            count_tokens=lambda text: len(self.tokenizer.encode(text)),
+        )
+        self.manifest = self.manifest.evolve(t0_ns=t0_ns)
+        self.recorder = RunRecorder(self.run_dir, context, self.input_tokens, self.manifest)
+        plan = self.plan
+        arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
+        self.recorder.writer.write_schedule(
+            [(p.request_id, None, True) for p in plan.warmup]
+            + [(p.request_id, a, False) for p, a in zip(plan.payloads, arrivals, strict=True)]
+        )
+        for raw in self.early:
+            self.recorder.add(raw)
+        self.early.clear()
+
+    def on_result(self, raw: RawResult) -> None:
+        if self.recorder is None:
+            self.early.append(raw)
+        else:
+            self.recorder.add(raw)
+        if self.errors is not None and not raw.is_warmup and self.stop_reason is None:
+            reason = self.errors.observe(raw)
+            if reason is not None:
+                self.stop_reason = reason
+                if self.stop is not None:
+                    self.stop.cancel()
+
+    def flush(self) -> None:
+        if self.recorder is not None:
+            self.recorder.flush()
+
+    def set_fault_plan(self, entry: dict) -> None:
+        """Record the plan and the windows it applied (written when the run closes)."""
+        self.manifest = self.manifest.evolve(fault_plan=entry)
+        if self.recorder is not None:
+            self.recorder.writer.manifest = self.recorder.writer.manifest.evolve(fault_plan=entry)
+
+    def close(self, reason: str | None, server_state: dict | None = None) -> None:
+        if self.recorder is None:  # stopped during warm-up: still leave a readable run
+            self.start(time.perf_counter_ns())
+        scraped = self.scraper.write(self.run_dir)
+        self.recorder.close(
+            complete=reason is None,
+            reason=reason,
+            server_metrics_samples=scraped,
+            server_state=server_state,
+        )
+
+
+@dataclass
+class ErrorLimits:
+    """`--max-error-rate` and `--max-consecutive-errors`: stop a run that only measures
+    failures. The rate is judged once `min_requests` results are in."""
+
+    max_error_rate: float | None = None
+    max_consecutive: int | None = None
+    min_requests: int = 20
+    done: int = 0
+    failed: int = 0
+    consecutive: int = 0
+
+    def observe(self, raw: RawResult) -> str | None:
+        """Count one result; the reason to stop, in words, once a limit is passed."""
+        if raw.status is RequestStatus.NOT_SENT:
+            return None
+        self.done += 1
+        # The transport sets a status only for outcomes it decided, all of them failures; a
+        # stream that parses badly is counted when the recorder parses it, not here.
+        if raw.status is not None:
+            self.failed += 1
+            self.consecutive += 1
+        else:
+            self.consecutive = 0
+        last = f"{raw.error_class or raw.status}: {raw.error_message}"
+        if self.max_consecutive is not None and self.consecutive >= self.max_consecutive:
+            return (
+                f"{self.consecutive} requests in a row failed (--max-consecutive-errors "
+                f"{self.max_consecutive}); the last: {last}"
+            )
+        rate = self.failed / self.done
+        if (
+            self.max_error_rate is not None
+            and self.done >= self.min_requests
+            and rate > self.max_error_rate
+        ):
+            return (
+                f"{self.failed} of {self.done} requests failed ({rate:.0%}, above "
+                f"--max-error-rate {self.max_error_rate:g}); the last: {last}"
+            )
+        return None
