@@ -60,17 +60,29 @@ def _to_svg(fig: Figure) -> str:
 
 
 def _shade_windows(ax, fault_windows: list[dict]) -> None:
-    for i, window in enumerate(fault_windows):
+    """Shade each fault window, labelled (once per kind) and named on the chart at its start."""
+    labelled: set[str] = set()
+    for window in fault_windows:
         if window.get("start_s") is None or window.get("end_s") is None:
             continue
-        label = f"fault: {window.get('kind') or 'window'}"
+        kind = window.get("kind") or "window"
         ax.axvspan(
             window["start_s"],
             window["end_s"],
             color=FAULT_COLOUR,
             alpha=0.12,
-            label=label if i == 0 else None,
+            label=None if kind in labelled else f"fault: {kind}",
         )
+        ax.annotate(
+            kind,
+            xy=(window["start_s"], 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, -10),
+            textcoords="offset points",
+            fontsize=7,
+            color="#8a4b2a",
+        )
+        labelled.add(kind)
 
 
 def latency_cdf_svg(metric: str, cdfs: dict[str, list]) -> str | None:
