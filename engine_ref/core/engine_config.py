@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -95,16 +98,37 @@ class EngineConfig:
         return self.num_threads or os.cpu_count() or 1
 
 
+# Temperatures below this sample greedily, as in vLLM: they are greedy in effect, and dividing
+# logits by a tiny one overflows float32 (5e-324 is 0.0 there), so softmax would yield NaN.
+GREEDY_TEMPERATURE_EPS = 1e-5
+# Bounds on what one request may ask of every step: each output token scans every stop
+# string over the held-back text, and checks the stop token ids (OpenAI allows 4 stop strings).
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGPROBS = 20
+# Seeds are int64, as in vLLM's OpenAI server.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How one request samples.
+    """How one request samples. Every field is validated and normalised to a plain Python
+    value at construction; what depends on the model (vocabulary, `n` against `max_num_seqs`)
+    is checked by `LLMEngine.add_request`.
 
-    `temperature` 0 means greedy (then top_k/top_p/seed are irrelevant). `top_k` 0 or -1 means
-    off; `top_p` 1.0 means off. `stop` strings end the output (the stop string itself is not
-    emitted); `stop_token_ids` end it (the token is counted, its text is not emitted).
-    `ignore_eos` keeps going past end-of-sequence ids. `logprobs` None returns no logprobs;
-    an int k returns the sampled token's logprob plus the top-k alternatives. `n` parallel
-    samples share the prompt's KV blocks (copy-on-write on divergence).
+    `temperature` 0 means greedy (then top_k/top_p/seed are irrelevant); so does any
+    temperature below `GREEDY_TEMPERATURE_EPS` (1e-5), which would overflow the scaled logits.
+    It must be finite; a huge one samples (nearly) uniformly. `top_k` 0 or -1 means off, and a
+    top_k at or beyond the vocabulary keeps every token; `top_p` 1.0 means off (the most likely
+    token is always kept). `seed` is an int64. `stop` strings end the output (the stop string
+    itself is not emitted): at most `MAX_STOP_STRINGS` of at most `MAX_STOP_STRING_CHARS`
+    characters. `stop_token_ids` (at most `MAX_STOP_TOKEN_IDS`) end it (the token is counted,
+    its text is not emitted). `ignore_eos` keeps going past end-of-sequence ids. `logprobs`
+    None returns no logprobs; an int k (0 to `MAX_LOGPROBS`) returns the sampled token's
+    logprob plus the top-k alternatives. `max_tokens` has no upper bound: generation also ends
+    ("length") at the engine's max_model_len. `n` parallel samples share the prompt's KV blocks
+    (copy-on-write on divergence).
     """
 
     n: int = 1
@@ -120,28 +144,92 @@ class SamplingParams:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.n < 1:
-            raise EngineConfigError(f"n must be at least 1, got {self.n}.")
-        if self.max_tokens < 1:
-            raise EngineConfigError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        def set_(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        set_("n", _integer("n", self.n, low=1))
+        set_("max_tokens", _integer("max_tokens", self.max_tokens, low=1))
+        set_("temperature", _number("temperature", self.temperature))
         if self.temperature < 0:
             raise EngineConfigError(f"temperature must be non-negative, got {self.temperature}.")
+        set_("top_p", _number("top_p", self.top_p))
         if not 0.0 < self.top_p <= 1.0:
             raise EngineConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
+        set_("top_k", _integer("top_k", self.top_k))
         if self.top_k < -1:
             raise EngineConfigError(f"top_k must be -1, 0 or positive, got {self.top_k}.")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise EngineConfigError(f"logprobs must be between 0 and 20, got {self.logprobs}.")
-        if any(not s for s in self.stop):
-            raise EngineConfigError("stop strings must be non-empty.")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.seed is not None:
+            set_("seed", _integer("seed", self.seed, low=SEED_MIN, high=SEED_MAX))
+        set_("stop", _stop_strings(self.stop))
+        set_("stop_token_ids", _stop_token_ids(self.stop_token_ids))
+        if self.ignore_eos not in (True, False):
+            raise EngineConfigError(f"ignore_eos must be true or false, got {self.ignore_eos!r}.")
+        set_("ignore_eos", bool(self.ignore_eos))
+        if self.logprobs is not None:
+            set_("logprobs", _integer("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS))
+        set_("min_tokens", _integer("min_tokens", self.min_tokens, low=0))
+        if self.min_tokens > self.max_tokens:
             raise EngineConfigError("min_tokens must be between 0 and max_tokens.")
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE_EPS
+
+
+def _integer(name: str, value: object, *, low: int | None = None, high: int | None = None) -> int:
+    """`value` as a plain int (numpy integers too; not bools or floats) within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise EngineConfigError(f"{name} must be an integer, got {value!r}.")
+    value = int(value)
+    if low is not None and value < low:
+        raise EngineConfigError(f"{name} must be at least {low}, got {value}.")
+    if high is not None and value > high:
+        raise EngineConfigError(f"{name} must be at most {high}, got {value}.")
+    return value
+
+
+def _number(name: str, value: object) -> float:
+    """`value` as a finite plain float (ints and numpy numbers too; not bools)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise EngineConfigError(f"{name} must be a number, got {value!r}.")
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond float range
+        raise EngineConfigError(f"{name} must be a finite number, got {value}.") from None
+    if not math.isfinite(value):
+        raise EngineConfigError(f"{name} must be a finite number, got {value}.")
+    return value
+
+
+def _stop_strings(stop: object) -> tuple[str, ...]:
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, Iterable):
+        raise EngineConfigError(f"stop must be a string or a list of strings, got {stop!r}.")
+    strings = tuple(stop)
+    if len(strings) > MAX_STOP_STRINGS:
+        raise EngineConfigError(
+            f"stop has {len(strings)} strings; at most {MAX_STOP_STRINGS} are allowed."
+        )
+    for s in strings:
+        if not isinstance(s, str):
+            raise EngineConfigError(f"stop strings must be strings, got {s!r}.")
+        if not s:
+            raise EngineConfigError("stop strings must be non-empty.")
+        if len(s) > MAX_STOP_STRING_CHARS:
+            raise EngineConfigError(
+                f"a stop string has {len(s)} characters; at most {MAX_STOP_STRING_CHARS} "
+                "are allowed."
+            )
+    return strings
+
+
+def _stop_token_ids(ids: object) -> tuple[int, ...]:
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise EngineConfigError(f"stop_token_ids must be a list of integers, got {ids!r}.")
+    ids = tuple(ids)
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise EngineConfigError(
+            f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS} are allowed."
+        )
+    return tuple(_integer("stop_token_ids", t, low=0) for t in ids)

@@ -14,6 +14,8 @@ import torch
 
 from engine_ref.core.engine_config import SamplingParams
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 @dataclass(frozen=True)
 class SampleRow:
@@ -54,10 +56,10 @@ def sample(
         return SamplerOutput(token_ids, _logprobs(logits, rows, token_ids))
     tokens = torch.empty(num_rows, dtype=torch.long, device=logits.device)
     if greedy:
-        index = torch.tensor(greedy, device=logits.device)
+        index = torch.tensor(greedy, device=logits.device, dtype=torch.long)
         tokens[index] = logits.index_select(0, index).argmax(dim=-1)
     random = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-    index = torch.tensor(random, device=logits.device)
+    index = torch.tensor(random, device=logits.device, dtype=torch.long)
     probs = _filtered_probs(logits.index_select(0, index), [rows[i].params for i in random])
     tokens[index] = _exponential_race(probs, [rows[i].generator for i in random], generator)
     token_ids = tokens.tolist()
@@ -67,13 +69,15 @@ def sample(
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities [R, V] after temperature, top-k and top-p."""
     device = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
-    logits = logits / temps[:, None]
-    top_ks = [p.top_k if p.top_k > 0 else 0 for p in params]
+    vocab = logits.shape[-1]
+    # A temperature beyond float32's range would become inf, and -inf / inf is NaN.
+    temps = [min(p.temperature, _FLOAT32_MAX) for p in params]
+    logits = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
+    # top_k at or beyond the vocabulary keeps every token (and stays within int64).
+    top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(top_ks):
-        vocab = logits.shape[-1]
-        ks = torch.tensor([k if k else vocab for k in top_ks], device=device)
-        kmax = int(ks.max().clamp(max=vocab))
+        ks = torch.tensor([k or vocab for k in top_ks], device=device, dtype=torch.long)
+        kmax = max(k or vocab for k in top_ks)
         top_values = logits.topk(kmax, dim=-1).values  # [R, kmax], descending
         threshold = top_values.gather(1, (ks.clamp(max=kmax) - 1)[:, None])
         logits = logits.masked_fill(logits < threshold, float("-inf"))
@@ -85,6 +89,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         ps = torch.tensor(top_ps, device=device, dtype=logits.dtype)
         drop_sorted = mass_before >= ps[:, None]
+        drop_sorted[:, 0] = False  # a top_p that rounds to 0 in float32 keeps the top token
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
@@ -104,7 +109,7 @@ def _exponential_race(
             if g is not None:
                 noise[i].exponential_(generator=g)
         if unseeded:
-            index = torch.tensor(unseeded, device=probs.device)
+            index = torch.tensor(unseeded, device=probs.device, dtype=torch.long)
             noise[index] = torch.empty_like(noise[index]).exponential_(generator=generator)
     return (probs / noise).argmax(dim=-1)
 
@@ -118,11 +123,11 @@ def _logprobs(
     wanted = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
     if not wanted:
         return result
-    index = torch.tensor(wanted, device=logits.device)
+    index = torch.tensor(wanted, device=logits.device, dtype=torch.long)
     log_probs = logits.index_select(0, index).log_softmax(dim=-1)  # [W, V]
     sampled = torch.tensor([token_ids[i] for i in wanted], device=logits.device)
     sampled_values = log_probs.gather(1, sampled[:, None]).squeeze(1).tolist()
-    kmax = max(rows[i].params.logprobs for i in wanted)
+    kmax = min(max(rows[i].params.logprobs for i in wanted), log_probs.shape[-1])
     top_values, top_ids = (t.tolist() for t in log_probs.topk(max(kmax, 1), dim=-1))
     for j, i in enumerate(wanted):
         k = rows[i].params.logprobs

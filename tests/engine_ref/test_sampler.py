@@ -110,3 +110,38 @@ def test_logprobs_of_sampled_and_top_tokens(k):
     assert entry.keys() == expected.keys()
     for token, value in expected.items():
         assert abs(entry[token] - value) < 1e-5
+
+
+@pytest.mark.parametrize("temperature", [1e20, 1e300])
+def test_huge_temperature_is_uniform_over_allowed_tokens(temperature):
+    # -inf / inf would be NaN: a temperature past float32's range must not become inf.
+    row = [0.0, 5.0, -3.0, 1.0]
+    logits = torch.tensor([row] * DRAWS)
+    rows = [SampleRow(SamplingParams(temperature=temperature), banned_token_ids=(1,))] * DRAWS
+    out = sample(logits, rows, torch.Generator().manual_seed(0))
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=4)
+    assert_freq((counts.float() / DRAWS).tolist(), [1 / 3, 0, 1 / 3, 1 / 3])
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-30, 5e-324])
+def test_temperature_below_threshold_is_greedy(temperature):
+    logits = torch.tensor([[0.1, 3.0, 2.9999], [5.0, -1.0, 4.9]])
+    rows = [SampleRow(SamplingParams(temperature=temperature, seed=1))] * 2
+    assert sample(logits, rows, torch.Generator().manual_seed(0)).token_ids == [1, 0]
+
+
+def test_top_p_rounding_to_zero_keeps_the_top_token():
+    assert_freq(frequencies([0.0, 2.0, 1.0], SamplingParams(top_p=5e-324)), [0, 1, 0])
+
+
+@pytest.mark.parametrize("top_k", [3, 4, 2**63, 2**64])
+def test_top_k_at_or_beyond_vocab_keeps_every_token(top_k):
+    row = [0.0, math.log(2.0), math.log(3.0)]
+    assert_freq(frequencies(row, SamplingParams(top_k=top_k)), [1 / 6, 2 / 6, 3 / 6])
+
+
+def test_logprobs_beyond_vocab_return_every_token():
+    logits = torch.tensor([[0.0, 1.0, 2.0]])
+    out = sample(logits, [SampleRow(SamplingParams(temperature=0, logprobs=20))])
+    assert sorted(out.logprobs[0]) == [0, 1, 2]
+    assert abs(sum(math.exp(v) for v in out.logprobs[0].values()) - 1) < 1e-5
