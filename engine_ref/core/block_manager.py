@@ -2,11 +2,13 @@
 and frees deferred until the step that reads the blocks has finished.
 
 A full block's cache key chains the parent block's key, the block's exact token ids and a salt
-naming the model version: `hash_fn(parent_key, tokens)`, the first block's parent key being
-derived from the salt. Keys can collide, so a hit is served only when the cached block's tokens
-equal the request's and its recorded parent is the block the request just matched (identified by
-block id and a generation number bumped whenever the block is reused). The last prompt token is
-never served from the cache, so every prefill computes at least one row (its logits).
+naming the model version: `hash_fn(parent_key, tokens)`, the first block's parent key (the root
+key) being derived from the salt and the request's `cache_salt`, so requests with different
+cache salts (tenants) never share a block. Keys can collide, so a hit is served only when the
+cached block's tokens equal the request's and its recorded parent is the block the request just
+matched (identified by block id and a generation number bumped whenever the block is reused) or,
+for a first block, the root key the request hashed from. The last prompt token is never served
+from the cache, so every prefill computes at least one row (its logits).
 
 Free blocks wait in one `OrderedDict` in eviction order: blocks without cached content at the
 front (reused first), cached blocks appended at the back as they are freed (least recently used
@@ -28,6 +30,11 @@ def default_hash(parent_key: int, tokens: tuple[int, ...]) -> int:
     return hash((parent_key, tokens))
 
 
+def _root_key(salt: str, cache_salt: str | None) -> int:
+    text = repr((salt, cache_salt))  # repr keeps the pair unambiguous whatever the strings hold
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
 class BlockManager:
     def __init__(
         self,
@@ -41,20 +48,20 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.root_key = int.from_bytes(hashlib.sha256(salt.encode()).digest()[:8], "little")
+        self.salt = salt
+        self.root_key = _root_key(salt, None)
         self.hash_fn = hash_fn
         self.ref_counts = [0] * num_blocks
         self.generation = [0] * num_blocks
-        # Cached content of a full block: its key, tokens, and (parent block, its generation).
+        # Cached content of a full block: its key, tokens, and what it extends: (parent block,
+        # its generation), or for a first block the root key it was hashed from.
         self.block_key: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
-        self.block_parent: list[tuple[int, int] | None] = [None] * num_blocks
+        self.block_parent: list[tuple[int, int] | int | None] = [None] * num_blocks
         self.key_to_block: dict[int, int] = {}
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.pending_free: list[int] = []
         self.step_in_flight = False
-        self.prefix_query_tokens = 0
-        self.prefix_hit_tokens = 0
 
     # -- gauges ---------------------------------------------------------------------------
     @property
@@ -85,11 +92,11 @@ class BlockManager:
         """Attach cached blocks for the longest verified prefix of a sequence that has no blocks
         yet; returns the number of tokens served from the cache (a multiple of block_size)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
-        self.prefix_query_tokens += seq.num_tokens
         if not self.enable_prefix_caching:
             return 0
         bs = self.block_size
-        parent_key, parent = self.root_key, None
+        parent_key = self.root_key_of(seq)
+        parent: tuple[int, int] | int = parent_key
         # Never the last token: its row must be computed to produce logits.
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
@@ -107,8 +114,13 @@ class BlockManager:
             parent_key, parent = key, (block, self.generation[block])
         cached = len(seq.block_table) * bs
         seq.num_computed_tokens = cached
-        self.prefix_hit_tokens += cached
         return cached
+
+    def root_key_of(self, seq: Sequence) -> int:
+        """The key a sequence's first block chains from: the engine's salt and the request's
+        cache salt."""
+        cache_salt = seq.request.cache_salt
+        return self.root_key if cache_salt is None else _root_key(self.salt, cache_salt)
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """Free blocks that `append_slots(seq, num_new_tokens)` would take."""
@@ -152,15 +164,18 @@ class BlockManager:
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
             block = seq.block_table[i]
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            parent_key = seq.block_hashes[-1] if seq.block_hashes else self.root_key
+            parent_key = seq.block_hashes[-1] if i else self.root_key_of(seq)
             key = self.hash_fn(parent_key, tokens)
             seq.block_hashes.append(key)
             if self.block_key[block] is not None:
                 continue  # already cached content (a prefix hit or a shared block)
-            parent = None if i == 0 else seq.block_table[i - 1]
+            if i:
+                parent = seq.block_table[i - 1]
+                self.block_parent[block] = (parent, self.generation[parent])
+            else:
+                self.block_parent[block] = parent_key
             self.block_key[block] = key
             self.block_tokens[block] = tokens
-            self.block_parent[block] = None if parent is None else (parent, self.generation[parent])
             self.key_to_block.setdefault(key, block)
 
     def free(self, seq: Sequence) -> None:

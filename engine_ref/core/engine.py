@@ -1,38 +1,52 @@
 """`LLMEngine`: add requests, run scheduler iterations, abort, report stats.
 
-One `step()` = schedule -> copy-on-write block copies -> one forward over the flattened batch
-(decode rows and prefill chunks together) -> logits for the rows that sample -> sample ->
+One `step()` = schedule -> copy-on-write block copies -> execute: one forward over the
+flattened batch (decode rows and prefill chunks together), logits for the rows that sample,
+sample -> commit: advance computed counts, enter full blocks into the prefix cache, fork,
 append tokens, detokenise, check stop conditions -> free finished sequences' blocks once the
 step is over.
+
+Execution commits nothing, so a step whose execution raises can be retried on part of its
+batch: the engine bisects the batch by request until the requests that fail on their own are
+found, fails only those (finish_reason "error", `RequestOutput.error` saying why) and commits
+the rest. The retries rewrite the same KV slots (each sequence writes only positions past its
+computed tokens, in blocks it alone holds) and restore seeded generators, so the others'
+tokens are those of a step without the failed requests. A step that does not fail pays
+nothing for this.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from engine_ref.core.admission import EngineError, check_prompt, check_request
 from engine_ref.core.attention import build_attention_metadata, kv_pool_shape
 from engine_ref.core.block_manager import BlockManager, HashFn, default_hash
 from engine_ref.core.detokenizer import IncrementalDetokenizer
 from engine_ref.core.engine_config import EngineConfig, SamplingParams
+from engine_ref.core.isolation import isolate_failures
 from engine_ref.core.model import LlamaModel
 from engine_ref.core.sampler import SampleRow, sample
-from engine_ref.core.scheduler import ScheduledBatch, Scheduler
+from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
 from engine_ref.core.stats import EngineStats
 
+__all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
 
-class EngineError(ValueError):
-    """A request the engine cannot serve (bad prompt, duplicate id, too long)."""
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class CompletionOutput:
-    """What one sequence produced in one step (`new_*`) and its totals so far."""
+    """What one sequence produced in one step (`new_*`) and its totals so far. `finish_reason`
+    is None while it runs, then "stop", "length", "abort", or "error" (the engine failed it;
+    see `RequestOutput.error`)."""
 
     index: int
     new_token_ids: list[int]
@@ -44,11 +58,29 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
+    """One request's progress in one step. `error` is set (one line) when the engine failed
+    the request: then `finished` is true and every output's finish_reason is "error"."""
+
     request_id: str
     outputs: list[CompletionOutput]
     finished: bool
     num_prompt_tokens: int
     num_cached_tokens: int
+    error: str | None = None
+
+
+@dataclass
+class _Executed:
+    """A forward and sampling over `items` ((sequence, new tokens) in batch order), nothing
+    committed yet. `samples[i]` is (the sequence whose logits row sampled, the sample index it
+    is for, its generator): the index differs from the sequence's own for the children a
+    request with n > 1 forks at its first token."""
+
+    items: list[tuple[Sequence, int]]
+    num_prompt_rows: int
+    samples: list[tuple[Sequence, int, torch.Generator | None]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float] | None] = field(default_factory=list)
 
 
 class LLMEngine:
@@ -124,24 +156,31 @@ class LLMEngine:
         params: SamplingParams,
         *,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request. Raises EngineError for an unusable prompt or a duplicate id, and
-        QueueFullError when the waiting queue is at its bound."""
+        """Queue a request. Raises EngineError for an unusable prompt or parameters or a
+        duplicate id, and QueueFullError when the waiting queue is at its bound. Requests
+        share prefix-cache blocks only when their `cache_salt`s are equal (None included), so
+        tenants with different salts never read each other's KV."""
         if request_id in self.requests:
             raise EngineError(f"Request id {request_id!r} is already in use.")
-        prompt = [int(t) for t in prompt_token_ids]
-        if not prompt:
-            raise EngineError("The prompt has no tokens.")
-        vocab = self.model_config.vocab_size
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise EngineError(f"Prompt token ids must be in [0, {vocab}).")
-        if len(prompt) >= self.max_model_len:
-            raise EngineError(
-                f"The prompt has {len(prompt)} tokens; this engine serves at most "
-                f"{self.max_model_len - 1} (max_model_len {self.max_model_len})."
-            )
-        request = Request(request_id, prompt, params, priority, next(self._arrivals))
-        seq = self._new_sequence(request, index=0, token_ids=list(prompt))
+        prompt = check_prompt(
+            prompt_token_ids,
+            vocab_size=self.model_config.vocab_size,
+            max_model_len=self.max_model_len,
+        )
+        check_request(
+            params,
+            priority=priority,
+            cache_salt=cache_salt,
+            vocab_size=self.model_config.vocab_size,
+            max_num_seqs=self.config.max_num_seqs,
+        )
+        request = Request(
+            request_id, prompt, params, int(priority), next(self._arrivals), cache_salt=cache_salt
+        )
+        generator = self._seeded_generator(params, 0)
+        seq = self._new_sequence(request, 0, list(prompt), generator)
         self.scheduler.add(seq)  # may raise QueueFullError
         request.sequences.append(seq)
         self.requests[request_id] = request
@@ -168,7 +207,8 @@ class LLMEngine:
         return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler iteration; returns outputs of the requests that progressed."""
+        """Run one scheduler iteration; returns outputs of the requests that progressed, and
+        of those that finished by abort or failed (finish_reason "error")."""
         outputs, self._pending_outputs = self._pending_outputs, []
         batch = self.scheduler.schedule()
         if batch.is_empty:
@@ -176,11 +216,12 @@ class LLMEngine:
         self.block_manager.begin_step()
         try:
             with torch.inference_mode():
-                progressed = self._run(batch)
+                self._copy_blocks(batch.block_copies)
+                outputs += self._run(list(zip(batch.seqs, batch.num_new_tokens, strict=True)))
         finally:
             self.block_manager.end_step()
         self._num_steps += 1
-        return outputs + progressed
+        return outputs
 
     def stats(self) -> EngineStats:
         bm = self.block_manager
@@ -194,8 +235,8 @@ class LLMEngine:
             num_blocks_cached=bm.num_cached_blocks,
             kv_cache_usage=bm.num_used_blocks / bm.num_blocks,
             block_size=bs,
-            prefix_cache_query_tokens=bm.prefix_query_tokens,
-            prefix_cache_hit_tokens=bm.prefix_hit_tokens,
+            prefix_cache_query_tokens=self.scheduler.prefix_query_tokens,
+            prefix_cache_hit_tokens=self.scheduler.prefix_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self._num_steps,
             prompt_tokens_total=sum(self._prompt_tokens.values()),
@@ -205,20 +246,47 @@ class LLMEngine:
             kv_bytes_per_token=self.kv_bytes_per_token,
             kv_bytes_per_request=-(-self.max_model_len // bs) * bs * self.kv_bytes_per_token,
             max_model_len=self.max_model_len,
+            prefix_cache_preempted_query_tokens=self.scheduler.preempted_prefix_query_tokens,
+            prefix_cache_preempted_hit_tokens=self.scheduler.preempted_prefix_hit_tokens,
         )
 
     # -- one step -----------------------------------------------------------------------------
-    def _run(self, batch: ScheduledBatch) -> list[RequestOutput]:
-        self._copy_blocks(batch.block_copies)
+    def _run(self, items: list[tuple[Sequence, int]]) -> list[RequestOutput]:
+        try:
+            executed = [self._execute(items)]
+            failures: list[tuple[Request, Exception]] = []
+        except Exception as exc:
+            requests = list(dict.fromkeys(seq.request for seq, _ in items))
+            executed, failures = isolate_failures(
+                requests, lambda part: self._execute_requests(items, part), exc
+            )
+        outputs = []
+        for run in executed:
+            outputs += self._commit(run, failures)
+        outputs += [self._fail(request, exc) for request, exc in failures]
+        self._count_tokens(executed)
+        return outputs
+
+    def _execute_requests(
+        self, items: list[tuple[Sequence, int]], requests: list[Request]
+    ) -> _Executed:
+        chosen = set(requests)
+        return self._execute([item for item in items if item[0].request in chosen])
+
+    def _execute(self, items: list[tuple[Sequence, int]]) -> _Executed:
+        """Forward and sample `items`; changes nothing but the KV slots of their new tokens
+        and, on success, the seeded generators of the rows that sampled."""
         input_ids: list[int] = []
         positions: list[int] = []
         starts: list[int] = []
+        num_new_tokens: list[int] = []
         sample_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
         num_prompt_rows = 0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
+        for seq, n in items:
             start = seq.num_computed_tokens
             starts.append(start)
+            num_new_tokens.append(n)
             input_ids += seq.token_ids[start : start + n]
             positions += range(start, start + n)
             if start < seq.num_prompt_tokens or n > 1:
@@ -228,8 +296,8 @@ class LLMEngine:
                 sampling_seqs.append(seq)
         meta = build_attention_metadata(
             start_positions=starts,
-            num_new_tokens=batch.num_new_tokens,
-            block_tables=[s.block_table for s in batch.seqs],
+            num_new_tokens=num_new_tokens,
+            block_tables=[seq.block_table for seq, _ in items],
             block_size=self.config.block_size,
             num_queries_per_kv=self.model_config.num_attention_heads
             // self.model_config.num_key_value_heads,
@@ -241,66 +309,76 @@ class LLMEngine:
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]
-
-        for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
-            seq.num_computed_tokens += n
-            self.block_manager.register_full_blocks(seq)
+        executed = _Executed(items, num_prompt_rows)
+        if not sampling_seqs:  # prefill chunks that end inside their prompts
+            return executed
 
         # A request with n > 1 forks when its prompt is done: its children sample from the
-        # parent's logits row.
+        # parent's logits row (they are created when the step commits).
         logits_rows: list[int] = []
-        rows_seqs: list[Sequence] = []
+        rows: list[SampleRow] = []
         for r, seq in enumerate(sampling_seqs):
-            family = [seq, *self._fork(seq)] if seq.request.needs_fork else [seq]
-            rows_seqs += family
-            logits_rows += [r] * len(family)
+            row = self._sample_row(seq)
+            executed.samples.append((seq, seq.index, row.generator))
+            rows.append(row)
+            logits_rows.append(r)
+            if seq.request.needs_fork:
+                for index in range(1, seq.request.params.n):
+                    generator = self._seeded_generator(seq.request.params, index)
+                    executed.samples.append((seq, index, generator))
+                    rows.append(replace(row, generator=generator))
+                    logits_rows.append(r)
         if len(sample_rows) < len(input_ids):
-            hidden = hidden.index_select(0, torch.tensor(sample_rows, device=self.device))
+            hidden = hidden.index_select(0, self._index(sample_rows))
         logits = self.model.compute_logits(hidden)  # [N, V]
         if len(logits_rows) != len(sample_rows):
-            logits = logits.index_select(0, torch.tensor(logits_rows, device=self.device))
-        result = sample(logits, [self._sample_row(s) for s in rows_seqs], self.generator)
+            logits = logits.index_select(0, self._index(logits_rows))
+        saved = [(g, g.get_state()) for g in (r.generator for r in rows) if g is not None]
+        try:
+            result = sample(logits, rows, self.generator)
+        except Exception:
+            for generator, state in saved:  # a retry must draw what this attempt drew
+                generator.set_state(state)
+            raise
+        executed.token_ids, executed.logprobs = result.token_ids, result.logprobs
+        return executed
 
-        kind = "mixed" if num_prompt_rows and num_prompt_rows < len(input_ids) else None
-        kind = kind or ("prefill" if num_prompt_rows else "decode")
-        self._prompt_tokens[kind] += num_prompt_rows
-        self._generation_tokens[kind] += len(rows_seqs)
-        return self._append_tokens(rows_seqs, result.token_ids, result.logprobs)
-
-    def _append_tokens(
-        self,
-        seqs: list[Sequence],
-        token_ids: list[int],
-        logprobs: list[dict[int, float] | None],
+    def _commit(
+        self, executed: _Executed, failures: list[tuple[Request, Exception]]
     ) -> list[RequestOutput]:
-        by_request: dict[str, list[CompletionOutput]] = {}
-        for seq, token, lp in zip(seqs, token_ids, logprobs, strict=True):
-            seq.token_ids.append(token)
-            if lp is not None:
-                seq.logprobs = seq.logprobs or []
-                seq.logprobs.append(lp)
-            new_text = self._update_text_and_finish(seq, token)
-            if seq.finish_reason is not None:
-                self.scheduler.remove(seq)  # blocks freed when the step ends
-            by_request.setdefault(seq.request.request_id, []).append(
-                CompletionOutput(
-                    seq.index,
-                    [token],
-                    new_text,
-                    seq.finish_reason,
-                    seq.num_output_tokens,
-                    None if lp is None else [lp],
-                )
-            )
+        """Advance computed counts, register full blocks, fork, append the sampled tokens. A
+        request whose token cannot be appended (its detokenisation raised, say) joins
+        `failures` instead of returning an output."""
+        for seq, n in executed.items:
+            seq.num_computed_tokens += n
+            self.block_manager.register_full_blocks(seq)
+        # Fork before any token is appended: children copy the parent's tokens so far.
+        targets = [
+            seq if index == seq.index else self._fork(seq, index, generator)
+            for seq, index, generator in executed.samples
+        ]
+        by_request: dict[Request, list[CompletionOutput]] = {}
+        failed: set[Request] = set()
+        for seq, token, lp in zip(targets, executed.token_ids, executed.logprobs, strict=True):
+            request = seq.request
+            if failed and request in failed:
+                continue
+            try:
+                completion = self._append_token(seq, token, lp)
+            except Exception as exc:
+                failures.append((request, exc))
+                failed.add(request)
+                by_request.pop(request, None)
+                continue
+            by_request.setdefault(request, []).append(completion)
         outputs = []
-        for request_id, completions in by_request.items():
-            request = self.requests[request_id]
+        for request, completions in by_request.items():
             finished = request.is_finished
             if finished:
-                del self.requests[request_id]
+                del self.requests[request.request_id]
             outputs.append(
                 RequestOutput(
-                    request_id,
+                    request.request_id,
                     completions,
                     finished,
                     len(request.prompt_token_ids),
@@ -308,6 +386,54 @@ class LLMEngine:
                 )
             )
         return outputs
+
+    def _append_token(
+        self, seq: Sequence, token: int, lp: dict[int, float] | None
+    ) -> CompletionOutput:
+        seq.token_ids.append(token)
+        if lp is not None:
+            seq.logprobs = seq.logprobs or []
+            seq.logprobs.append(lp)
+        new_text = self._update_text_and_finish(seq, token)
+        if seq.finish_reason is not None:
+            self.scheduler.remove(seq)  # blocks freed when the step ends
+        return CompletionOutput(
+            seq.index,
+            [token],
+            new_text,
+            seq.finish_reason,
+            seq.num_output_tokens,
+            None if lp is None else [lp],
+        )
+
+    def _fail(self, request: Request, exc: Exception) -> RequestOutput:
+        """Finish every sequence of `request` with finish_reason "error" and free its blocks."""
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        error = f"The engine failed this request: {type(exc).__name__}: {detail}".rstrip(": ")
+        logger.warning("request %r failed: %s", request.request_id, error, exc_info=exc)
+        outputs = []
+        for seq in request.sequences:
+            if not seq.is_finished:
+                self.scheduler.remove(seq)
+                seq.finish_reason = "error"
+                outputs.append(CompletionOutput(seq.index, [], "", "error", seq.num_output_tokens))
+        self.requests.pop(request.request_id, None)
+        return RequestOutput(
+            request.request_id,
+            outputs,
+            True,
+            len(request.prompt_token_ids),
+            request.num_cached_tokens,
+            error=error,
+        )
+
+    def _count_tokens(self, executed: list[_Executed]) -> None:
+        num_prompt_rows = sum(run.num_prompt_rows for run in executed)
+        num_rows = sum(n for run in executed for _, n in run.items)
+        kind = "mixed" if num_prompt_rows and num_prompt_rows < num_rows else None
+        kind = kind or ("prefill" if num_prompt_rows else "decode")
+        self._prompt_tokens[kind] += num_prompt_rows
+        self._generation_tokens[kind] += sum(len(run.token_ids) for run in executed)
 
     def _update_text_and_finish(self, seq: Sequence, token: int) -> str:
         """Detokenise the new token, decide whether the sequence is done, and return the text
@@ -342,11 +468,9 @@ class LLMEngine:
         return new_text
 
     # -- helpers ------------------------------------------------------------------------------
-    def _new_sequence(self, request: Request, index: int, token_ids: list[int]) -> Sequence:
-        seed = request.params.seed
-        generator = None
-        if seed is not None and not request.params.is_greedy:
-            generator = torch.Generator(self.device).manual_seed(seed + index * 1_000_003)
+    def _new_sequence(
+        self, request: Request, index: int, token_ids: list[int], generator: torch.Generator | None
+    ) -> Sequence:
         decode = self.tokenizer.decode
         return Sequence(
             seq_id=next(self._seq_ids),
@@ -358,18 +482,24 @@ class LLMEngine:
             generator=generator,
         )
 
-    def _fork(self, parent: Sequence) -> list[Sequence]:
+    def _seeded_generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+        """Sample `index`'s own generator when the request has a seed (torch takes seeds
+        modulo 2**64, as it does negative ones)."""
+        if params.seed is None or params.is_greedy:
+            return None
+        seed = (params.seed + index * 1_000_003) % 2**64
+        return torch.Generator(self.device).manual_seed(seed)
+
+    def _fork(self, parent: Sequence, index: int, generator: torch.Generator | None) -> Sequence:
+        """Child `index` of `parent`'s request, sharing its blocks."""
         request = parent.request
         request.is_forked = True
-        children = []
-        for index in range(1, request.params.n):
-            child = self._new_sequence(request, index, list(parent.token_ids))
-            self.block_manager.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
-            self.scheduler.running.append(child)
-            request.sequences.append(child)
-            children.append(child)
-        return children
+        child = self._new_sequence(request, index, list(parent.token_ids), generator)
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        self.scheduler.running.append(child)
+        request.sequences.append(child)
+        return child
 
     def _sample_row(self, seq: Sequence) -> SampleRow:
         params = seq.request.params
@@ -378,10 +508,14 @@ class LLMEngine:
             banned = tuple(self.eos_token_ids | set(params.stop_token_ids))
         return SampleRow(params, seq.generator, banned)
 
+    def _index(self, rows: list[int]) -> torch.Tensor:
+        # dtype explicit: torch.tensor([]) is float32, which index_select rejects.
+        return torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = self._index([s for s, _ in copies])
+        dst = self._index([d for _, d in copies])
         for pool in self.kv_caches:
             pool.index_copy_(1, dst, pool.index_select(1, src))

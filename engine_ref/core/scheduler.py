@@ -6,6 +6,11 @@ mostly from the prefix cache).
 
 The waiting queue is a heap keyed by (priority, arrival index) under the "priority" policy and
 by arrival index under "fcfs", so a preempted sequence goes back ahead of newer arrivals.
+
+Prefix-cache counters count tokens once per admission, not per attempt: a waiting sequence is
+looked up again every step until its blocks fit, but only the lookup that admits it counts.
+As in vLLM, a preempted sequence's re-admission is counted apart (`preempted_prefix_*`), so a
+victim finding its own blocks again does not inflate the hit rate of new requests.
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ class Scheduler:
         self._num_waiting = 0
         self._push_count = 0
         self.num_preemptions = 0
+        # Tokens looked up in / served from the prefix cache at admission (see module doc).
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+        self.preempted_prefix_query_tokens = 0
+        self.preempted_prefix_hit_tokens = 0
 
     @property
     def num_waiting(self) -> int:
@@ -110,10 +120,9 @@ class Scheduler:
             seq = self._peek()
             if seq is None:
                 break
+            cached = 0
             if seq.num_computed_tokens == 0 and not seq.block_table:
                 cached = bm.allocate_prefix(seq)
-                if seq.index == 0 and seq.num_preemptions == 0:
-                    seq.request.num_cached_tokens = cached
             remaining = seq.num_uncomputed_tokens
             if remaining > budget and not chunked and scheduled:
                 bm.free(seq)  # the whole prompt must fit: wait for an emptier step
@@ -123,6 +132,7 @@ class Scheduler:
                 bm.free(seq)
                 break
             self._pop()
+            self._count_prefix_lookup(seq, cached)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.block_copies += bm.append_slots(seq, num_new)
@@ -136,6 +146,16 @@ class Scheduler:
         batch.seqs = [s for s, _ in scheduled]
         batch.num_new_tokens = [n for _, n in scheduled]
         return batch
+
+    def _count_prefix_lookup(self, seq: Sequence, cached: int) -> None:
+        if seq.num_preemptions:
+            self.preempted_prefix_query_tokens += seq.num_tokens
+            self.preempted_prefix_hit_tokens += cached
+            return
+        self.prefix_query_tokens += seq.num_tokens
+        self.prefix_hit_tokens += cached
+        if seq.index == 0:
+            seq.request.num_cached_tokens = cached
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)

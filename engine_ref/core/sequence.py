@@ -63,7 +63,8 @@ class Sequence:
 class Request:
     """A request: its prompt, sampling parameters and the n sequences sampling from it.
     Before its prefill completes, an n > 1 request has one sequence; it forks at the first
-    sampled token so the children share the prompt's blocks."""
+    sampled token so the children share the prompt's blocks. Only requests with equal
+    `cache_salt` share prefix-cache blocks."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -73,6 +74,7 @@ class Request:
     sequences: list[Sequence] = field(default_factory=list)
     num_cached_tokens: int = 0
     is_forked: bool = False
+    cache_salt: str | None = None
 
     @property
     def is_finished(self) -> bool:

@@ -11,10 +11,12 @@ class EngineStats:
 
     Gauges: `num_running`, `num_waiting` sequences; KV blocks total / used / free / cached
     (cached blocks hold reusable prefix content and may also be free); `kv_cache_usage` is
-    used / total in [0, 1]. Counters (since start): prefix-cache query and hit tokens,
-    preemptions, steps, prompt tokens computed (not served from cache) and generated tokens,
-    split by step kind: `prefill` steps have only prefill rows, `decode` only decode rows,
-    `mixed` both. Sizes: `kv_bytes_per_token` across all layers (K and V), and
+    used / total in [0, 1]. Counters (since start): prefix-cache query and hit tokens (the
+    prompt tokens a new request looked up when it was admitted, and those found cached: once
+    per request, however many steps it waited; a preempted request's re-admission counts in
+    the `preempted` pair instead, as vLLM does), preemptions, steps, prompt tokens computed
+    (not served from cache) and generated tokens, split by step kind: `prefill` steps have
+    only prefill rows, `decode` only decode rows, `mixed` both. Sizes: `kv_bytes_per_token` across all layers (K and V), and
     `kv_bytes_per_request` for a request of `max_model_len` tokens.
     """
 
@@ -37,6 +39,8 @@ class EngineStats:
     kv_bytes_per_token: int
     kv_bytes_per_request: int
     max_model_len: int
+    prefix_cache_preempted_query_tokens: int = 0
+    prefix_cache_preempted_hit_tokens: int = 0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -53,7 +53,6 @@ def test_prefix_hit_shares_full_blocks_and_never_the_last_token():
     assert prefill(bm, c) == 8
     d = seq([0, 1, 2, 99] + list(range(4, 13)))  # diverges in the first block
     assert prefill(bm, d) == 0
-    assert bm.prefix_hit_tokens == 16 and bm.prefix_query_tokens == 12 + 12 + 13 + 13
 
 
 def test_salt_separates_model_versions():
@@ -139,3 +138,20 @@ def test_prefix_caching_off_never_hits():
     prefill(bm, seq(list(range(9))))
     assert prefill(bm, seq(list(range(9)))) == 0
     assert bm.num_cached_blocks == 0
+
+
+def test_cache_salt_separates_tenants_even_when_keys_collide():
+    """Every key collides (hash 0): a first block is served only to a request hashing from the
+    same root key, which binds the cache salt."""
+    bm = BlockManager(16, BS, hash_fn=lambda parent_key, tokens: 0)
+
+    def salted(salt: str | None) -> Sequence:
+        s = seq(list(range(9)))
+        s.request.cache_salt = salt
+        return s
+
+    prefill(bm, salted("tenant-a"))
+    assert prefill(bm, salted("tenant-b")) == 0
+    assert prefill(bm, salted(None)) == 0
+    assert prefill(bm, salted("tenant-a")) == 4  # its second block collides with the first
+    assert bm.root_key_of(salted(None)) == bm.root_key != bm.root_key_of(salted("tenant-a"))

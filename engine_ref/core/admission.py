@@ -1,0 +1,64 @@
+"""What `LLMEngine.add_request` accepts: the checks that need the engine (its vocabulary, context
+length and batch bound), so that everything admitted is something a step can execute.
+`SamplingParams` validates what needs no engine when it is built."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+
+from engine_ref.core.engine_config import SamplingParams
+
+
+class EngineError(ValueError):
+    """A request the engine cannot serve (bad prompt, duplicate id, too long)."""
+
+
+def check_prompt(
+    prompt_token_ids: Iterable[object], *, vocab_size: int, max_model_len: int
+) -> list[int]:
+    """The prompt as plain ints; raises EngineError when it is empty, holds a non-integer or an
+    id outside [0, vocab_size), or leaves no room for one output token."""
+    try:
+        prompt = [_token_id(t) for t in prompt_token_ids]
+    except TypeError:
+        raise EngineError("Prompt token ids must be integers.") from None
+    if not prompt:
+        raise EngineError("The prompt has no tokens.")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise EngineError(f"Prompt token ids must be in [0, {vocab_size}).")
+    if len(prompt) >= max_model_len:
+        raise EngineError(
+            f"The prompt has {len(prompt)} tokens; this engine serves at most "
+            f"{max_model_len - 1} (max_model_len {max_model_len})."
+        )
+    return prompt
+
+
+def check_request(
+    params: object,
+    *,
+    priority: object,
+    cache_salt: object,
+    vocab_size: int,
+    max_num_seqs: int,
+) -> None:
+    """Raises EngineError for sampling parameters this engine cannot run: not a
+    SamplingParams, more parallel samples than a step may hold, stop token ids outside the
+    vocabulary; and for a non-integer priority or an empty or non-string cache salt."""
+    if not isinstance(params, SamplingParams):
+        raise EngineError(f"params must be a SamplingParams, got {type(params).__name__}.")
+    if params.n > max_num_seqs:
+        raise EngineError(f"n is {params.n}; this engine runs at most {max_num_seqs} sequences.")
+    if any(t >= vocab_size for t in params.stop_token_ids):
+        raise EngineError(f"stop_token_ids must be in [0, {vocab_size}).")
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        raise EngineError(f"priority must be an integer, got {priority!r}.")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise EngineError("cache_salt must be a non-empty string or None.")
+
+
+def _token_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(value)
+    return int(value)
