@@ -45,8 +45,10 @@ class Endpoint(ABC):
         tokenizer: ServedTokenizer,
         served_model: str,
         max_model_len: int,
+        max_prompt_chars: int | None = None,
     ) -> GenerationRequest:
-        """Validate a request body; raises ApiError (400 or 404)."""
+        """Validate a request body; raises ApiError (400 or 404). `max_prompt_chars` bounds
+        its prompt text before it is tokenized (None: no bound)."""
 
     @abstractmethod
     def choice(self, choice: ChoiceAccumulator, *, with_logprobs: bool) -> dict[str, Any]:
@@ -66,7 +68,7 @@ class Endpoint(ABC):
         created_s: int,
         model: str,
         choices: list[ChoiceAccumulator],
-        usage: dict[str, int],
+        usage: dict[str, Any],
         *,
         with_logprobs: bool,
         with_token_ids: bool,
@@ -118,7 +120,7 @@ class Endpoint(ABC):
         return chunks
 
     def usage_chunk(
-        self, response_id: str, created_s: int, model: str, usage: dict[str, int]
+        self, response_id: str, created_s: int, model: str, usage: dict[str, Any]
     ) -> dict[str, Any]:
         """The last chunk of a stream that asked for `stream_options.include_usage`."""
         return envelope(response_id, self.chunk_object_name, created_s, model, [], usage=usage)
@@ -140,9 +142,14 @@ class CompletionsEndpoint(Endpoint):
         tokenizer: ServedTokenizer,
         served_model: str,
         max_model_len: int,
+        max_prompt_chars: int | None = None,
     ) -> GenerationRequest:
         return parse_completion_request(
-            body, tokenizer=tokenizer, served_model=served_model, max_model_len=max_model_len
+            body,
+            tokenizer=tokenizer,
+            served_model=served_model,
+            max_model_len=max_model_len,
+            max_prompt_chars=max_prompt_chars,
         )
 
     def choice(self, choice: ChoiceAccumulator, *, with_logprobs: bool) -> dict[str, Any]:
@@ -182,9 +189,14 @@ class ChatEndpoint(Endpoint):
         tokenizer: ServedTokenizer,
         served_model: str,
         max_model_len: int,
+        max_prompt_chars: int | None = None,
     ) -> GenerationRequest:
         return parse_chat_request(
-            body, tokenizer=tokenizer, served_model=served_model, max_model_len=max_model_len
+            body,
+            tokenizer=tokenizer,
+            served_model=served_model,
+            max_model_len=max_model_len,
+            max_prompt_chars=max_prompt_chars,
         )
 
     def choice(self, choice: ChoiceAccumulator, *, with_logprobs: bool) -> dict[str, Any]:

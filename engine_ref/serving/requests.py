@@ -7,8 +7,15 @@ are ignored, as OpenAI-compatible servers do): `model`, `prompt` (completions: a
 of token ids, or a list of either) or `messages` (chat), `max_tokens` (chat also
 `max_completion_tokens`), `n`, `temperature`, `top_p`, `top_k`, `seed`, `stop`,
 `stop_token_ids`, `ignore_eos`, `min_tokens`, `logprobs`, `top_logprobs` (chat), `priority`,
-`stream`, `stream_options.include_usage`, and `return_token_ids` (vLLM extension: each choice
-and chunk carries the token ids it adds).
+`stream`, `stream_options.include_usage`, `return_token_ids` (vLLM extension: each choice
+and chunk carries the token ids it adds) and `cache_salt` (vLLM extension: requests share
+prefix-cache blocks only with requests of the same salt).
+
+Size limits come before the work they bound: a request's prompt text (all its prompts, or all
+its messages' contents) is counted against `max_prompt_chars` before it is rendered or
+tokenized, a token-id prompt is measured before its ids are checked, and every prompt must
+leave room for one output token within `max_model_len`. Parsing may take a while for a long
+prompt: the server runs it in a worker thread (see `_encode_texts` for why that helps).
 """
 
 from __future__ import annotations
@@ -20,16 +27,20 @@ from typing import Any
 from engine_ref.serving.errors import ApiError
 from engine_ref.serving.fields import (
     check_encodable,
-    int_list,
     optional_bool,
     optional_int,
     optional_number,
+    optional_string,
+    shown,
     stop_strings,
+    stop_token_ids,
 )
 from engine_ref.serving.interface import EngineConfigError, SamplingParams, ServedTokenizer
 
 _MAX_N = 64
 _MAX_LOGPROBS = 20
+MAX_PROMPTS = 1024  # prompts in one completions request
+MAX_CACHE_SALT_CHARS = 1024
 _CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -49,6 +60,7 @@ class GenerationRequest:
     include_usage: bool
     priority: int
     return_token_ids: bool
+    cache_salt: str | None = None
 
     @property
     def num_choices(self) -> int:
@@ -60,8 +72,9 @@ class GenerationRequest:
 
 
 def decode_json_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; ApiError 400 for invalid UTF-8, malformed JSON, a
-    non-object, or strings holding lone surrogates (which are not encodable text)."""
+    """The request body as a JSON object; ApiError 400 for invalid UTF-8, malformed JSON, JSON
+    nested deeper than Python's recursion limit (about 1,000 levels), an integer of more than
+    4,300 digits, or a non-object. (Lone surrogates are caught where strings are used.)"""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -72,17 +85,32 @@ def decode_json_body(raw: bytes) -> dict[str, Any]:
         raise ApiError(
             400, f"Request body is not valid JSON: {exc.msg} at position {exc.pos}."
         ) from None
+    except RecursionError:
+        raise ApiError(400, "Request body is nested too deeply.") from None
+    except ValueError as exc:  # e.g. an integer beyond Python's digit limit
+        raise ApiError(400, f"Request body holds an unreadable value: {exc}.") from None
     if not isinstance(body, dict):
         raise ApiError(400, "Request body must be a JSON object.")
     return body
 
 
 def parse_completion_request(
-    body: dict[str, Any], *, tokenizer: ServedTokenizer, served_model: str, max_model_len: int
+    body: dict[str, Any],
+    *,
+    tokenizer: ServedTokenizer,
+    served_model: str,
+    max_model_len: int,
+    max_prompt_chars: int | None = None,
 ) -> GenerationRequest:
-    """Validate a /v1/completions body; raises ApiError with status 400 or 404."""
+    """Validate a /v1/completions body; raises ApiError with status 400 or 404.
+    `max_prompt_chars` None means no bound on the prompt text."""
     _check_model(body, served_model)
-    prompts = _completion_prompts(body.get("prompt"), tokenizer)
+    prompts = _completion_prompts(
+        body.get("prompt"),
+        tokenizer,
+        max_model_len=max_model_len,
+        max_prompt_chars=max_prompt_chars,
+    )
     logprobs = optional_int(body, "logprobs", low=0, high=_MAX_LOGPROBS)
     if optional_bool(body, "echo"):
         raise ApiError(400, "echo is not supported by this server.", param="echo")
@@ -101,17 +129,26 @@ def parse_completion_request(
 
 
 def parse_chat_request(
-    body: dict[str, Any], *, tokenizer: ServedTokenizer, served_model: str, max_model_len: int
+    body: dict[str, Any],
+    *,
+    tokenizer: ServedTokenizer,
+    served_model: str,
+    max_model_len: int,
+    max_prompt_chars: int | None = None,
 ) -> GenerationRequest:
     """Validate a /v1/chat/completions body and render its messages with the model's chat
-    template; raises ApiError with status 400 or 404."""
+    template; raises ApiError with status 400 or 404. `max_prompt_chars` bounds the
+    messages' contents together (None: no bound)."""
     _check_model(body, served_model)
     messages = _chat_messages(body.get("messages"))
+    _check_prompt_chars(sum(len(m["content"]) for m in messages), max_prompt_chars, "messages")
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except ValueError as exc:  # the tokenizer's ChatTemplateError is a ValueError
         raise ApiError(400, str(exc), param="messages") from None
-    prompt = tuple(tokenizer.encode(text))
+    (ids,) = _encode_texts(tokenizer, [text])
+    prompt = tuple(ids)
+    _check_prompt_tokens(len(prompt), max_model_len, "messages")
     logprobs = None
     if optional_bool(body, "logprobs"):
         logprobs = optional_int(body, "top_logprobs", low=0, high=_MAX_LOGPROBS) or 0
@@ -166,7 +203,7 @@ def _build(
         "top_k": top_k,
         "seed": seed,
         "stop": stop_strings(body.get("stop")),
-        "stop_token_ids": int_list(body, "stop_token_ids"),
+        "stop_token_ids": stop_token_ids(body),
         "ignore_eos": optional_bool(body, "ignore_eos"),
         "logprobs": logprobs,
         "min_tokens": min_tokens,
@@ -190,6 +227,7 @@ def _build(
         include_usage=include_usage,
         priority=optional_int(body, "priority") or 0,
         return_token_ids=bool(optional_bool(body, "return_token_ids")),
+        cache_salt=optional_string(body, "cache_salt", max_chars=MAX_CACHE_SALT_CHARS),
     )
 
 
@@ -208,47 +246,93 @@ def _check_model(body: dict[str, Any], served_model: str) -> None:
         )
 
 
-def _completion_prompts(prompt: Any, tokenizer: ServedTokenizer) -> tuple[tuple[int, ...], ...]:
+def _completion_prompts(
+    prompt: Any,
+    tokenizer: ServedTokenizer,
+    *,
+    max_model_len: int,
+    max_prompt_chars: int | None,
+) -> tuple[tuple[int, ...], ...]:
     if prompt is None:
         raise ApiError(400, "prompt is required.", param="prompt")
-    if isinstance(prompt, str) or _is_token_list(prompt):
-        items = [prompt]
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(p, str) or _is_token_list(p) for p in prompt)
-    ):
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and _is_int(prompt[0])):
+        items = [prompt]  # one prompt: a string or a list of token ids
+    elif isinstance(prompt, list) and prompt:
         items = prompt
     else:
+        raise ApiError(400, _PROMPT_SHAPE, param="prompt")
+    if len(items) > MAX_PROMPTS:
         raise ApiError(
             400,
-            "prompt must be a string, a list of token ids, or a non-empty list of either.",
+            f"prompt has {len(items)} prompts; at most {MAX_PROMPTS} are allowed.",
             param="prompt",
         )
+    texts = [item for item in items if isinstance(item, str)]
+    _check_prompt_chars(sum(len(t) for t in texts), max_prompt_chars, "prompt")
     vocab_size = tokenizer.vocab_size
-    prompts = []
     for item in items:
         if isinstance(item, str):
             check_encodable(item, "prompt")
-            ids = tuple(tokenizer.encode(item))
-        else:
-            if any(not 0 <= t < vocab_size for t in item):
-                raise ApiError(
-                    400, f"prompt token ids must be in [0, {vocab_size}).", param="prompt"
-                )
-            ids = tuple(item)
+            continue
+        if not isinstance(item, list) or not item:
+            raise ApiError(400, _PROMPT_SHAPE, param="prompt")
+        _check_prompt_tokens(len(item), max_model_len, "prompt")  # before reading every id
+        if not all(_is_int(t) for t in item):
+            raise ApiError(400, _PROMPT_SHAPE, param="prompt")
+        if any(not 0 <= t < vocab_size for t in item):
+            raise ApiError(400, f"prompt token ids must be in [0, {vocab_size}).", param="prompt")
+    encoded = iter(_encode_texts(tokenizer, texts))
+    prompts = []
+    for item in items:
+        ids = tuple(next(encoded) if isinstance(item, str) else item)
         if not ids:
             raise ApiError(400, "prompt must not be empty.", param="prompt")
+        _check_prompt_tokens(len(ids), max_model_len, "prompt")
         prompts.append(ids)
     return tuple(prompts)
 
 
-def _is_token_list(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    )
+_PROMPT_SHAPE = "prompt must be a string, a list of token ids, or a non-empty list of either."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _encode_texts(tokenizer: ServedTokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text. Hugging Face tokenizers release the GIL in `encode_batch` but
+    hold it through `encode`, so a long prompt tokenized in a worker thread stalls the event
+    loop (and every stream on it) unless it goes through `encode_batch`; a tokenizer without
+    one (a test double) encodes each text with `encode`."""
+    if not texts:
+        return []
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if encode_batch is None:
+        return [tokenizer.encode(t) for t in texts]
+    return encode_batch(texts)
+
+
+def _check_prompt_chars(num_chars: int, max_prompt_chars: int | None, param: str) -> None:
+    if max_prompt_chars is not None and num_chars > max_prompt_chars:
+        raise ApiError(
+            400,
+            f"The prompt text has {num_chars} characters; this server accepts at most "
+            f"{max_prompt_chars} per request (--max-prompt-chars).",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def _check_prompt_tokens(num_tokens: int, max_model_len: int, param: str) -> None:
+    if num_tokens >= max_model_len:
+        raise ApiError(
+            400,
+            f"The prompt has {num_tokens} tokens, but this model's maximum context length is "
+            f"{max_model_len} tokens, and the completion needs at least one; shorten the "
+            "prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def _chat_messages(messages: Any) -> list[dict[str, str]]:
@@ -259,31 +343,40 @@ def _chat_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise ApiError(400, f"messages[{i}] must be an object.", param="messages")
         role = message.get("role")
-        if role not in _CHAT_ROLES:
+        if not isinstance(role, str) or role not in _CHAT_ROLES:
             raise ApiError(
                 400,
-                f"messages[{i}].role must be one of {', '.join(sorted(_CHAT_ROLES))}.",
+                f"messages[{i}].role must be one of {', '.join(sorted(_CHAT_ROLES))}, "
+                f"got {shown(role)}.",
                 param="messages",
             )
-        content = message.get("content")
-        if content is None:
-            content = ""
-        elif isinstance(content, list):
-            parts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") == "text"):
-                    raise ApiError(
-                        400, f"messages[{i}].content parts must be text parts.", param="messages"
-                    )
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise ApiError(
-                        400, f"messages[{i}] text part needs a string.", param="messages"
-                    )
-                parts.append(text)
-            content = "".join(parts)
-        elif not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string.", param="messages")
-        check_encodable(content, "messages")
-        rendered.append({"role": role, "content": content})
+        rendered.append({"role": role, "content": _message_text(message.get("content"), i)})
     return rendered
+
+
+def _message_text(content: Any, i: int) -> str:
+    """A message's content as one string: a string, or a list of text parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        check_encodable(content, "messages")
+        return content
+    if not isinstance(content, list):
+        raise ApiError(
+            400,
+            f"messages[{i}].content must be a string or a list of text parts, "
+            f"got {shown(content)}.",
+            param="messages",
+        )
+    parts = []
+    for part in content:
+        if not (isinstance(part, dict) and part.get("type") == "text"):
+            raise ApiError(
+                400, f"messages[{i}].content parts must be text parts.", param="messages"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ApiError(400, f"messages[{i}] text part needs a string.", param="messages")
+        check_encodable(text, "messages")
+        parts.append(text)
+    return "".join(parts)

@@ -93,12 +93,19 @@ class ChoiceAccumulator:
         return delta
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage_body(
+    prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """The `usage` object; with `cached_tokens` (prompt tokens served from the prefix cache)
+    also `prompt_tokens_details`, as vLLM adds it under --enable-prompt-tokens-details."""
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
 
 
 def completion_logprobs_body(entries: list[TokenLogprob], text_offset_chars: int) -> dict[str, Any]:
