@@ -35,7 +35,7 @@ import asyncio
 import dataclasses
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, Protocol
 
 from engine_ref.serving.interface import (
     EngineInterface,
@@ -47,6 +47,12 @@ from engine_ref.serving.interface import (
 
 ENGINE_LOOP_MODES = ("thread", "process")
 STALL_WAIT_S = 0.005
+
+
+class OutputSink(Protocol):
+    """Where the engine loop puts a request's outputs (an `asyncio.Queue` will do)."""
+
+    def put_nowait(self, item: RequestOutput | BaseException) -> None: ...
 
 
 class EngineLoopError(RuntimeError):
@@ -64,17 +70,28 @@ class EngineInfo:
 
 
 @dataclass(frozen=True)
-class _Add:
+class EngineRequest:
+    """One request for `engine.add_request`."""
+
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
-    priority: int
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True)
+class _Admit:
+    """Admit `requests` all or none: `group_id` names the group in `StepBatch.add_results`."""
+
+    group_id: str
+    requests: tuple[EngineRequest, ...]
 
 
 @dataclass(frozen=True)
 class StepBatch:
-    """What the engine side reports after one iteration: the outcome of each add (None or the
-    exception), the step's outputs, the ids failed by an engine error, and fresh stats.
+    """What the engine side reports after one iteration: the outcome of each admission group
+    (None or the exception that refused it), the step's outputs, the ids failed by an engine error, and fresh stats.
     `stalled`: the engine has work but its step did nothing (nothing fits yet); the loop then
     waits briefly for new commands instead of spinning."""
 
@@ -97,18 +114,8 @@ class EngineDriver:
     def run_iteration(self, commands: list[Any]) -> StepBatch:
         add_results: dict[str, BaseException | None] = {}
         for command in commands:
-            if isinstance(command, _Add):
-                try:
-                    self.engine.add_request(
-                        command.request_id,
-                        list(command.prompt_token_ids),
-                        command.params,
-                        priority=command.priority,
-                    )
-                    self.live_ids.add(command.request_id)
-                    add_results[command.request_id] = None
-                except Exception as exc:
-                    add_results[command.request_id] = exc
+            if isinstance(command, _Admit):
+                add_results[command.group_id] = self._admit(command.requests)
             else:  # an abort: the request id
                 self.engine.abort(command)
                 self.live_ids.discard(command)
@@ -143,21 +150,43 @@ class EngineDriver:
         self.latest_stats = stats
         return StepBatch(add_results, outputs, failed, error, stats, stalled)
 
+    def _admit(self, requests: tuple[EngineRequest, ...]) -> BaseException | None:
+        """Add every request, or none: when one is refused, the ones added before it are
+        aborted before any step runs. Returns what refused the group, or None."""
+        added: list[str] = []
+        try:
+            for r in requests:
+                self.engine.add_request(
+                    r.request_id,
+                    list(r.prompt_token_ids),
+                    r.params,
+                    priority=r.priority,
+                    cache_salt=r.cache_salt,
+                )
+                added.append(r.request_id)
+        except Exception as exc:
+            for request_id in added:
+                self.engine.abort(request_id)
+            return exc
+        self.live_ids.update(added)
+        return None
+
 
 class EngineLoop:
     """Async face of an engine running elsewhere. Not thread-safe: call from the event loop.
 
-    `add_request` resolves once the engine accepted (or refused) the request; afterwards each
-    `RequestOutput` for it lands in the given asyncio queue, and an `EngineLoopError` instance
-    lands there instead if the engine fails. `abort` is fire-and-forget and idempotent.
+    `admit` resolves once the engine accepted (or refused) a group of requests, all or none;
+    afterwards each `RequestOutput` for them lands in the given sink, and an `EngineLoopError`
+    instance lands there instead if the engine fails. `abort` is fire-and-forget and idempotent.
     """
 
     def __init__(self) -> None:
         self.info: EngineInfo | None = None
         self.latest_stats: ServedStats | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._sinks: dict[str, asyncio.Queue] = {}
-        self._pending_adds: dict[str, asyncio.Future] = {}
+        self._sinks: dict[str, OutputSink] = {}
+        self._pending_adds: dict[str, asyncio.Future] = {}  # by admission group id
+        self._groups: dict[str, tuple[str, ...]] = {}  # request ids of groups not yet reported
         self._dead: str | None = None
 
     async def start(self) -> None:
@@ -178,32 +207,31 @@ class EngineLoop:
         """Why the engine stopped serving, or None while it is healthy."""
         return self._dead
 
-    async def add_request(
-        self,
-        request_id: str,
-        prompt_token_ids: tuple[int, ...],
-        params: SamplingParams,
-        sink: asyncio.Queue,
-        *,
-        priority: int = 0,
-    ) -> None:
-        """Hand a request to the engine; raises what `engine.add_request` raised (e.g.
-        `QueueFullError`), or `EngineLoopError` when the engine is gone."""
+    async def admit(self, group_id: str, requests: list[EngineRequest], sink: OutputSink) -> None:
+        """Hand a group of requests to the engine, admitted all or none in one engine
+        iteration; raises what `engine.add_request` raised for the first one refused (e.g.
+        `QueueFullError`; the others are then aborted), or `EngineLoopError` when the engine
+        is gone. A caller cancelled while waiting leaves nothing running: once the engine
+        reports the group admitted, every request of it is aborted."""
         if self._dead is not None:
             raise EngineLoopError(self._dead)
         assert self._loop is not None, "start() first"
         future = self._loop.create_future()
-        self._pending_adds[request_id] = future
-        self._sinks[request_id] = sink
-        self._submit([_Add(request_id, tuple(prompt_token_ids), params, priority)])
+        self._pending_adds[group_id] = future
+        self._groups[group_id] = tuple(r.request_id for r in requests)
+        for r in requests:
+            self._sinks[r.request_id] = sink
+        self._submit([_Admit(group_id, tuple(requests))])
         try:
             await future
         except BaseException:
-            # Refused, or cancelled while waiting (then `_on_batch` aborts it once accepted).
-            self._sinks.pop(request_id, None)
+            # Refused, or cancelled while waiting (then `_on_batch` aborts the group once
+            # admitted, since its sinks are gone).
+            for r in requests:
+                self._sinks.pop(r.request_id, None)
             raise
         finally:
-            self._pending_adds.pop(request_id, None)
+            self._pending_adds.pop(group_id, None)
 
     def abort(self, request_id: str) -> None:
         if self._sinks.pop(request_id, None) is not None and self._dead is None:
@@ -212,11 +240,12 @@ class EngineLoop:
     def _on_batch(self, batch: StepBatch) -> None:
         """Runs on the event loop, once per engine iteration."""
         self.latest_stats = batch.stats
-        for request_id, exc in batch.add_results.items():
-            future = self._pending_adds.get(request_id)
+        for group_id, exc in batch.add_results.items():
+            request_ids = self._groups.pop(group_id, ())
+            future = self._pending_adds.get(group_id)
             if future is None or future.done():
-                if exc is None and request_id not in self._sinks:
-                    self._submit([request_id])  # the caller gave up meanwhile
+                if exc is None:  # the caller gave up meanwhile
+                    self._submit([rid for rid in request_ids if rid not in self._sinks])
                 continue
             if exc is None:
                 future.set_result(None)
@@ -226,9 +255,9 @@ class EngineLoop:
             sink = self._sinks.get(output.request_id)
             if sink is None:
                 continue
-            sink.put_nowait(output)
             if output.finished:
                 del self._sinks[output.request_id]
+            sink.put_nowait(output)
         for request_id in batch.failed_ids:
             sink = self._sinks.pop(request_id, None)
             if sink is not None:
@@ -239,9 +268,9 @@ class EngineLoop:
         for future in self._pending_adds.values():
             if not future.done():
                 future.set_exception(EngineLoopError(reason))
-        for sink in self._sinks.values():
+        sinks, self._sinks = list(self._sinks.values()), {}
+        for sink in dict.fromkeys(sinks):  # once per sink, though it may serve several ids
             sink.put_nowait(EngineLoopError(reason))
-        self._sinks.clear()
 
 
 def engine_info(engine: EngineInterface) -> EngineInfo:

@@ -4,29 +4,34 @@ folded into choices, and the bodies to answer with. No HTTP here: the server wri
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine_ref.serving.endpoints import Endpoint
-from engine_ref.serving.engine_loop import EngineLoop, EngineLoopError
-from engine_ref.serving.errors import ApiError, error_body
+from engine_ref.serving.engine_loop import EngineLoop, EngineLoopError, EngineRequest
+from engine_ref.serving.errors import ApiError
 from engine_ref.serving.interface import (
     CompletionOutput,
     EngineConfigError,
     QueueFullError,
-    RequestOutput,
     ServedTokenizer,
 )
 from engine_ref.serving.metrics import RequestTimer, ServerMetrics
 from engine_ref.serving.requests import GenerationRequest
 from engine_ref.serving.responses import ChoiceAccumulator, TokenLogprob, usage_body
+from engine_ref.serving.slow_readers import OutputSink
+
+LOG = logging.getLogger("engine_ref.serving.generation")
 
 
 class GenerationRun:
     """The engine side of one request to `endpoint`; `response_id` names it to the client and
-    prefixes its engine request ids. `retry_after_s` goes with a 429 answer."""
+    prefixes its engine request ids. `retry_after_s` goes with a 429 answer. At most
+    `max_backlog` outputs per engine request wait for the handler; beyond that the run is
+    abandoned (see `abandon`) and `on_abandon` runs (the server closes the connection).
+    `with_prompt_details` adds `usage.prompt_tokens_details.cached_tokens`."""
 
     def __init__(
         self,
@@ -37,6 +42,8 @@ class GenerationRun:
         engine_loop: EngineLoop,
         metrics: ServerMetrics,
         retry_after_s: int,
+        max_backlog: int = 1 << 30,
+        with_prompt_details: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.gen = gen
@@ -44,56 +51,79 @@ class GenerationRun:
         self.engine_loop = engine_loop
         self.metrics = metrics
         self.retry_after_s = retry_after_s
+        self.with_prompt_details = with_prompt_details
         self.created_s = int(time.time())
-        self.sink: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.engine_ids = [f"{response_id}-{i}" for i in range(len(gen.prompts))]
+        self.sink = OutputSink(max_backlog * len(self.engine_ids), self._overflowed)
         self.prompt_index = {rid: i for i, rid in enumerate(self.engine_ids)}
         self.timers: dict[str, RequestTimer] = {}
         self.unfinished: set[str] = set()
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.choices = [ChoiceAccumulator(i) for i in range(gen.num_choices)]
+        self.on_abandon: Callable[[], None] | None = None
 
     async def submit(self) -> None:
-        """Add every engine request; ApiError 429/400/500 (nothing left running) on refusal."""
-        for rid, prompt in zip(self.engine_ids, self.gen.prompts, strict=True):
-            timer = self.metrics.tracker()
-            try:
-                await self.engine_loop.add_request(
-                    rid, prompt, self.gen.params, self.sink, priority=self.gen.priority
-                )
-            except QueueFullError:
-                self.abort_unfinished(count=False)
-                self.metrics.request_rejected()
-                raise ApiError(
-                    429,
-                    "The server is at capacity (waiting queue full); retry later.",
-                    type="rate_limit_error",
-                    code="rate_limit_exceeded",
-                    headers={"Retry-After": str(self.retry_after_s)},
-                ) from None
-            except (EngineConfigError, ValueError) as exc:
-                self.abort_unfinished(count=False)
-                raise ApiError(400, str(exc)) from None
-            except EngineLoopError as exc:
-                self.abort_unfinished(count=False)
-                raise ApiError(500, str(exc), type="server_error") from None
-            self.timers[rid] = timer
-            self.unfinished.add(rid)
+        """Admit every engine request, all or none; ApiError 429/400/500 (nothing left
+        running) on refusal. Cancelled meanwhile (the client went away), it leaves nothing
+        running either: the engine loop aborts the group once admitted."""
+        timers = {rid: self.metrics.tracker() for rid in self.engine_ids}
+        requests = [
+            EngineRequest(
+                rid,
+                prompt,
+                self.gen.params,
+                priority=self.gen.priority,
+                cache_salt=self.gen.cache_salt,
+            )
+            for rid, prompt in zip(self.engine_ids, self.gen.prompts, strict=True)
+        ]
+        try:
+            await self.engine_loop.admit(self.response_id, requests, self.sink)
+        except QueueFullError:
+            self.metrics.request_rejected()
+            raise ApiError(
+                429,
+                "The server is at capacity (waiting queue full); retry later.",
+                type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(self.retry_after_s)},
+            ) from None
+        except (EngineConfigError, ValueError) as exc:
+            raise ApiError(400, str(exc)) from None
+        except EngineLoopError as exc:
+            raise ApiError(500, str(exc), type="server_error") from None
+        self.timers = timers
+        self.unfinished.update(self.engine_ids)
 
-    def abort_unfinished(self, *, count: bool = True) -> None:
+    def abort_unfinished(self, *, reason: str = "abort") -> None:
+        """Abort what still runs in the engine, counting each as finished with `reason`."""
         for rid in self.unfinished:
             self.engine_loop.abort(rid)
-            if count:
-                self.timers[rid].finished("abort")
+            self.timers[rid].finished(reason)
         self.unfinished.clear()
+
+    def abandon(self) -> None:
+        """Give up on a client that stopped reading: abort the engine requests (counted as
+        aborts, freeing their KV blocks) and run `on_abandon`."""
+        self.abort_unfinished()
+        if self.on_abandon is not None:
+            self.on_abandon()
+
+    def _overflowed(self) -> None:
+        LOG.info("%s: the client fell too far behind; abandoning the request", self.response_id)
+        self.abandon()
 
     async def next_changes(self) -> list[int]:
         """Wait for the next engine output, fold it into the choices, and return the indices
-        of the choices it changed. Raises EngineLoopError when the engine failed."""
+        of the choices it changed. Raises ApiError 500 when the engine failed this request
+        (type internal_error, the engine's message) or failed as a whole (server_error)."""
         item = await self.sink.get()
         if isinstance(item, BaseException):
-            raise item
+            raise ApiError(500, str(item), type="server_error")
         rid = item.request_id
+        if rid not in self.unfinished:
+            return []  # an output that crossed an abort
         n = self.gen.params.n
         base = self.prompt_index[rid] * n
         changed = []
@@ -112,7 +142,11 @@ class GenerationRun:
         self.timers[rid].tokens_out(num_new_tokens)
         if item.finished:
             self.prompt_tokens += item.num_prompt_tokens
+            self.cached_tokens += item.num_cached_tokens
             self.unfinished.discard(rid)
+            if item.error is not None:
+                self.timers[rid].finished("error", num_prompt_tokens=item.num_prompt_tokens)
+                raise ApiError(500, item.error, type="internal_error")
             reasons = (c.finish_reason for c in self.choices[base : base + n] if c.finish_reason)
             reason = next(reasons, "stop")
             self.timers[rid].finished(reason, num_prompt_tokens=item.num_prompt_tokens)
@@ -128,19 +162,20 @@ class GenerationRun:
             top_k=self.gen.params.logprobs,
         )
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         completion_tokens = sum(c.num_output_tokens for c in self.choices)
-        return usage_body(self.prompt_tokens, completion_tokens)
+        cached = self.cached_tokens if self.with_prompt_details else None
+        return usage_body(self.prompt_tokens, completion_tokens, cached_tokens=cached)
 
     async def collect(self) -> dict[str, Any]:
         """The complete body once every engine request finished; ApiError 500 when the engine
-        failed meanwhile."""
+        failed one of them or failed as a whole meanwhile (the others are then aborted)."""
         while self.unfinished:
             try:
                 await self.next_changes()
-            except EngineLoopError as exc:
+            except ApiError:
                 self.abort_unfinished()
-                raise ApiError(500, str(exc), type="server_error") from None
+                raise
         return self.endpoint.response_body(
             self.response_id,
             self.created_s,
@@ -153,8 +188,9 @@ class GenerationRun:
 
     async def stream_bodies(self) -> AsyncIterator[dict[str, Any]]:
         """The stream's chunks as they become due (one per engine output per changed choice),
-        then the usage chunk if asked for. An engine failure yields one error body and ends
-        the stream, usage chunk included."""
+        then the usage chunk if asked for. An engine failure (of one of this request's engine
+        requests, or of the engine) yields one error body instead and ends the stream; the
+        others are aborted."""
         header = (self.response_id, self.created_s, self.gen.model)
         for body in self.endpoint.opening_chunks(
             *header, self.choices, with_token_ids=self.gen.return_token_ids
@@ -163,10 +199,10 @@ class GenerationRun:
         while self.unfinished:
             try:
                 changed = await self.next_changes()
-            except EngineLoopError as exc:
+            except ApiError as exc:
                 self.abort_unfinished()
-                yield error_body(str(exc), type="server_error")
-                break
+                yield exc.body()
+                return
             for index in changed:
                 choice = self.choices[index]
                 if choice.has_pending():

@@ -25,6 +25,11 @@ from engine_ref import (
     RequestOutput,
     SamplingParams,
 )
+from engine_ref.core.engine_config import (
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+)
 
 __all__ = [
     "CompletionOutput",
@@ -32,6 +37,9 @@ __all__ = [
     "EngineConfigError",
     "EngineError",
     "EngineInterface",
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_STRING_CHARS",
+    "MAX_STOP_TOKEN_IDS",
     "QueueFullError",
     "RequestOutput",
     "SamplingParams",
@@ -100,9 +108,11 @@ class EngineInterface(Protocol):
         params: SamplingParams,
         *,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request; raises `QueueFullError` when the waiting queue is full, and
-        `EngineError` / `EngineConfigError` (ValueErrors) for a request it cannot serve."""
+        `EngineError` / `EngineConfigError` (ValueErrors) for a request it cannot serve.
+        Requests share prefix-cache blocks only when their `cache_salt`s are equal."""
         ...
 
     def step(self) -> list[RequestOutput]:

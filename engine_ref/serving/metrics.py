@@ -19,7 +19,7 @@ outcomes are observed by the server as requests stream. All metrics live in the
 | `vllm:e2e_request_latency_seconds` | histogram | server: arrival to finish |
 | `vllm:request_time_per_output_token_seconds` | histogram | server: per request TPOT |
 | `vllm:request_prompt_tokens`, `vllm:request_generation_tokens` | histogram | server |
-| `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort |
+| `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort, error |
 | `vllm:request_rejected_total` (engine_ref extension) | counter | server: 429 answers |
 """
 
@@ -199,11 +199,12 @@ class ServerMetrics:
         ).labels(model_name)
         self._success = Counter(
             PREFIX + "request_success",
-            "Finished requests by finish reason (abort: client gone or engine failure).",
+            "Finished requests by finish reason (abort: client gone, fell behind, or engine "
+            "loop failure; error: the engine failed the request alone).",
             ["model_name", "finished_reason"],
             registry=self.registry,
         )
-        for reason in ("stop", "length", "abort"):
+        for reason in ("stop", "length", "abort", "error"):
             self._success.labels(model_name, reason)
         self._rejected = Counter(
             PREFIX + "request_rejected",

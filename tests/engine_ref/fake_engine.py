@@ -28,16 +28,36 @@ class _FakeRequest:
 class FakeEngine:
     """Emits the tokens of SCRIPT_TEXT in a cycle, one per step per sample, until max_tokens.
     At most `max_running` requests run; `max_waiting` more may wait. `fail_next_step` makes
-    the next step raise, `fail_next_add` the next add (as a bug would). Each running sample holds one KV "block"."""
+    the next step raise, `fail_next_add` the next add and `fail_nth_add` the n-th add since
+    construction (as a bug would). Each running sample holds one KV "block". `add_s` is how
+    long each add takes. `completed` lists the requests that ran to their end. A request
+    whose prompt holds `poison_token` fails alone at its second step, as the engine fails a
+    request it cannot run (finish_reason "error", `RequestOutput.error` saying why)."""
 
-    def __init__(self, *, max_running: int = 64, max_waiting: int = 64, step_s: float = 0.0):
+    def __init__(
+        self,
+        *,
+        max_running: int = 64,
+        max_waiting: int = 64,
+        step_s: float = 0.0,
+        add_s: float = 0.0,
+        poison_token: int | None = None,
+        fail_nth_add: int | None = None,
+        max_model_len: int = 128,
+    ):
         self.tokenizer = build_tiny_tokenizer()
         self.config = SimpleNamespace(model="fake-model")
-        self.max_model_len = 128  # reported through stats(), as LLMEngine does
+        self.max_model_len = max_model_len  # reported through stats(), as LLMEngine does
         self.script = self.tokenizer.encode(SCRIPT_TEXT)
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.step_s = step_s
+        self.add_s = add_s
+        self.poison_token = poison_token
+        self.fail_nth_add = fail_nth_add
+        self.num_add_calls = 0
+        self.num_added = 0
+        self.completed: list[str] = []
         self.fail_next_step = False
         self.fail_next_add = False
         self.stalled = False
@@ -48,7 +68,11 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.total_blocks = 256
 
-    def add_request(self, request_id, prompt_token_ids, params, *, priority=0):
+    def add_request(self, request_id, prompt_token_ids, params, *, priority=0, cache_salt=None):
+        time.sleep(self.add_s)
+        self.num_add_calls += 1
+        if self.num_add_calls == self.fail_nth_add:
+            raise KeyError("unexpected bug")
         if self.fail_next_add:
             self.fail_next_add = False
             raise KeyError("unexpected bug")
@@ -58,6 +82,7 @@ class FakeEngine:
             IncrementalDetokenizer(self.tokenizer.decode, prompt_token_ids) for _ in range(params.n)
         ]
         self.waiting[request_id] = _FakeRequest(request_id, prompt_token_ids, params, detoks)
+        self.num_added += 1
 
     def abort(self, request_id):
         if self.running.pop(request_id, None) or self.waiting.pop(request_id, None):
@@ -80,6 +105,9 @@ class FakeEngine:
             self.running[request_id] = self.waiting.pop(request_id)
         outputs = []
         for request in list(self.running.values()):
+            if request.produced and self.poison_token in request.prompt:
+                outputs.append(self._fail(request))
+                continue
             token = self.script[len(request.produced) % len(self.script)]
             request.produced.append(token)
             done = len(request.produced) >= request.params.max_tokens
@@ -104,7 +132,19 @@ class FakeEngine:
             )
             if done:
                 del self.running[request.request_id]
+                self.completed.append(request.request_id)
         return outputs
+
+    def _fail(self, request: _FakeRequest) -> RequestOutput:
+        del self.running[request.request_id]
+        completions = [
+            CompletionOutput(index, [], "", "error", len(request.produced))
+            for index in range(request.params.n)
+        ]
+        error = "The engine failed this request: RuntimeError: poisoned prompt"
+        return RequestOutput(
+            request.request_id, completions, True, len(request.prompt), 0, error=error
+        )
 
     def stats(self):
         used = sum(r.params.n for r in self.running.values())
