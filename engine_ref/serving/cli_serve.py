@@ -3,7 +3,8 @@
 Engine options are generated from `EngineConfig`'s fields, so their defaults live in the
 dataclass alone: an option left unset is not passed, and the dataclass default applies.
 `enable_*` booleans become `--enable-x/--disable-x`; `*_bytes` sizes accept suffixes
-(`512MiB`, `2GB`); everything else keeps its field name with dashes.
+(`512MiB`, `2GB`); everything else keeps its field name with dashes. The server's own options
+(`--api-key`, the limits) work the same way over `ServerConfig`: unset, its default applies.
 """
 
 from __future__ import annotations
@@ -62,6 +63,74 @@ class ByteSize(click.ParamType):
         return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
 
 
+def _server_default(name: str) -> Any:
+    return next(f.default for f in dataclasses.fields(ServerConfig) if f.name == name)
+
+
+# ServerConfig fields with an option each: (field, option declarations, type, help).
+_SERVER_OPTIONS = (
+    (
+        "api_key",
+        ["--api-key"],
+        str,
+        "Require `Authorization: Bearer KEY` on every /v1/* route (/health, /metrics and "
+        "/info stay open, as in vLLM).",
+    ),
+    (
+        "enable_prompt_tokens_details",
+        ["--enable-prompt-tokens-details"],
+        None,
+        "Report usage.prompt_tokens_details.cached_tokens (prompt tokens served from the "
+        "prefix cache).",
+    ),
+    (
+        "max_body_bytes",
+        ["--max-body-bytes"],
+        ByteSize(),
+        "Largest request body; larger ones get 413.",
+    ),
+    (
+        "max_prompt_chars",
+        ["--max-prompt-chars"],
+        click.IntRange(min=1),
+        "Most prompt characters per request (all prompts or messages); more get 400 before "
+        "tokenizing.",
+    ),
+    (
+        "header_timeout_s",
+        ["--header-timeout"],
+        click.FloatRange(min=0, min_open=True),
+        "Seconds a connection has to send a complete request head (slowloris guard).",
+    ),
+    (
+        "stream_write_timeout_s",
+        ["--stream-write-timeout"],
+        click.FloatRange(min=0, min_open=True),
+        "Seconds a stream may wait on a client that stopped reading before it is aborted.",
+    ),
+    (
+        "max_stream_backlog",
+        ["--max-stream-backlog"],
+        click.IntRange(min=1),
+        "Engine outputs (per prompt) a stream may fall behind its client before it is aborted.",
+    ),
+)
+
+
+def _server_options(command: Any) -> Any:
+    """Decorate `command` with one option per entry of _SERVER_OPTIONS."""
+    for name, decls, kind, help_text in reversed(_SERVER_OPTIONS):
+        default = _server_default(name)
+        shown = "none" if name == "api_key" else default
+        text = f"{help_text} (default: {shown})"
+        if kind is None:  # a flag
+            option = click.option(*decls, name, is_flag=True, default=None, help=text)
+        else:
+            option = click.option(*decls, name, type=kind, default=None, help=text)
+        command = option(command)
+    return command
+
+
 def _engine_options(command: Any) -> Any:
     """Decorate `command` with one option per EngineConfig field."""
     hints = typing.get_type_hints(EngineConfig)
@@ -85,6 +154,7 @@ def _engine_options(command: Any) -> Any:
 
 @click.command("serve")
 @_engine_options
+@_server_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", type=int, default=8000, show_default=True, help="Port; 0 picks a free one.")
 @click.option(
@@ -116,14 +186,16 @@ def serve(
     engine_loop: str,
     served_model_name: str | None,
     log_level: str,
-    **engine_kwargs: Any,
+    **options: Any,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted.
 
     Prints "listening on http://HOST:PORT" once the port is bound."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    server_names = {name for name, *_ in _SERVER_OPTIONS}
+    given = {k: v for k, v in options.items() if v is not None}
     try:
-        engine = EngineConfig(**{k: v for k, v in engine_kwargs.items() if v is not None})
+        engine = EngineConfig(**{k: v for k, v in given.items() if k not in server_names})
         config = ServerConfig(
             engine=engine,
             host=host,
@@ -131,6 +203,7 @@ def serve(
             port_file=port_file,
             engine_loop=engine_loop,
             served_model_name=served_model_name,
+            **{k: v for k, v in given.items() if k in server_names},
         )
     except (EngineConfigError, ServerError) as exc:
         raise click.UsageError(str(exc)) from None

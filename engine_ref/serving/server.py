@@ -1,10 +1,18 @@
 """OpenAI-compatible HTTP server over the reference engine (aiohttp).
 
-`create_app(engine_loop)` builds the application around a started-on-startup `EngineLoop`;
-`serve(config)` runs it until interrupted. Endpoints: POST /v1/completions,
-POST /v1/chat/completions (streaming SSE or not), GET /v1/models, GET /health, GET /metrics.
-A client that disconnects has its request aborted in the engine (the handler is cancelled, or
-its next write fails). A full waiting queue answers 429 with Retry-After.
+`create_app(engine_loop, config)` builds the application around a started-on-startup
+`EngineLoop`; `serve(config)` runs it until interrupted. Endpoints: POST /v1/completions,
+POST /v1/chat/completions (streaming SSE or not), GET /v1/models, GET /health, GET /metrics,
+GET /info. Every error answer carries an OpenAI error body.
+
+What a client can cost is bounded (limits in `ServerConfig`): the body's size (413), the
+prompt's characters and tokens (400), the time to send a request head (`connection.py`), and
+how far a stream may fall behind a client that stopped reading (`slow_readers.py`). Bodies are
+decoded, validated and tokenized in a worker thread, so a long prompt never holds up the event
+loop. A request's engine requests (one per prompt) are admitted all or none, and a client that
+disconnects has all of them aborted in the engine (its handler is cancelled, or its next write
+fails), whether admission had finished or not. A full waiting queue answers 429 with
+Retry-After.
 
 Run: `python -m engine_ref.serving --model tiny-random --port 0` (see `__main__.py`).
 """
@@ -12,77 +20,61 @@ Run: `python -m engine_ref.serving --model tiny-random --port 0` (see `__main__.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-import json
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
+from engine_ref.serving.connection import listen
 from engine_ref.serving.endpoints import ENDPOINTS, Endpoint
-from engine_ref.serving.engine_loop import ENGINE_LOOP_MODES, EngineLoop
+from engine_ref.serving.engine_loop import EngineLoop
 from engine_ref.serving.engine_process import ProcessEngineLoop
 from engine_ref.serving.engine_thread import ThreadEngineLoop
 from engine_ref.serving.errors import ApiError, error_body
 from engine_ref.serving.generation import GenerationRun
-from engine_ref.serving.interface import EngineConfig, EngineError, EngineInterface, build_engine
+from engine_ref.serving.interface import EngineError, EngineInterface, build_engine
 from engine_ref.serving.metrics import CONTENT_TYPE, ServerMetrics
-from engine_ref.serving.requests import decode_json_body
+from engine_ref.serving.middlewares import api_key_guard, json_errors, json_response
+from engine_ref.serving.requests import GenerationRequest, decode_json_body
 from engine_ref.serving.responses import SSE_DONE, sse_event
+from engine_ref.serving.server_config import ServerConfig, ServerError
+from engine_ref.serving.slow_readers import StallSweeper
+
+__all__ = ["ServerConfig", "ServerError", "build_engine_loop", "create_app", "serve"]
 
 LOG = logging.getLogger("engine_ref.serving.server")
 _STATE = web.AppKey("engine_ref_server_state", object)
-
-
-class ServerError(Exception):
-    """The server cannot start as configured; the message is one sentence naming the fix."""
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """How to serve: the engine's own config plus the HTTP side. `port` 0 picks a free port.
-    `retry_after_s` is the Retry-After header (seconds) sent with 429 answers."""
-
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    host: str = "127.0.0.1"
-    port: int = 8000
-    port_file: Path | None = None
-    engine_loop: str = "thread"
-    served_model_name: str | None = None
-    retry_after_s: int = 1
-
-    def __post_init__(self) -> None:
-        if self.engine_loop not in ENGINE_LOOP_MODES:
-            raise ServerError(
-                f"Unknown engine loop {self.engine_loop!r}; use one of {', '.join(ENGINE_LOOP_MODES)}."
-            )
-        if not 0 <= self.port <= 65535:
-            raise ServerError(f"Port {self.port} is outside 0..65535.")
-        if self.retry_after_s < 0:
-            raise ServerError("retry_after_s must be non-negative.")
+# Threads that decode, validate and tokenize request bodies (tokenizing releases the GIL).
+_PARSE_WORKERS = 4
 
 
 @dataclass
 class _State:
     engine_loop: EngineLoop
+    config: ServerConfig
     served_model_name: str | None
-    retry_after_s: int
+    stalls: StallSweeper
+    parser: concurrent.futures.ThreadPoolExecutor
     metrics: ServerMetrics | None = None
     created_s: int = field(default_factory=lambda: int(time.time()))
 
 
-def create_app(
-    engine_loop: EngineLoop, *, served_model_name: str | None = None, retry_after_s: int = 1
-) -> web.Application:
+def create_app(engine_loop: EngineLoop, config: ServerConfig) -> web.Application:
     """The aiohttp application; it starts `engine_loop` on startup and closes it on cleanup.
-    `served_model_name` None means the engine's model name."""
-    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_json_errors])
-    app[_STATE] = _State(engine_loop, served_model_name, retry_after_s)
+    `config.served_model_name` None means the engine's model name."""
+    middlewares = [json_errors]
+    if config.api_key is not None:
+        middlewares.append(api_key_guard(config.api_key))
+    # The body bound applies while reading too; `_generate` checks Content-Length first.
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
+    parser = concurrent.futures.ThreadPoolExecutor(_PARSE_WORKERS, thread_name_prefix="parse")
+    stalls = StallSweeper(config.stream_write_timeout_s)
+    app[_STATE] = _State(engine_loop, config, config.served_model_name, stalls, parser)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
     for endpoint in ENDPOINTS.values():
@@ -92,24 +84,6 @@ def create_app(
     app.router.add_get("/info", _info)
     app.router.add_get("/metrics", _metrics)
     return app
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every error answer carries an OpenAI error body: aiohttp's own (unknown path, wrong
-    method, body too large) and any unexpected exception (500; the server keeps serving)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        message = f"{exc.reason} ({request.method} {request.path})."
-        return _json(error_body(message, type=kind), status=exc.status)
-    except Exception as exc:
-        LOG.exception("unexpected error serving %s %s", request.method, request.path)
-        message = f"Internal server error: {type(exc).__name__}: {exc}."
-        return _json(error_body(message, type="server_error"), status=500)
 
 
 async def _on_startup(app: web.Application) -> None:
@@ -122,36 +96,28 @@ async def _on_startup(app: web.Application) -> None:
 
 
 async def _on_cleanup(app: web.Application) -> None:
-    await app[_STATE].engine_loop.close()
-
-
-def _json(
-    body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-        status=status,
-        headers=headers,
-        content_type="application/json",
-    )
+    state: _State = app[_STATE]
+    await state.stalls.close()
+    state.parser.shutdown(wait=False, cancel_futures=True)
+    await state.engine_loop.close()
 
 
 def _error_response(error: ApiError) -> web.Response:
-    return _json(error.body(), status=error.status, headers=error.headers)
+    return json_response(error.body(), status=error.status, headers=error.headers)
 
 
 async def _health(request: web.Request) -> web.Response:
     state: _State = request.app[_STATE]
     dead = state.engine_loop.failure
     if dead is not None:
-        return _json(error_body(dead, type="server_error"), status=503)
+        return json_response(error_body(dead, type="server_error"), status=503)
     return web.Response(text="ok")
 
 
 async def _info(request: web.Request) -> web.Response:
     """Engine name, version, model, dtype, device and engine config, for benchmark manifests."""
     state: _State = request.app[_STATE]
-    return _json(
+    return json_response(
         {**state.engine_loop.info.description, "served_model_name": state.served_model_name}
     )
 
@@ -165,7 +131,7 @@ async def _models(request: web.Request) -> web.Response:
         "owned_by": "engine_ref",
         "max_model_len": state.engine_loop.info.max_model_len,
     }
-    return _json({"object": "list", "data": [model]})
+    return json_response({"object": "list", "data": [model]})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -183,13 +149,9 @@ def _generate_handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[w
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     state: _State = request.app[_STATE]
     try:
-        body = decode_json_body(await request.read())
-        info = state.engine_loop.info
-        gen = endpoint.parse(
-            body,
-            tokenizer=info.tokenizer,
-            served_model=state.served_model_name,
-            max_model_len=info.max_model_len,
+        raw = await _read_body(request, state.config.max_body_bytes)
+        gen = await asyncio.get_running_loop().run_in_executor(
+            state.parser, _parse, endpoint, raw, state
         )
     except ApiError as exc:
         return _error_response(exc)
@@ -199,36 +161,81 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         response_id=endpoint.id_prefix + uuid.uuid4().hex,
         engine_loop=state.engine_loop,
         metrics=state.metrics,
-        retry_after_s=state.retry_after_s,
+        retry_after_s=state.config.retry_after_s,
+        max_backlog=state.config.max_stream_backlog,
+        with_prompt_details=state.config.enable_prompt_tokens_details,
     )
+    run.on_abandon = lambda: _close_connection(request)
     try:
         await run.submit()
+        if gen.stream:
+            return await _stream(request, run, state.stalls)
+        return json_response(await run.collect())
     except ApiError as exc:
         return _error_response(exc)
-    try:
-        if gen.stream:
-            return await _stream(request, run)
-        try:
-            return _json(await run.collect())
-        except ApiError as exc:
-            return _error_response(exc)
     finally:
         run.abort_unfinished()
 
 
-async def _stream(request: web.Request, run: GenerationRun) -> web.StreamResponse:
+async def _read_body(request: web.Request, max_body_bytes: int) -> bytes:
+    """The body, or ApiError 413 when its Content-Length or what arrives exceeds the bound."""
+    declared = request.content_length
+    if declared is None or declared <= max_body_bytes:
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            pass
+    raise ApiError(
+        413,
+        f"The request body exceeds this server's limit of {max_body_bytes} bytes "
+        "(--max-body-bytes).",
+        code="request_too_large",
+    )
+
+
+def _parse(endpoint: Endpoint, raw: bytes, state: _State) -> GenerationRequest:
+    """Runs in a worker thread: decode, validate and tokenize one body."""
+    info = state.engine_loop.info
+    return endpoint.parse(
+        decode_json_body(raw),
+        tokenizer=info.tokenizer,
+        served_model=state.served_model_name,
+        max_model_len=info.max_model_len,
+        max_prompt_chars=state.config.max_prompt_chars,
+    )
+
+
+def _close_connection(request: web.Request) -> None:
+    """Drop a connection whose client stopped reading, without flushing what it did not
+    read; aiohttp then cancels its handler."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _stream(
+    request: web.Request, run: GenerationRun, stalls: StallSweeper
+) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
+    watch = stalls.watch(run.abandon)
     try:
         async with contextlib.aclosing(run.stream_bodies()) as bodies:
             async for body in bodies:
-                await response.write(sse_event(body))
+                data = sse_event(body)
+                watch.writes_started += 1
+                await response.write(data)
+                watch.writes_done += 1
+        watch.writes_started += 1
         await response.write(SSE_DONE)
         await response.write_eof()
+        watch.writes_done += 1
     except ConnectionResetError:
         LOG.debug("client of %s went away", run.response_id)
+    finally:
+        stalls.unwatch(watch)
     return response
 
 
@@ -259,22 +266,22 @@ async def serve(
     `engine_loop` overrides the one `config` describes (tests pass one around a fake engine)."""
     if engine_loop is None:
         engine_loop = build_engine_loop(config)
-    app = create_app(
-        engine_loop, served_model_name=config.served_model_name, retry_after_s=config.retry_after_s
-    )
+    app = create_app(engine_loop, config)
     # Requests still streaming at shutdown get 2 s, then are cancelled (and aborted), so a
     # SIGTERM stops the server well within a launcher's grace period.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
+    listener: asyncio.AbstractServer | None = None
     try:
-        site = web.TCPSite(runner, config.host, config.port)
         try:
-            await site.start()
+            listener = await listen(
+                runner.server, config.host, config.port, header_timeout_s=config.header_timeout_s
+            )
         except OSError as exc:
             raise ServerError(
                 f"Cannot listen on {config.host}:{config.port}: {exc.strerror}."
             ) from None
-        port = runner.addresses[0][1]
+        port = listener.sockets[0].getsockname()[1]
         url = f"http://{config.host}:{port}"
         if config.port_file is not None:
             config.port_file.write_text(f"{port}\n")
@@ -283,4 +290,6 @@ async def serve(
             on_listening(url)
         await (stop or asyncio.Event()).wait()
     finally:
+        if listener is not None:
+            listener.close()
         await runner.cleanup()
