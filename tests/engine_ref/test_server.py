@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -339,3 +340,42 @@ def test_info_describes_the_engine_for_manifests(server_url):
     assert info["engine"] == "engine_ref" and info["model"] == MODEL
     assert info["dtype"] == "float32" and info["device"] == "cpu"
     assert info["engine_config"]["kv_cache_memory_bytes"] == SMALL_KV_BYTES
+
+
+async def _completion(url: str, body: dict) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/completions", json=body) as response:
+            return response.status, await response.json()
+
+
+def test_cache_salt_separates_prefix_caches_and_usage_reports_cached_tokens():
+    config = dataclasses.replace(_config(), enable_prompt_tokens_details=True)
+    prompt = list(range(10, 74))  # 64 tokens: 4 blocks of 16, 3 of them cacheable
+
+    def cached(**salt) -> int:
+        status, answer = asyncio.run(
+            _completion(url, {"prompt": prompt, "max_tokens": 1, "temperature": 0, **salt})
+        )
+        assert status == 200, answer
+        assert answer["usage"]["prompt_tokens"] == len(prompt)
+        return answer["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with running_server(config) as url:
+        assert cached(cache_salt="tenant-a") == 0  # nothing cached yet
+        assert cached(cache_salt="tenant-b") == 0  # same prompt, other salt: no sharing
+        assert cached() == 0  # no salt is a salt of its own
+        assert cached(cache_salt="tenant-a") == 48  # same salt: the three full blocks
+        assert cached() == 48
+        for bad in (5, "", "s" * 1025):
+            status, answer = asyncio.run(_completion(url, {"prompt": prompt, "cache_salt": bad}))
+            assert status == 400 and answer["error"]["param"] == "cache_salt"
+        stream = _client(url).completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=1,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"cache_salt": "tenant-b"},
+        )
+        usage = list(stream)[-1].usage
+        assert usage.prompt_tokens_details.cached_tokens == 48
