@@ -32,6 +32,7 @@ from engine_ref.core.detokenizer import IncrementalDetokenizer
 from engine_ref.core.engine_config import EngineConfig, SamplingParams
 from engine_ref.core.isolation import isolate_failures
 from engine_ref.core.model import LlamaModel
+from engine_ref.core.outputs import CompletionOutput, RequestOutput
 from engine_ref.core.sampler import SampleRow, sample
 from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
@@ -40,33 +41,6 @@ from engine_ref.core.stats import EngineStats
 __all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class CompletionOutput:
-    """What one sequence produced in one step (`new_*`) and its totals so far. `finish_reason`
-    is None while it runs, then "stop", "length", "abort", or "error" (the engine failed it;
-    see `RequestOutput.error`)."""
-
-    index: int
-    new_token_ids: list[int]
-    new_text: str
-    finish_reason: str | None
-    num_output_tokens: int
-    logprobs: list[dict[int, float]] | None = None
-
-
-@dataclass
-class RequestOutput:
-    """One request's progress in one step. `error` is set (one line) when the engine failed
-    the request: then `finished` is true and every output's finish_reason is "error"."""
-
-    request_id: str
-    outputs: list[CompletionOutput]
-    finished: bool
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    error: str | None = None
 
 
 @dataclass
