@@ -16,10 +16,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from faults.probe_cases import Category
+from faults.probe_cases.case import Category
 
 if TYPE_CHECKING:
-    from faults.probe import ProbeReport
+    from faults.probe_report import ProbeReport
 
 EXAMPLES = """
 \b

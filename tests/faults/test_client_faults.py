@@ -17,15 +17,12 @@ from faults.client import (
     CancellingTransport,
     ClientFaults,
     DisconnectStormTransport,
-    FaultAiohttpTransport,
-    RetryAfterLog,
-    RetryingTransport,
-    RunClock,
-    SlowReaderTransport,
-    parse_retry_after,
-    picked,
 )
-from faults.plan import FaultPlan, RetryPolicy
+from faults.gates import RunClock, picked
+from faults.plan import FaultPlan
+from faults.retry import RetryPolicy
+from faults.retrying import RetryAfterLog, RetryingTransport, parse_retry_after
+from faults.slow_reader import FaultAiohttpTransport, SlowReaderTransport
 from harness.client import AiohttpTransport, ClientOptions, RawResult, RequestPayload, build_body
 from harness.loadgen import LoadPlan, run_load
 from harness.mock_server import MockConfig, start_mock

@@ -12,20 +12,15 @@ from click.testing import CliRunner
 
 from faults.cli import faults
 from faults.plan import (
-    Direction,
-    FaultKind,
     FaultPlan,
     FaultPlanError,
-    Layer,
-    RetryPolicy,
-    Window,
-    WindowTracker,
     builtin_plan_names,
     builtin_plan_text,
     load_plan,
     parse_plan,
-    parse_seconds,
 )
+from faults.retry import RetryPolicy
+from faults.window import Direction, FaultKind, Layer, Window, WindowTracker, parse_seconds
 
 BASE = {
     "name": "t",

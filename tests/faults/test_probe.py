@@ -18,32 +18,20 @@ from broken_servers import MODEL, Fault, completion_text, create_app, serving
 from click.testing import CliRunner
 from rich.console import Console
 
-from faults.probe import (
-    REFERENCE_PROMPT,
+from faults.probe import REFERENCE_PROMPT, ProbeConfig, ProbeError, judge, run_probe
+from faults.probe_cases import build_cases
+from faults.probe_cases.case import EITHER, LIMIT, LIMIT_OR_OK, REJECT, Category
+from faults.probe_cases.sizes import OVERSIZED_BODY_BYTES
+from faults.probe_cli import bad_input, render_report
+from faults.probe_report import (
     CaseResult,
     HealthAfter,
-    HttpAnswer,
-    Outcome,
-    ProbeConfig,
-    ProbeError,
     ProbeReport,
     StreamFailure,
     StreamsResult,
     Verdict,
-    judge,
-    run_probe,
 )
-from faults.probe_cases import (
-    EITHER,
-    LIMIT,
-    LIMIT_OR_OK,
-    OVERSIZED_BODY_BYTES,
-    REJECT,
-    Category,
-    LazyBody,
-    build_cases,
-)
-from faults.probe_cli import bad_input, render_report
+from faults.raw_http import HttpAnswer, LazyBody, Outcome
 
 ERROR_BODY = b'{"error": {"message": "bad field"}}'
 COMPLETION = b'{"choices": [{"text": "hi"}]}'
@@ -376,24 +364,9 @@ def test_the_console_table_matches_the_golden_text():
 
 # --- the reference server (slow) ----------------------------------------------------------
 
-# Against engine_ref as committed (6cc99fb); the hardening in progress fixes them all.
-REFERENCE_FAILS_TODAY = {
-    "top_k=2**63": "500, the engine step overflows (and co-batched background streams break)",
-    "top_k=2**64": "500, the engine step overflows (and co-batched background streams break)",
-    "nested-lists-prompt": "500, a RecursionError from json.loads",
-    "nested-objects-stop": "500, a RecursionError from json.loads",
-    "nested-unknown-field": "500, a RecursionError from json.loads",
-    "nested-lists-content": "500, a RecursionError from json.loads",
-}
-
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=False,
-    reason="engine_ref fails "
-    + "; ".join(f"{name} ({why})" for name, why in REFERENCE_FAILS_TODAY.items()),
-)
 def test_the_reference_server_on_tiny_random(tmp_path: Path):
     port_file = tmp_path / "port"
     log = (tmp_path / "server.log").open("wb")
