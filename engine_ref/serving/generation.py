@@ -60,7 +60,9 @@ class GenerationRun:
         self.unfinished: set[str] = set()
         self.prompt_tokens = 0
         self.cached_tokens = 0
-        self.choices = [ChoiceAccumulator(i) for i in range(gen.num_choices)]
+        self.choices = [
+            ChoiceAccumulator(i, keep_history=not gen.stream) for i in range(gen.num_choices)
+        ]
         self.on_abandon: Callable[[], None] | None = None
 
     async def submit(self) -> None:

@@ -38,19 +38,28 @@ class ChoiceDelta:
 
 
 class ChoiceAccumulator:
-    """Everything one choice produced so far, plus what has not been streamed yet."""
+    """What one choice produced so far, plus what has not been streamed yet. With
+    `keep_history` False (a stream, whose chunks carry everything) it keeps only counts and
+    the unstreamed part, so each output costs O(1) however long the choice runs; `text`,
+    `token_ids` and `logprobs` then stay empty."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, *, keep_history: bool = True) -> None:
         self.index = index
-        self.text = ""
+        self.keep_history = keep_history
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
         self.num_output_tokens = 0
+        self.num_chars = 0
+        self._text_parts: list[str] = []
         self._pending_text: list[str] = []
         self._pending_ids: list[int] = []
         self._pending_logprobs: list[TokenLogprob] = []
         self._finish_sent = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text_parts)
 
     def add(
         self,
@@ -60,9 +69,11 @@ class ChoiceAccumulator:
         finish_reason: str | None,
         num_output_tokens: int,
     ) -> None:
-        self.text += new_text
-        self.token_ids.extend(new_token_ids)
-        self.logprobs.extend(logprobs)
+        if self.keep_history:
+            self._text_parts.append(new_text)
+            self.token_ids.extend(new_token_ids)
+            self.logprobs.extend(logprobs)
+        self.num_chars += len(new_text)
         self._pending_text.append(new_text)
         self._pending_ids.extend(new_token_ids)
         self._pending_logprobs.extend(logprobs)
@@ -85,7 +96,7 @@ class ChoiceAccumulator:
             token_ids=self._pending_ids,
             logprobs=self._pending_logprobs,
             finish_reason=None if self._finish_sent else self.finish_reason,
-            text_offset_chars=len(self.text) - len(text),
+            text_offset_chars=self.num_chars - len(text),
         )
         self._pending_text, self._pending_ids, self._pending_logprobs = [], [], []
         if self.finish_reason is not None:
