@@ -100,7 +100,7 @@ class GuardedConnection(web.RequestHandler):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        LOG.info(
+        LOG.debug(
             "closing a connection from %s: no complete request head within %.1f s",
             self.peername,
             self._header_timeout_s,

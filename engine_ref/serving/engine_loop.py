@@ -127,8 +127,11 @@ class EngineDriver:
             try:
                 outputs = self.engine.step()
             except Exception as exc:
-                # The engine state of the running requests is unknown: fail them all and free
-                # their blocks, so the server keeps serving new requests.
+                # The last resort: the engine fails a request it cannot run by itself
+                # (finish_reason "error", RequestOutput.error), so only an exception that
+                # escaped its own isolation lands here. The state of the running requests is
+                # then unknown: fail them all and free their blocks, so the server keeps
+                # serving new requests.
                 error = f"engine step failed: {type(exc).__name__}: {exc}"
                 failed = tuple(self.live_ids)
                 for request_id in failed:
@@ -225,10 +228,15 @@ class EngineLoop:
         try:
             await future
         except BaseException:
-            # Refused, or cancelled while waiting (then `_on_batch` aborts the group once
-            # admitted, since its sinks are gone).
+            # Refused; or cancelled while waiting, when `_on_batch` aborts the group once it
+            # is admitted (its sinks are gone), unless it was admitted just before the
+            # cancellation reached us: then abort it here.
+            admitted = future.done() and not future.cancelled() and future.exception() is None
             for r in requests:
-                self._sinks.pop(r.request_id, None)
+                if admitted:
+                    self.abort(r.request_id)
+                else:
+                    self._sinks.pop(r.request_id, None)
             raise
         finally:
             self._pending_adds.pop(group_id, None)

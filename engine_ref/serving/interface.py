@@ -7,7 +7,9 @@ the engine.
 parameters with defaults, which the server never passes). Engine errors and the types
 that cross the boundary are re-exported from here so the rest of `serving/` names them once.
 `describe_engine` (engine_loop.py) also records `engine.device`, `config.torch_dtype()` and the
-config's dataclass fields when an engine has them; those are optional and not declared here.
+config's dataclass fields when an engine has them, and request parsing tokenizes with
+`tokenizer.encode_batch` when the tokenizer has one (Hugging Face's releases the GIL, `encode`
+does not); those are optional and not declared here.
 """
 
 from __future__ import annotations
