@@ -9,10 +9,13 @@ import contextlib
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from engine_ref.serving.engine_loop import EngineLoop
 from engine_ref.serving.server import ServerConfig, ServerError, serve
@@ -184,3 +187,49 @@ def wait_until(
         if time.monotonic() > deadline:
             return False
         time.sleep(interval_s)
+
+
+@contextlib.contextmanager
+def server_process(
+    workdir: Path, *args: str, startup_timeout_s: float = 120.0
+) -> Iterator[tuple[str, int]]:
+    """`python -m engine_ref.serving --model tiny-random --port 0 --port-file F ARGS` as a
+    subprocess (as `harness/managed.py` launches it); yields (base URL, pid) once /health
+    answers, and stops it (SIGTERM, then SIGKILL after 30 s) on exit."""
+    port_file = workdir / "port"
+    log_path = workdir / "server.log"
+    command = [
+        sys.executable, "-m", "engine_ref.serving", "--model", "tiny-random",
+        "--port", "0", "--port-file", str(port_file), "--log-level", "warning", *args,
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        url = None
+        while url is None:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise ServerError(f"The server did not start: {log_path.read_text()[-2000:]}")
+            text = port_file.read_text().strip() if port_file.exists() else ""
+            if text:
+                candidate = f"http://127.0.0.1:{int(text)}"
+                with contextlib.suppress(OSError):
+                    if exchange(candidate, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 200:
+                        url = candidate
+            time.sleep(0.1)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of process `pid` (VmRSS of /proc/<pid>/status), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for process {pid}")

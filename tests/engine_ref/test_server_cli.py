@@ -166,3 +166,26 @@ def test_process_mode_subprocess_serves_and_stops_cleanly(tmp_path):
             process.kill()
             process.wait(10)
         process.stdout.close()
+
+
+def test_server_options_come_from_server_config():
+    result = CliRunner().invoke(serve, ["--help"])
+    flat = " ".join(result.output.split())
+    for option in (
+        "--api-key",
+        "--enable-prompt-tokens-details",
+        "--max-body-bytes",
+        "--max-prompt-chars",
+        "--header-timeout",
+        "--stream-write-timeout",
+        "--max-stream-backlog",
+    ):
+        assert option in flat, option
+    assert "(default: 16777216)" in flat and "(default: 1000000)" in flat  # from the dataclass
+
+
+def test_an_empty_api_key_is_one_sentence_and_exit_code_2():
+    result = CliRunner().invoke(serve, ["--model", "tiny-random", "--api-key", ""])
+    assert result.exit_code == 2
+    assert "The API key must not be empty" in result.output
+    assert "Traceback" not in result.output
