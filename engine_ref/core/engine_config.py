@@ -100,24 +100,6 @@ class EngineConfig:
             return torch.float32
         return _DTYPES[self.dtype]
 
-
-def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU multiplies bf16 natively (`amx_bf16` or `avx512_bf16` among its flags).
-    `cpuinfo` is the text of /proc/cpuinfo (read when None); without it, torch's own detection
-    of AVX-512 decides."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    return bool(flags & {"amx_bf16", "avx512_bf16"})
-
     def threads(self) -> int:
         return self.num_threads or os.cpu_count() or 1
 
@@ -257,3 +239,21 @@ def _stop_token_ids(ids: object) -> tuple[int, ...]:
             f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS} are allowed."
         )
     return tuple(_integer("stop_token_ids", t, low=0) for t in ids)
+
+
+def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 natively (`amx_bf16` or `avx512_bf16` among its flags).
+    `cpuinfo` is the text of /proc/cpuinfo (read when None); without it, torch's own detection
+    of AVX-512 decides."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return bool(flags & {"amx_bf16", "avx512_bf16"})
