@@ -122,6 +122,8 @@ def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
                     if resp.status == 200:
                         return port
+            except urllib.error.HTTPError as exc:  # up, not ready: close the answer it holds
+                exc.close()
             except (urllib.error.URLError, OSError):
                 pass
         time.sleep(0.2)

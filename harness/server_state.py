@@ -29,6 +29,9 @@ def read_gauges(metrics_url: str, *, api_key: str | None = None, timeout_s: floa
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             text = resp.read().decode("utf-8", "replace")
         samples = parse_metrics(text)
+    except urllib.error.HTTPError as exc:  # no /metrics here; close the answer it carries
+        exc.close()
+        return {}
     except (urllib.error.URLError, OSError, ValueError):
         return {}
     values: dict[str, float] = {}

@@ -30,6 +30,7 @@ def preflight(base_url: str, timeout_s: float = 10.0, api_key: str | None = None
         with _get(url, api_key, timeout_s) as resp:
             return json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
+        exc.close()  # it holds the answer's socket
         if exc.code in (401, 403):
             given = "refused the API key given" if api_key else "needs an API key"
             raise HarnessError(
@@ -52,6 +53,9 @@ def target_info(base_url: str, api_key: str | None = None) -> dict:
     try:
         with _get(root + "/info", api_key, 5) as resp:
             return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return {}
     except (urllib.error.URLError, OSError, json.JSONDecodeError):
         return {}
 
