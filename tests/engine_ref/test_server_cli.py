@@ -58,6 +58,7 @@ def test_invalid_engine_option_is_one_sentence_and_exit_code_2():
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine_loop", ["thread", "process"])
 def test_engine_that_cannot_be_built_is_one_sentence_and_exit_code_2(engine_loop):
     # A KV cache too small for two blocks: LLMEngine refuses it when it is built, which the

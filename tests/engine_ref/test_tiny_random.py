@@ -133,6 +133,7 @@ def test_bad_dtype_is_a_model_file_error(dtype):
         load_model("tiny-random", dtype=dtype)
 
 
+@pytest.mark.slow
 def test_same_model_in_a_fresh_process(tiny_model):
     """Rust hash maps are seeded per process: training and weights must not depend on them."""
     import hashlib

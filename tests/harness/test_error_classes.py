@@ -71,6 +71,7 @@ def test_fault_is_classified(fault, status, error_class):
     assert all(r["error_message"] for r in rows)
 
 
+@pytest.mark.slow
 def test_stall_past_the_timeout_is_a_timeout():
     rows = asyncio.run(
         _drive(MockConfig(ttft_ms=1, itl_ms=1, stall_rate=1.0, stall_s=5.0), 3, timeout_s=0.3)

@@ -28,6 +28,7 @@ def test_parse_metrics_keeps_every_sample_with_its_labels():
     assert ("vllm:prompt_tokens_total", '{"model_name": "m"}', 120.0) in rows
 
 
+@pytest.mark.slow
 def test_managed_reference_engine_run(tmp_path):
     config = RunConfig(model="tiny-random", workload="random", input_len=16, output_len=8, num_requests=6,
                        request_rate=float("inf"), out=tmp_path / "run", scrape_interval_s=0.2,
@@ -45,6 +46,7 @@ def test_managed_reference_engine_run(tmp_path):
     assert "vllm:num_requests_running" in set(metrics["name"])
 
 
+@pytest.mark.slow
 def test_managed_server_that_cannot_start_shows_its_log():
     with pytest.raises(HarnessError, match="exited with code") as info:
         with managed_server(ManagedServerConfig(model="no-such-model", startup_timeout_s=60)):

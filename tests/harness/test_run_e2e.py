@@ -84,6 +84,7 @@ def test_closed_loop_never_exceeds_its_users(mock_server, tmp_path):
     assert len(req["status"]) == 24
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "phrase"),
     [
@@ -106,6 +107,7 @@ def test_bad_input_is_one_sentence_and_exit_2(args, phrase, tmp_path):
     assert len(proc.stderr.strip().splitlines()) <= 3
 
 
+@pytest.mark.slow
 def test_unreachable_url_is_one_sentence(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--url", "http://127.0.0.1:9/v1", *FAST,
                            "--num-requests", "2", "--out", str(tmp_path / "r"), "--quiet"], capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -135,6 +137,7 @@ def test_unwritable_out(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_out_that_is_a_file_is_refused(tmp_path):
     target = tmp_path / "afile"
     target.write_text("keep me")

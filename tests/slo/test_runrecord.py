@@ -172,6 +172,7 @@ def test_open_run_refuses_a_manifest_of_another_version(tmp_path):
         open_run(writer.run_dir)
 
 
+@pytest.mark.slow
 def test_bench_report_on_a_future_run_is_one_sentence(tmp_path):
     writer = _writer(tmp_path)
     writer.append_requests([RequestRecord(request_id="r", status=RequestStatus.OK)])
