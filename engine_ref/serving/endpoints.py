@@ -8,7 +8,7 @@ from that, so the server handles both endpoints with one code path.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -37,7 +37,9 @@ class Endpoint(ABC):
     object_name: ClassVar[str]  # of a complete (non-streamed) body
     chunk_object_name: ClassVar[str]
 
-    @abstractmethod
+    # The request parser of this endpoint (`requests.parse_*_request`).
+    parser: ClassVar[Callable[..., GenerationRequest]]
+
     def parse(
         self,
         body: dict[str, Any],
@@ -49,6 +51,13 @@ class Endpoint(ABC):
     ) -> GenerationRequest:
         """Validate a request body; raises ApiError (400 or 404). `max_prompt_chars` bounds
         its prompt text before it is tokenized (None: no bound)."""
+        return type(self).parser(
+            body,
+            tokenizer=tokenizer,
+            served_model=served_model,
+            max_model_len=max_model_len,
+            max_prompt_chars=max_prompt_chars,
+        )
 
     @abstractmethod
     def choice(self, choice: ChoiceAccumulator, *, with_logprobs: bool) -> dict[str, Any]:
@@ -135,22 +144,7 @@ class CompletionsEndpoint(Endpoint):
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
-    def parse(
-        self,
-        body: dict[str, Any],
-        *,
-        tokenizer: ServedTokenizer,
-        served_model: str,
-        max_model_len: int,
-        max_prompt_chars: int | None = None,
-    ) -> GenerationRequest:
-        return parse_completion_request(
-            body,
-            tokenizer=tokenizer,
-            served_model=served_model,
-            max_model_len=max_model_len,
-            max_prompt_chars=max_prompt_chars,
-        )
+    parser = staticmethod(parse_completion_request)
 
     def choice(self, choice: ChoiceAccumulator, *, with_logprobs: bool) -> dict[str, Any]:
         return {
@@ -182,22 +176,7 @@ class ChatEndpoint(Endpoint):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def parse(
-        self,
-        body: dict[str, Any],
-        *,
-        tokenizer: ServedTokenizer,
-        served_model: str,
-        max_model_len: int,
-        max_prompt_chars: int | None = None,
-    ) -> GenerationRequest:
-        return parse_chat_request(
-            body,
-            tokenizer=tokenizer,
-            served_model=served_model,
-            max_model_len=max_model_len,
-            max_prompt_chars=max_prompt_chars,
-        )
+    parser = staticmethod(parse_chat_request)
 
     def choice(self, choice: ChoiceAccumulator, *, with_logprobs: bool) -> dict[str, Any]:
         return {
