@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from slo.runrecord.errors import RunRecordError
-
 
 class RequestStatus(StrEnum):
     """The one terminal outcome of a request, as `requests.parquet` stores it."""
@@ -65,12 +63,3 @@ class Endpoint(StrEnum):
     @property
     def path(self) -> str:
         return "/chat/completions" if self is Endpoint.CHAT else "/completions"
-
-
-def parse_enum(kind: type[StrEnum], value: object, what: str) -> StrEnum:
-    """`kind(value)`, or RunRecordError naming the allowed values in one sentence."""
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in kind)
-        raise RunRecordError(f"{what} must be one of {allowed}, got {value!r}.") from None
