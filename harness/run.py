@@ -174,12 +174,14 @@ def run_benchmark(
 def _removed_if_left_empty(run_dir: Path):
     """Remove `run_dir` again when the run fails before writing anything into it (a bad
     workload, an unreachable target), so a refused run leaves nothing on disk."""
-    existed = run_dir.exists()
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # innermost first
     try:
         yield
     except BaseException:
-        if not existed and run_dir.is_dir() and not any(run_dir.iterdir()):
-            run_dir.rmdir()
+        for path in created:  # the run directory, then parents made for it (e.g. runs/)
+            if not path.is_dir() or any(path.iterdir()):
+                break
+            path.rmdir()
         raise
 
 
