@@ -43,6 +43,11 @@ DEFINITIONS = {
     "attempted_request_per_s counts every request",
     "percentiles": "linear interpolation between order statistics (numpy default, as vLLM)",
     "dispatch_lag": "t_sent - t_scheduled over all sent requests (ms)",
+    "queue": "client queueing time: t_sent - t_scheduled over all sent requests (ms); time a "
+    "request waited in the client (behind a concurrency cap, or a late dispatcher) before "
+    "TTFT and E2E start counting",
+    "ttft_from_scheduled": "t_first_token - t_scheduled, per ok request (ms): TTFT as the "
+    "waiting user saw it, client queueing included (MLPerf loadgen's TTFT)",
     "error_rate": "requests not ok / all requests",
 }
 
@@ -57,7 +62,8 @@ def latency_summary(
     rng: np.random.Generator | None = None,
     ci_confidence: float = DEFAULT_CI_CONFIDENCE,
 ) -> dict:
-    """The `latency_ms` block over the ok requests of `rm`: one `distribution` per metric.
+    """The `latency_ms` block over the ok requests of `rm`: one `distribution` per metric
+    (`queue`, the client queueing time, is over every sent request).
 
     With `rng`, the ttft, tpot, itl and e2e blocks also get `ci`: `{p50, p90, p99}` ->
     [low, high] seeded bootstrap intervals at `ci_confidence` (None with fewer than two
@@ -71,6 +77,8 @@ def latency_summary(
         "e2e": rm.e2e_ms[ok],
         "itl_request_mean": rm.itl_mean_ms[ok],
         "itl_max": rm.itl_max_ms[ok],
+        "queue": metrics.dispatch_lag_ms(rm.t_scheduled_ns, rm.t_sent_ns),
+        "ttft_from_scheduled": metrics.ttft_ms(rm.t_scheduled_ns[ok], rm.t_first_token_ns[ok]),
     }
     out = {name: metrics.distribution(v) for name, v in values.items()}
     if rng is not None:
@@ -218,12 +226,34 @@ def summarize_tables(
     if spec is not None:
         summary["slo"] = evaluate(rm, spec, rng=slo_rng)
         summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
+    streamed = is_streamed(tables.manifest)
+    summary["streamed"] = streamed
+    summary["undefined_metrics"] = {} if streamed else dict(NON_STREAMING_UNDEFINED)
     if conventions == "all":
         target = tables.manifest.target if tables.manifest else {}
         chat = Endpoint.CHAT.value in str(target.get("endpoint") or "")
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETIONS
-        summary["conventions"] = conventions_summary(rm, tables.chunks, endpoint)
+        summary["conventions"] = (
+            conventions_summary(rm, tables.chunks, endpoint)
+            if streamed
+            else {"undefined": NON_STREAMING_UNDEFINED["ttft"]}
+        )
     return summary
+
+
+# Why each latency has no value in a non-streaming run (the response arrives whole).
+NON_STREAMING_UNDEFINED = {
+    name: "undefined: the run was not streamed, so no token was seen before the whole "
+    "response arrived (E2E is defined)"
+    for name in ("ttft", "tpot", "itl", "itl_request_mean", "itl_max", "ttft_from_scheduled")
+}
+
+
+def is_streamed(manifest: RunManifest | None) -> bool:
+    """Whether the run asked for streamed responses (`config.stream`; runs that predate the
+    field were streamed)."""
+    config = (manifest.config if manifest is not None else None) or {}
+    return bool(config.get("stream", True))
 
 
 def summarize(
