@@ -47,6 +47,7 @@ LAZY_COMMANDS = {
         "compare",
         "Compare a candidate run with a baseline; --gate for CI.",
     ),
+    "export": ("reports.cli_export", "export", "Export a run as vLLM JSON, llm-d report or CSV."),
     "capacity": (
         "harness.cli_capacity",
         "capacity",
