@@ -423,7 +423,9 @@ def _summarise(
 ) -> RunOutcome:
     from slo import summarize
 
-    summary = summarize(run_dir, slo_spec, client_bound_ms=config.client_bound_ms)
+    summary = summarize(
+        run_dir, slo_spec, client_bound_ms=config.client_bound_ms, conventions="all"
+    )
     write_summary(run_dir, RunSummary.from_dict(summary))
     return RunOutcome(
         run_dir=run_dir, summary=summary, complete=reason is None, interrupted_reason=reason

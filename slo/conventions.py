@@ -212,7 +212,8 @@ def conventions_summary(
 ) -> dict:
     """The `conventions` block: per tool (`harness`, `vllm`, `guidellm`, `aiperf`, `mlperf`),
     `{source, percentile_method, metrics: {tool's metric name: {mean, p50, p90, p95, p99,
-    max, n, definition}}}`, over ok requests, in ms."""
+    max, n, definition}}, throughput: {output_tokens_per_s: {value, definition}}}`, over ok
+    requests, latencies in ms."""
     ok = rm.is_ok
     ids = rm.request_id[ok]
     n_out = rm.output_tokens[ok]
@@ -237,7 +238,34 @@ def conventions_summary(
     linear = "linear interpolation (numpy default)"
     nearest = "nearest rank: sorted[floor(n * p)]"
     weighted = "weighted inverse CDF: first value whose cumulative weight reaches p"
-    return {
+    tokens = float(np.nansum(n_out))
+    window_s = rm.window_s()
+    per_window = tokens / window_s if window_s else None
+    issued_ns = np.fmin(rm.t_scheduled_ns, rm.t_sent_ns)
+    mlperf_s = (
+        (np.nanmax(rm.t_done_ns) - np.nanmin(issued_ns)) / metrics.NS_PER_S
+        if len(rm) and not np.isnan(issued_ns).all() and not np.isnan(rm.t_done_ns).all()
+        else None
+    )
+    throughput = {
+        "harness": (per_window, "ok output tokens / (last done - first send)"),
+        "vllm": (
+            per_window,
+            "output tokens of completed requests / benchmark duration "
+            "(first request start to last end)",
+        ),
+        "guidellm": (per_window, "output tokens / (last request end - first request start)"),
+        "aiperf": (
+            per_window,
+            "output_token_throughput: output tokens / benchmark duration "
+            "(first request sent to last response)",
+        ),
+        "mlperf": (
+            tokens / mlperf_s if mlperf_s else None,
+            "tokens per second: output tokens / (last completion - first query issued)",
+        ),
+    }
+    out = {
         "harness": _convention("slo.metrics (this harness)", linear, {
             "ttft": (_dist(ttft, _linear), "send to first token-bearing chunk"),
             "tpot": (_dist(rm.tpot_ms[ok], _linear),
@@ -277,6 +305,10 @@ def conventions_summary(
                      "(latency - first token latency) / (n_tokens - 1), per sample"),
         }),
     }  # fmt: skip
+    for tool, (value, definition) in throughput.items():
+        out[tool]["throughput"] = {"output_tokens_per_s": {"value": value,
+                                                           "definition": definition}}  # fmt: skip
+    return out
 
 
 def _convention(source: str, percentiles: str, entries: dict[str, tuple[dict, str]]) -> dict:
