@@ -93,6 +93,7 @@ class RunConfig:
     faults: str | None = None  # a fault plan: built-in name or YAML file (`bench faults list`)
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers on every request (`--header`)
     extra_body: dict | None = None  # JSON fields merged into every request body (`--extra-body`)
+    slice_duration_s: float | None = None  # fixed-width time slices on the card (s)
 
     def __post_init__(self) -> None:
         def positive(name: str, value, *, integer: bool = False) -> None:
@@ -109,7 +110,8 @@ class RunConfig:
 
         for name in ("num_requests", "concurrency", "input_len", "output_len"):
             positive(name, getattr(self, name), integer=True)
-        for name in ("duration_s", "request_rate", "burstiness", "timeout_s", "client_bound_ms"):
+        for name in ("duration_s", "request_rate", "burstiness", "timeout_s", "client_bound_ms",
+                     "slice_duration_s"):  # fmt: skip
             positive(name, getattr(self, name))
         if self.max_error_rate is not None and not 0 <= self.max_error_rate < 1:
             raise HarnessError(

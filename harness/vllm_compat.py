@@ -67,6 +67,9 @@ _ALIASES = (
     click.option("--skip-chat-template", is_flag=True, hidden=True),  # none is applied here
     click.option("--header", "headers", multiple=True,
                  help="Extra HTTP header on every request, NAME:VALUE (repeatable); not recorded."),
+    click.option("--slice-duration", "slice_duration_s", type=float,
+                 help="Also slice the card by time windows of this many seconds (as AIPerf's "
+                 "--slice-duration; the drain after the last send is left out)."),
     click.option("--extra-body", help="JSON object merged into every request body, e.g. '{\"top_k\": 20}'."),
 )  # fmt: skip
 
@@ -75,10 +78,14 @@ _VLLM_KEYS = ("backend", "base_url", "host", "port", "num_prompts", "max_concurr
               "num_warmups", "goodput", "percentile_metrics", "metric_percentiles", "save_result",
               "save_detailed", "result_dir", "result_filename", "label", "metadata",
               "temperature", "top_p", "top_k", "min_p", "disable_tqdm", "trust_remote_code",
-              "skip_chat_template", "headers", "extra_body")  # fmt: skip
+              "skip_chat_template", "headers", "extra_body", "slice_duration_s")  # fmt: skip
 
 
-_GENERAL_KEYS = ("headers", "extra_body")  # options of ours listed here, not vLLM's
+_GENERAL_KEYS = (
+    "headers",
+    "extra_body",
+    "slice_duration_s",
+)  # options of ours listed here, not vLLM's
 
 
 def vllm_options(command):
@@ -243,6 +250,8 @@ def translate(kwargs: dict) -> tuple[dict, ResultFileRequest | None, bool]:
     v = {key: kwargs.pop(key, None) for key in _VLLM_KEYS}
     if v["headers"]:
         kwargs["headers"] = parse_headers(v["headers"])
+    if v["slice_duration_s"] is not None:
+        kwargs["slice_duration_s"] = v["slice_duration_s"]
     extra_body = parse_extra_body(v["extra_body"])
     if extra_body is not None:
         kwargs["extra_body"] = extra_body

@@ -22,7 +22,7 @@ from slo.runrecord import (
     RunTables,
     open_run,
 )
-from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_NUM_PHASES, DEFAULT_OUTPUT_EDGES, slices_summary
+from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
 from slo.stats import bootstrap_quantile_ci
 from slo.verdicts import evaluate
@@ -192,7 +192,7 @@ def summarize_tables(
     client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
     input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
-    num_phases: int = DEFAULT_NUM_PHASES,
+    slice_duration_s: float | None = None,
 ) -> dict:
     """`summarize` over tables already in memory; same arguments and result."""
     if conventions not in (None, "all"):
@@ -207,8 +207,14 @@ def summarize_tables(
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
     summary["run_complete"] = tables.manifest.complete if tables.manifest else None
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
+    if slice_duration_s is None and tables.manifest is not None:
+        slice_duration_s = (tables.manifest.config or {}).get("slice_duration_s")
     summary["slices"] = slices_summary(
-        rm, spec, input_edges=input_edges, output_edges=output_edges, num_phases=num_phases
+        rm,
+        spec,
+        input_edges=input_edges,
+        output_edges=output_edges,
+        slice_duration_s=slice_duration_s,
     )
     summary["ledger"] = ledger_summary(tables)
     fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
@@ -265,14 +271,15 @@ def summarize(
     client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
     input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
-    num_phases: int = DEFAULT_NUM_PHASES,
+    slice_duration_s: float | None = None,
 ) -> dict:
     """Read the run directory `run_dir` and return its JSON-serialisable summary dict.
 
     `slo_spec`: an `SLOSpec`, its dict form, or a name/path for `load_slo`; None uses the
     spec recorded in manifest.json (`slo`), if any. `seed` seeds the bootstrap intervals.
     `conventions="all"` adds other tools' TPOT/ITL definitions. `client_bound_ms` is the
-    p99 dispatch-lag bound. The edges and `num_phases` shape the slices. Raises `SLOError`
+    p99 dispatch-lag bound. The edges shape the length slices; `slice_duration_s` (s) adds
+    fixed-width time slices of the dispatch period. Raises `SLOError`
     for a missing or unreadable run directory and for a bad SLO spec. The latency blocks
     carry seeded bootstrap intervals (`ci`) at 95%.
     """
@@ -288,5 +295,5 @@ def summarize(
         client_bound_ms=client_bound_ms,
         input_edges=input_edges,
         output_edges=output_edges,
-        num_phases=num_phases,
+        slice_duration_s=slice_duration_s,
     )

@@ -152,8 +152,9 @@ def test_vllm_flags_become_run_config_fields(argv, expected):
 
 
 def test_harness_flags_alone_keep_harness_defaults():
-    config = _config(["--num-requests", "5"])
+    config = _config(["--num-requests", "5", "--slice-duration", "2", "--header", "A: b"])
     assert config.url is None and config.request_rate is None  # managed engine, workload rate
+    assert config.slice_duration_s == 2.0 and config.headers == (("A", "b"),)
 
 
 def _config(argv: list[str]) -> RunConfig:
