@@ -22,6 +22,7 @@ from slo.runrecord import (
     RunTables,
     open_run,
 )
+from slo.saturation import saturation_summary
 from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
 from slo.stats import bootstrap_quantile_ci
@@ -217,6 +218,7 @@ def summarize_tables(
         slice_duration_s=slice_duration_s,
     )
     summary["ledger"] = ledger_summary(tables)
+    summary["saturation"] = saturation_summary(rm)
     fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
     summary["faults"] = (
         {
