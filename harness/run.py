@@ -149,7 +149,7 @@ def run_benchmark(
     fault_plan = load_fault_plan(config.faults)
     slo_spec = load_slo_spec(config.slo)
     run_dir = Path(config.out or default_run_dir(config))
-    with _removed_if_left_empty(run_dir):
+    with removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
         tokenizer = tokenizer or load_tokenizer_for(config)
         inputs = RunInputs(
@@ -171,7 +171,7 @@ def run_benchmark(
 
 
 @contextlib.contextmanager
-def _removed_if_left_empty(run_dir: Path):
+def removed_if_left_empty(run_dir: Path):
     """Remove `run_dir` again when the run fails before writing anything into it (a bad
     workload, an unreachable target), so a refused run leaves nothing on disk."""
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # innermost first
