@@ -77,16 +77,24 @@ def slo_table(verdicts: list[SLOVerdict], slo_name: str | None) -> Table:
     """One row per SLO objective: observed value with its interval, threshold, verdict."""
     table = _table(f"SLO {slo_name or ''}".strip())
     for name, justify in (("objective", "left"), ("observed", "right"), ("threshold", "right"),
-                          ("n", "right"), ("verdict", "left")):  # fmt: skip
+                          ("n", "right"), ("verdict", "left"), ("why", "left")):  # fmt: skip
         table.add_column(name, justify=justify)
     for v in verdicts:
-        digits = 1 if v.unit == "ms" else 4
+        observed, low, high, threshold = v.observed, v.ci_low, v.ci_high, v.threshold
+        if v.unit == "ms":
+            digits, unit = 1, " ms"
+        else:  # fractions read as percentages
+            digits, unit = 2, "%"
+            observed, low, high, threshold = (
+                None if x is None else 100 * x for x in (observed, low, high, threshold)
+            )
         table.add_row(
             v.objective,
-            _num(v.observed, digits) + _ci(v.ci_low, v.ci_high, digits),
-            _num(v.threshold, digits),
+            _num(observed, digits) + ("" if observed is None else unit) + _ci(low, high, digits),
+            _num(threshold, digits) + ("" if threshold is None else unit),
             _num(v.n),
             verdict_text(v.verdict),
+            v.reason or "",
         )
     return table
 
