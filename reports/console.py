@@ -163,7 +163,7 @@ def _health_line(card: Card) -> Text:
     h = card.client_health
     style = "bold red" if h.client_bound else "dim"
     return Text(
-        f"client dispatch lag p50 {_num(h.dispatch_lag_p50_ms, 3)} ms, p99 "
+        f"client queueing (scheduled to sent) p50 {_num(h.dispatch_lag_p50_ms, 3)} ms, p99 "
         f"{_num(h.dispatch_lag_p99_ms, 3)} ms; client bound: {_num(h.client_bound)}",
         style=style,
     )
@@ -251,7 +251,7 @@ def summary_renderable(summary: dict) -> RenderableType:
     parts.append(Text(""))
     parts.append(
         Text(
-            f"client dispatch lag p50 {_num(lag.get('p50'), 3)} ms, p99 {_num(lag.get('p99'), 3)} "
+            f"client queueing (scheduled to sent) p50 {_num(lag.get('p50'), 3)} ms, p99 {_num(lag.get('p99'), 3)} "
             f"ms; client bound: {_num(summary.get('client_bound'))}",
             style="bold red" if summary.get("client_bound") else "dim",
         )

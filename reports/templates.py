@@ -147,7 +147,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% else %}<p class="empty">Not available: {{ card.memory.reason }}.</p>{% endif %}
 
 <h2>Client health</h2>
-<table><tr><th>dispatch lag p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th><th>client bound</th></tr>
+<table><tr><th>client queueing, scheduled to sent: p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th><th>client bound</th></tr>
 <tr><td>{{ card.client_health.dispatch_lag_p50_ms | fmt(3) }}</td><td>{{ card.client_health.dispatch_lag_p99_ms | fmt(3) }}</td>
 <td>{{ card.client_health.dispatch_lag_max_ms | fmt(3) }}</td><td>{{ card.client_health.client_bound | fmt }}</td></tr></table>
 
