@@ -96,7 +96,7 @@ model {{ card.model or "—" }} · workload {{ card.workload or "—" }} · SLO 
 <tr><th class="text">run</th><th>load</th><th>n</th><th>ok</th><th>requests/s</th><th>output tokens/s</th><th>tokens/s per user</th>
 <th>p50 TTFT (ms)</th><th>p99 TTFT (ms)</th><th>p50 TPOT (ms)</th><th>p99 TPOT (ms)</th><th>p50 ITL (ms)</th><th>p99 ITL (ms)</th>
 <th>p99 E2E (ms)</th><th>goodput (requests/s)</th><th>attainment</th><th>frontier</th></tr>
-{% for p in card.points %}<tr><td class="text"><code>{{ p.run_dir }}</code></td><td>{{ label(p) }}</td><td>{{ p.n | fmt }}</td><td>{{ p.n_ok | fmt }}</td>
+{% for p in card.points %}<tr><td class="text" style="white-space: nowrap"><code>{{ p.run_dir }}</code></td><td>{{ label(p) }}</td><td>{{ p.n | fmt }}</td><td>{{ p.n_ok | fmt }}</td>
 <td>{{ p.request_per_s | fmt(2) }}</td><td>{{ p.output_tokens_per_s | fmt(1) }}</td><td>{{ p.output_tokens_per_s_per_user | fmt(1) }}</td>
 <td>{{ p.ttft_p50_ms | fmt(1) }}</td><td>{{ p.ttft_p99_ms | fmt(1) }}</td><td>{{ p.tpot_p50_ms | fmt(2) }}</td><td>{{ p.tpot_p99_ms | fmt(2) }}</td>
 <td>{{ p.itl_p50_ms | fmt(2) }}</td><td>{{ p.itl_p99_ms | fmt(2) }}</td><td>{{ p.e2e_p99_ms | fmt(1) }}</td>
