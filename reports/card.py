@@ -198,6 +198,8 @@ class Card:
     notes: list[str] = field(default_factory=list)
     ledger: dict | None = None  # slo's ledger: lost, unexpected, leaked, outcomes, verdict
     faults: list[dict] = field(default_factory=list)  # recovery figures per fault window
+    server_metrics: dict | None = None  # slo's summary of the target's /metrics
+    correctness: dict | None = None  # slo's output-correctness summary (None: not checked)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
