@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from harness.cli_options import target_and_workload_options
+from harness.cli_targets import target_options
 from harness.errors import HarnessError
 
 EXAMPLES = """
@@ -98,6 +99,7 @@ def _drop_none(**kwargs) -> dict:
 
 @bench.command(epilog=EXAMPLES)
 @target_and_workload_options
+@target_options
 @click.option("--request-rate", type=float, help="Requests per second; inf sends all at once.")
 @click.option(
     "--concurrency",

@@ -24,8 +24,10 @@ class RunConfig:
       `server_metrics.parquet` (0: never; targets without `/metrics` are skipped).
     - `client_bound_ms`: dispatch-lag p99 above this marks the run `client_bound`.
     - `tokenizer`: counts prompt tokens and, where the server reports no usage, output tokens;
-      a reference-engine model name, GGUF path or HF directory (default: the target model when
-      the reference engine is managed, otherwise `smollm2-135m`).
+      a reference-engine model name, GGUF path, HF directory or tokenizer.json (default: the
+      model under test; see `harness.tokenizer_choice`).
+    - `target`: what to drive (`harness.engines`); `check_outputs` makes requests greedy and
+      compares each output with the reference engine's batch-1 output (`harness.oracle`).
     """
 
     workload: str = "random"
@@ -59,6 +61,11 @@ class RunConfig:
     max_consecutive_errors: int | None = None  # stop after this many failures in a row
     settle_s: float = 10.0  # how long to wait for the target to go idle after the run
     faults: str | None = None  # a fault plan: built-in name or YAML file (`bench faults list`)
+    target: str = "ref"  # ref | vllm | llamacpp | url:http://... (`url` wins when set)
+    engine_commands: tuple[str, ...] = ()  # ENGINE=TEMPLATE overrides (harness.engines)
+    engine_pythons: tuple[str, ...] = ()  # ENGINE=PATH: the interpreter of an engine's venv
+    check_outputs: bool = False  # greedy requests, each output compared with the reference
+    diverge_before: int = 32  # with check_outputs: diverging before this token is wrong output
 
     def __post_init__(self) -> None:
         def positive(name: str, value, *, integer: bool = False) -> None:
@@ -93,6 +100,15 @@ class RunConfig:
             object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
         if self.url is not None and not self.url.startswith(("http://", "https://")):
             raise HarnessError(f"--url must start with http:// or https://, got {self.url!r}.")
+        from harness.engines import parse_assignments, parse_target
+
+        parse_target(self.target)
+        parse_assignments(self.engine_commands, "--engine-command")
+        parse_assignments(self.engine_pythons, "--engine-python")
+        if self.diverge_before < 0:
+            raise HarnessError(
+                f"--diverge-before must be zero or more, got {self.diverge_before!r}."
+            )
         if self.burstiness is not None and self.request_rate in (None, math.inf):
             raise HarnessError("--burstiness needs a finite --request-rate to shape.")
 
@@ -105,5 +121,7 @@ class RunConfig:
         d["out"] = str(self.out) if self.out else None
         d["request_rate"] = "inf" if self.request_rate == math.inf else self.request_rate
         d["server_args"] = list(self.server_args)
+        d["engine_commands"] = list(self.engine_commands)
+        d["engine_pythons"] = list(self.engine_pythons)
         d.pop("api_key")
         return d
