@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from harness.cli_options import target_and_workload_options
-from harness.cli_targets import target_options
+from harness.cli_targets import run_comparative_command, target_options
 from harness.errors import HarnessError
 
 EXAMPLES = """
@@ -145,8 +145,14 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     from harness.config import RunConfig
     from harness.run import run_benchmark
 
+    targets, repeat = kwargs.pop("targets"), kwargs.pop("repeat")
+    kwargs["target"] = targets[0] if targets else None
     config = RunConfig(stream=not no_stream, server_args=server_args, **_drop_none(**kwargs))
     console = Console(stderr=False)
+    if len(targets) > 1 or repeat != 1:
+        sys.exit(
+            run_comparative_command(config, targets or (config.target,), repeat, console, quiet)
+        )
     outcome = run_benchmark(config, console=console, quiet=quiet)
     if not quiet:
         _render(outcome.summary, outcome.run_dir, console)

@@ -88,6 +88,8 @@ def test_fake_vllm_is_launched_recorded_and_stopped(tmp_path):
     requests = pq.read_table(out / "requests.parquet").to_pylist()
     assert [r[RequestColumn.STATUS] for r in requests] == ["ok"] * 4
     assert {r[RequestColumn.RESPONSE_ID] for r in requests} == {"mock"}
+    engine_ids = {r[RequestColumn.ENGINE_REQUEST_ID] for r in requests}
+    assert len(engine_ids) == 4 and all(i.startswith("mock-") for i in engine_ids)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["server_metrics"]["available"] is True
 
