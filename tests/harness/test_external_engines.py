@@ -217,3 +217,50 @@ def test_the_right_tokenizer_does_not_warn_and_checks_outputs(tmp_path):
     assert all(r[RequestColumn.OUTPUT_VALID] is not None for r in rows)
     # the reference outputs were cached beside the workloads
     assert list((tmp_path / "cache" / "oracle").glob("*.json"))
+
+
+@pytest.mark.parametrize("when", ["while running", "while starting"])
+def test_ctrl_c_stops_the_managed_engine(tmp_path, when):
+    """SIGINT to `bench run` mid-run (exit 130, a readable run) or while the engine is still
+    starting: either way the engine's process is gone afterwards."""
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    engine = FAKE_VLLM + " --ttft-ms 100 --itl-ms 200"
+    if when == "while starting":  # prints its pid, then never answers
+        engine = "vllm={python} -c 'import os, time; print(os.getpid(), flush=True); time.sleep(120)' {port}"
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--target", "vllm", "--engine-command",
+           engine, "--model", "tiny-random", "--workload", "random", "--num-requests", "4",
+           "--input-len", "8", "--output-len", "50", "--request-rate", "inf", "--out", str(out),
+           "--quiet"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        log = out / "server.log"
+        deadline = time.monotonic() + 60
+        ready = "listening on" if when == "while running" else "\n"
+        while time.monotonic() < deadline:
+            text = log.read_text() if log.is_file() else ""
+            if ready in text.split("\n", 1)[-1]:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = log.read_text()
+    if when == "while running":
+        assert proc.returncode == 130, output
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["complete"] is False
+        url = manifest["target"]["url"].removesuffix("/v1")
+        assert not _answers(url + "/health")
+    else:
+        assert proc.returncode == 130 and b"Traceback" not in output, output
+        pid = int(text.splitlines()[1])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
