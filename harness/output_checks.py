@@ -74,8 +74,13 @@ class OutputChecks:
         if usage_completion_tokens is not None and text:
             retokenised = len(self.tokenizer.encode(text))
             slack = max(USAGE_TOLERANCE_TOKENS, USAGE_TOLERANCE * usage_completion_tokens)
+            # Fewer tokens than token-bearing events is impossible. Otherwise both counts of the
+            # client must disagree: retokenising text is not always a round trip, and servers
+            # may merge tokens into one event, but not both by much at once.
             too_few = streamed and usage_completion_tokens < token_chunks
-            if too_few or abs(retokenised - usage_completion_tokens) > slack:
+            off_text = abs(retokenised - usage_completion_tokens) > slack
+            off_events = not streamed or abs(token_chunks - usage_completion_tokens) > slack
+            if too_few or (off_text and off_events):
                 flags.append(OutputFlag.USAGE_MISMATCH)
         exact = first = agreement = None
         reference = self.references.get(request_id)

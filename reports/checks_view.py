@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -89,19 +90,29 @@ def correctness_sentence(block: dict | None) -> str | None:
     return "; ".join(parts) or None
 
 
+RATE_TABLES = (
+    ("by_load", "load", "in flight at send"),
+    ("by_server_batch", "batch", "server batch (running) at send"),
+)
+
+
 def correctness_renderable(block: dict | None):
-    """The oracle's sentence and its rates by load level (nothing when not checked)."""
+    """The oracle's sentence and its rates by load level and by server batch (None when
+    outputs were not checked)."""
     sentence = correctness_sentence(block)
     if sentence is None:
         return None
-    if not block.get("by_load"):
-        return Text(sentence)
-    table = Table(title=sentence, title_justify="left")
-    for name in ("in flight at send", "n", "exact", "wrong"):
-        table.add_column(name, justify="right")
-    for row in block["by_load"]:
-        table.add_row(row["load"], str(row["n"]), _pct(row["exact_rate"]), _pct(row["wrong_rate"]))
-    return table
+    parts = [Text(sentence)]
+    for field_, key, title in RATE_TABLES:
+        if not block.get(field_):
+            continue
+        table = Table()
+        for name in (title, "n", "exact", "wrong"):
+            table.add_column(name, justify="right")
+        for row in block[field_]:
+            table.add_row(row[key], str(row["n"]), _pct(row["exact_rate"]), _pct(row["wrong_rate"]))
+        parts.append(table)
+    return Group(*parts)
 
 
 CHECKS_HTML = """
@@ -114,9 +125,9 @@ CHECKS_HTML = """
 <h2>Output correctness</h2>
 {% set c = card.correctness %}
 {% if c %}<p class="sub">{{ correctness_sentence(c) }}</p>
-{% if c.by_load %}<table><tr><th>in flight at send</th><th>n</th><th>exact</th><th>wrong</th></tr>
-{% for r in c.by_load %}<tr><td>{{ r.load }}</td><td>{{ r.n }}</td><td>{{ r.exact_rate | fmt(3) }}</td><td>{{ r.wrong_rate | fmt(3) }}</td></tr>{% endfor %}
-</table>{% endif %}
+{% for field, key, title in RATE_TABLES if c.get(field) %}<table><tr><th>{{ title }}</th><th>n</th><th>exact</th><th>wrong</th></tr>
+{% for r in c[field] %}<tr><td>{{ r[key] }}</td><td>{{ r.n }}</td><td>{{ r.exact_rate | fmt(3) }}</td><td>{{ r.wrong_rate | fmt(3) }}</td></tr>{% endfor %}
+</table>{% endfor %}
 {% else %}<p class="empty">Outputs were not checked (bench run --check-outputs compares them with the reference engine).</p>{% endif %}
 """
 

@@ -60,6 +60,44 @@ def _bucket(n: float) -> str:
     return f">{LOAD_EDGES[-1]}"
 
 
+def server_running_at(t_ns: np.ndarray, server_metrics: pa.Table | None) -> np.ndarray:
+    """The server's running requests (its batch, `vllm:num_requests_running`) at the last
+    scrape at or before each time; NaN before the first scrape or without the metric."""
+    from slo.server_metrics import GAUGES, series_by_time
+
+    t = np.asarray(t_ns, dtype=np.float64)
+    found = (
+        None if server_metrics is None else series_by_time(server_metrics, dict(GAUGES)["running"])
+    )
+    if found is None:
+        return np.full(len(t), np.nan)
+    t_s, values = found
+    index = np.searchsorted(t_s * 1e9, np.nan_to_num(t, nan=-np.inf), side="right") - 1
+    out = np.where(index >= 0, values[np.clip(index, 0, None)], np.nan)
+    return np.where(np.isnan(t), np.nan, out)
+
+
+def _rates_by(labels: np.ndarray, compared: np.ndarray, exact, wrong, key: str) -> list[dict]:
+    rows = []
+    for label in dict.fromkeys(_bucket(e) for e in (*LOAD_EDGES, LOAD_EDGES[-1] + 1)):
+        chosen = compared & (labels == label)
+        if np.any(chosen):
+            rows.append(
+                {
+                    key: label,
+                    "n": int(np.count_nonzero(chosen)),
+                    "exact_rate": float(exact[chosen].mean()),
+                    "wrong_rate": float(wrong[chosen].mean()),
+                }
+            )
+    return rows
+
+
+def _labels(values: np.ndarray) -> np.ndarray:
+    # a batch of 0 (scraped before the request arrived) counts as 1: the request itself
+    return np.array([_bucket(max(x, 1)) if not np.isnan(x) else None for x in values], dtype=object)
+
+
 def _flags(requests: pa.Table) -> list[set[str]]:
     return [
         set(f.split(",")) if f else set()
@@ -67,13 +105,21 @@ def _flags(requests: pa.Table) -> list[set[str]]:
     ]
 
 
-def correctness_summary(requests: pa.Table, *, diverge_before: int | None = None) -> dict | None:
+def correctness_summary(
+    requests: pa.Table,
+    *,
+    diverge_before: int | None = None,
+    server_metrics: pa.Table | None = None,
+) -> dict | None:
     """`{n_compared, n_exact, exact_rate, agreement_mean, n_wrong, diverge_before, flags,
-    by_load}` over a contract requests table, or None when no request was checked.
+    by_load, by_server_batch}` over a contract requests table, or None when no request was
+    checked.
 
     `flags` counts each OutputFlag; `by_load` lists, per bucket of in-flight requests at send
-    time, `{load, n, exact_rate, wrong_rate}` over the compared requests. `diverge_before` is
-    the position recorded with the run (a divergence before it made the request `wrong`).
+    time, `{load, n, exact_rate, wrong_rate}` over the compared requests; `by_server_batch` the
+    same per bucket of the server's running requests at the last scrape before the send
+    (`[]` without server metrics). `diverge_before` is the position recorded with the run (a
+    divergence before it made the request `wrong`).
     """
     exact = float_column(requests, RequestColumn.OUTPUT_EXACT_MATCH)
     flags = _flags(requests)
@@ -87,19 +133,8 @@ def correctness_summary(requests: pa.Table, *, diverge_before: int | None = None
         float_column(requests, RequestColumn.T_DONE_NS),
     )
     n = int(np.count_nonzero(compared))
-    by_load = []
-    buckets = np.array([_bucket(x) if not np.isnan(x) else None for x in load], dtype=object)
-    for label in dict.fromkeys(_bucket(e) for e in (*LOAD_EDGES, LOAD_EDGES[-1] + 1)):
-        rows = compared & (buckets == label)
-        if np.any(rows):
-            by_load.append(
-                {
-                    "load": label,
-                    "n": int(np.count_nonzero(rows)),
-                    "exact_rate": float(exact[rows].mean()),
-                    "wrong_rate": float(wrong[rows].mean()),
-                }
-            )
+    exact_ok = np.nan_to_num(exact)
+    batch = server_running_at(float_column(requests, RequestColumn.T_SENT_NS), server_metrics)
     return {
         "n_compared": n,
         "n_exact": int(np.nansum(exact[compared])) if n else 0,
@@ -108,5 +143,6 @@ def correctness_summary(requests: pa.Table, *, diverge_before: int | None = None
         "n_wrong": int(np.count_nonzero(wrong)),
         "diverge_before": diverge_before,
         "flags": {flag.value: sum(flag.value in f for f in flags) for flag in OutputFlag},
-        "by_load": by_load,
+        "by_load": _rates_by(_labels(load), compared, exact_ok, wrong, "load"),
+        "by_server_batch": _rates_by(_labels(batch), compared, exact_ok, wrong, "batch"),
     }

@@ -37,7 +37,7 @@ MAX_SERIES_POINTS = 120
 NOT_AVAILABLE = "not available: the target exposes no Prometheus /metrics"
 
 
-def _by_time(table: pa.Table, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+def series_by_time(table: pa.Table, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray] | None:
     """(t_s, value summed over label sets) for the first of `names` present, or None."""
     name_col = string_column(table, ServerMetricColumn.NAME)
     for name in names:
@@ -88,7 +88,7 @@ def server_metrics_summary(table: pa.Table) -> dict:
         return {"available": False, "reason": NOT_AVAILABLE, "samples": 0}
     gauges, series, counters = {}, {}, {}
     for key, names in GAUGES:
-        found = _by_time(table, names)
+        found = series_by_time(table, names)
         if found is None:
             gauges[key] = None
             continue
@@ -100,7 +100,7 @@ def server_metrics_summary(table: pa.Table) -> dict:
         }
         series[key] = _thin(t_s, values)
     for key, names in COUNTERS:
-        found = _by_time(table, names)
+        found = series_by_time(table, names)
         counters[key] = None if found is None else counter_increase(found[1])
     return {
         "available": True,

@@ -249,7 +249,11 @@ def checks_summary(tables: RunTables) -> dict:
             overhead_tokens=float(target.get("prompt_overhead_tokens") or 0),
         ),
         "server_metrics": server_metrics_summary(tables.server_metrics),
-        "correctness": correctness_summary(requests, diverge_before=config.get("diverge_before")),
+        "correctness": correctness_summary(
+            requests,
+            diverge_before=config.get("diverge_before"),
+            server_metrics=tables.server_metrics,
+        ),
     }
 
 

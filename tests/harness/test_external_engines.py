@@ -92,6 +92,12 @@ def test_fake_vllm_is_launched_recorded_and_stopped(tmp_path):
     assert len(engine_ids) == 4 and all(i.startswith("mock-") for i in engine_ids)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["server_metrics"]["available"] is True
+    html = tmp_path / "card.html"
+    card = CliRunner().invoke(bench, ["report", str(out), "-o", str(html)])
+    assert card.exit_code == 0, card.output
+    assert "running requests" in card.output  # the console card's server-metrics table
+    page = html.read_text()
+    assert "Server metrics over time" in page and "<svg" in page
 
 
 def test_an_engine_that_exits_ends_in_one_sentence_with_its_log_tail(tmp_path):

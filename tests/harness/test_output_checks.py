@@ -86,3 +86,9 @@ def test_ignore_eos_cut_short_is_flagged_and_wrong():
 def test_usage_that_disagrees_with_the_stream_is_flagged(usage, flagged):
     r = _row(["a", "b", "c", "d"], usage, reference=None)
     assert (r.output_flags == OutputFlag.USAGE_MISMATCH.value) is flagged
+
+
+def test_a_server_merging_tokens_into_one_event_is_not_flagged():
+    # 3 events carrying 4 words: usage 4 agrees with the retokenised text
+    r = _row(["a b", "c", "d"], 4, reference=None)
+    assert r.output_flags is None

@@ -174,3 +174,39 @@ def test_correctness_summary_rates_by_load():
         {"load": "2", "n": 1, "exact_rate": 0.0, "wrong_rate": 1.0},
     ]
     assert correctness_summary(requests_table([rec("x", 0, 1, None)])) is None
+
+
+def test_divergence_by_server_batch_reads_the_running_gauge_before_each_send():
+    from slo.correctness import server_running_at
+
+    metrics = _metrics_table(
+        [
+            (100, "vllm:num_requests_running", {}, 0.0),
+            (200, "vllm:num_requests_running", {}, 3.0),
+            (300, "vllm:num_requests_running", {}, 9.0),
+        ]
+    )
+    got = server_running_at(np.array([50.0, 100.0, 250.0, 1000.0, np.nan]), metrics)
+    assert np.isnan(got[0]) and got[1:4].tolist() == [0.0, 3.0, 9.0] and np.isnan(got[4])
+    assert np.isnan(server_running_at(np.array([1.0]), None)).all()
+
+    def rec(rid, sent, exact, flags=None):
+        return RequestRecord(
+            request_id=rid, t_sent_ns=sent, t_done_ns=sent + 1, status=RequestStatus.OK,
+            output_exact_match=exact, output_agreement=1.0, output_flags=flags,
+        )  # fmt: skip
+
+    table = requests_table(
+        [
+            rec("a", 150, True),
+            rec("b", 250, True),
+            rec("c", 260, False, "diverged"),
+            rec("d", 400, False, "diverged"),
+        ]  # fmt: skip
+    )
+    out = correctness_summary(table, server_metrics=metrics)
+    assert out["by_server_batch"] == [
+        {"batch": "1", "n": 1, "exact_rate": 1.0, "wrong_rate": 0.0},  # 0 running: itself
+        {"batch": "3-4", "n": 2, "exact_rate": 0.5, "wrong_rate": 0.5},
+        {"batch": "9-16", "n": 1, "exact_rate": 0.0, "wrong_rate": 1.0},
+    ]
