@@ -270,3 +270,49 @@ def test_ctrl_c_stops_the_managed_engine(tmp_path, when):
         pid = int(text.splitlines()[1])
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_fake_llamacpp_serves_the_gguf_and_counts_tokens_with_its_tokenizer(
+    tmp_path, smollm2_tokenizer
+):
+    """llama.cpp's server sends no usage when streaming: tokens are counted with the GGUF's
+    own tokenizer, the prompt-token check says it could not check, and the card says the
+    engine serves one request at a time."""
+    from engine_ref.loading.model_files import resolve_model
+
+    fake = "llamacpp={python} -m harness.cli mock-server --port {port} --model {served_model} --no-usage"
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        bench,
+        ["run", "--target", "llamacpp", "--engine-command", fake, "--model", "smollm2-135m",
+         "--workload", "random", "--num-requests", "3", "--input-len", "16", "--output-len",
+         "4", "--request-rate", "inf", "--out", str(out), "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    target = json.loads((out / "manifest.json").read_text())["target"]
+    gguf = str(resolve_model("smollm2-135m").path)
+    assert target["weights"] == gguf and target["tokenizer"]["source"] == gguf
+    assert target["serialises_requests"] is True
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["output_tokens_source"] == "tokenizer"
+    assert summary["prompt_tokens"]["verdict"] == "not_checked"
+    card_json = tmp_path / "card.json"
+    card = CliRunner().invoke(bench, ["report", str(out), "--json", str(card_json)])
+    assert card.exit_code == 0, card.output
+    notes = json.loads(card_json.read_text())["notes"]
+    assert any("serves one request at a time" in n for n in notes)
+
+
+def test_a_tokenizer_json_file_is_a_tokenizer(tmp_path):
+    from harness.engines import exported_dir
+    from harness.tokenizer_choice import load_chosen
+
+    path = exported_dir("tiny-random") / "tokenizer.json"
+    choice = choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(path)))
+    assert (choice.source, choice.how) == (str(path), "--tokenizer")
+    tokenizer = load_chosen(choice)
+    assert tokenizer.encode("hello world") == load_chosen(
+        choose_tokenizer(RunConfig(model="tiny-random"))
+    ).encode("hello world")
+    with pytest.raises(HarnessError, match="cannot load the tokenizer"):
+        load_chosen(choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(tmp_path))))
