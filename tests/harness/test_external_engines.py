@@ -210,13 +210,16 @@ def test_tiny_random_served_with_the_smollm2_tokenizer_warns(tmp_path, smollm2_t
     assert summary["correctness"]["n_compared"] == 4
 
 
-def test_the_right_tokenizer_does_not_warn_and_checks_outputs(tmp_path):
-    result, out = _run(tmp_path, "--check-outputs", "--diverge-before", "8")
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_the_right_tokenizer_does_not_warn_and_checks_outputs(tmp_path, endpoint):
+    """Chat prompts carry the template's constant overhead, which the check allows for."""
+    result, out = _run(tmp_path, "--check-outputs", "--diverge-before", "8", "--endpoint", endpoint)
     assert result.exit_code == 0, result.output
     assert "warning:" not in result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prompt_tokens"]["verdict"] == "agree"
     assert summary["prompt_tokens"]["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert (summary["prompt_tokens"]["overhead_tokens"] > 0) == (endpoint == "chat")
     correctness = summary["correctness"]
     assert correctness["n_compared"] == 4 and correctness["diverge_before"] == 8
     rows = pq.read_table(out / "requests.parquet").to_pylist()
