@@ -161,7 +161,8 @@ def run_benchmark(
     )
     if target is not None:
         return _run_against(inputs, Target(target.base_url, dict(target.entry), target.server))
-    with target_for(config) as started:
+    engine_args = fault_plan.managed_engine_args if fault_plan is not None else ()
+    with target_for(config, extra_args=engine_args) as started:
         return _run_against(inputs, started)
 
 

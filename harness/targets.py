@@ -71,14 +71,15 @@ class Target:
 
 
 @contextlib.contextmanager
-def target_for(config: RunConfig):
-    """Yield the `Target`: `config.url`, or a managed reference server."""
+def target_for(config: RunConfig, *, extra_args: tuple[str, ...] = ()):
+    """Yield the `Target`: `config.url`, or a managed reference server, whose command line gets
+    `--server-arg`s and then `extra_args` (a fault plan's)."""
     if config.url is not None:
         yield Target(config.url, {"kind": "url", "url": config.url})
         return
     server_cfg = ManagedServerConfig(
         model=config.model or DEFAULT_MODEL,
-        extra_args=config.server_args,
+        extra_args=(*config.server_args, *extra_args),
         startup_timeout_s=config.startup_timeout_s,
     )
     with managed_server(server_cfg) as server:
