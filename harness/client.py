@@ -54,6 +54,8 @@ class ClientOptions:
     stream: bool = True
     timeout_s: float = 600.0
     api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every request, after Authorization
+    extra_body: dict | None = None  # merged into every request body (`--extra-body`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
@@ -84,6 +86,8 @@ def build_body(options: ClientOptions, spec: dict) -> bytes:
     for key in ("temperature", "top_p", "seed"):
         if spec.get(key) is not None:
             body[key] = spec[key]
+    if options.extra_body:
+        body.update(options.extra_body)
     return orjson.dumps(body)
 
 
@@ -93,6 +97,7 @@ def make_session(options: ClientOptions, *, max_connections: int) -> aiohttp.Cli
     headers = {"Content-Type": "application/json"}
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
+    headers.update(options.headers)
     return aiohttp.ClientSession(
         connector=connector,
         headers=headers,

@@ -79,3 +79,20 @@ def judge(
     if slo_given and (summary.get("slo") or {}).get("verdict") == FAIL:
         return Verdict(EXIT_SLO_FAILED, "The run missed its SLO.")
     return Verdict(EXIT_OK, None)
+
+
+def not_found_sentence(
+    base_url: str, url: str, first_status: int | None, n_not_found: int, total: int
+) -> str | None:
+    """What to try when the target answered HTTP 404: None unless the first request got one.
+
+    `url` is the request URL tried under `base_url`; a base URL without `/v1` is the usual
+    cause (vLLM's `--base-url` form), an unknown model name the other (vLLM answers 404)."""
+    if first_status != 404:
+        return None
+    base = base_url.rstrip("/")
+    if not base.endswith("/v1"):
+        hint = f"the OpenAI API usually lives under /v1: try --url {base}/v1"
+    else:
+        hint = f"check that {base} is the OpenAI base URL and that the target serves the model asked for (--model)"
+    return f"{n_not_found} of {total} requests got HTTP 404 from POST {url}; {hint}."

@@ -16,18 +16,21 @@ from harness.managed import ManagedServer, ManagedServerConfig, managed_server
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _get(url: str, api_key: str | None, timeout_s: float):
+def _get(url: str, api_key: str | None, timeout_s: float, extra_headers=()):
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers.update(extra_headers)
     return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
 
 
-def preflight(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:
+def preflight(
+    base_url: str, timeout_s: float = 10.0, api_key: str | None = None, headers=()
+) -> dict:
     """GET `<base_url>/models`: proves the target is reachable; returns its JSON (or {}).
 
-    A 401 or 403 ends the run before it starts, in one sentence naming `--api-key`."""
+    `headers`: (name, value) pairs sent besides the API key (`--header`). A 401 or 403 ends the run before it starts, in one sentence naming `--api-key`."""
     url = base_url.rstrip("/") + "/models"
     try:
-        with _get(url, api_key, timeout_s) as resp:
+        with _get(url, api_key, timeout_s, headers) as resp:
             return json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         exc.close()  # it holds the answer's socket
@@ -47,11 +50,11 @@ def preflight(base_url: str, timeout_s: float = 10.0, api_key: str | None = None
         return {}
 
 
-def target_info(base_url: str, api_key: str | None = None) -> dict:
+def target_info(base_url: str, api_key: str | None = None, headers=()) -> dict:
     """The reference engine's `/info` (engine, version, model, dtype, config), when present."""
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        with _get(root + "/info", api_key, 5) as resp:
+        with _get(root + "/info", api_key, 5, headers) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         exc.close()

@@ -12,6 +12,7 @@ import jinja2
 
 from reports import charts
 from reports.card import LATENCY_METRICS, Card
+from reports.conventions_view import convention_rows, conventions_sources
 from reports.taxonomy import OUTCOME_KINDS
 from reports.templates import COMPARISON_TEMPLATE, RUN_TEMPLATE
 
@@ -103,6 +104,8 @@ def _environment(loader_css: str) -> jinja2.Environment:
         ENV_FIELDS=ENV_FIELDS,
         GOODPUT_LABELS=GOODPUT_LABELS,
         environment_rows=environment_rows,
+        convention_rows=convention_rows,
+        conventions_sources=conventions_sources,
     )
     return env
 

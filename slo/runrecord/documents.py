@@ -120,6 +120,9 @@ class RunSummary:
     ledger: dict | None = None
     faults: dict | None = None
     conventions: dict | None = None
+    streamed: bool | None = None  # None: a summary written before the field
+    undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
+    saturation: dict | None = None
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:
