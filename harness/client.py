@@ -42,6 +42,7 @@ class RawResult:
     status: RequestStatus | None = None  # set only when the transport decided the outcome
     error_class: ErrorClass | None = None
     error_message: str | None = None
+    engine_request_id: str | None = None  # the answer's x-request-id header
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,7 @@ async def send(
             async with session.post(options.url, data=payload.body) as response:
                 result.t_first_byte_ns = clock()
                 result.http_status = response.status
+                result.engine_request_id = response.headers.get("x-request-id")
                 if response.status != 200:
                     result.body = await response.read()
                     _classify_http(result)

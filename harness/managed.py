@@ -118,7 +118,9 @@ class ManagedServer:
 
 
 @contextlib.contextmanager
-def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
+def managed_server(
+    config: ManagedServerConfig, log_dir: Path | None = None
+) -> Iterator[ManagedServer]:
     """Run the reference engine server for the duration of the `with` block.
 
     The server binds 127.0.0.1 on a port it picks and writes to a port file; we wait for
@@ -126,6 +128,8 @@ def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
     exit path (terminate, then kill after 10 s).
     """
     server = ManagedServer(config, Path(tempfile.mkdtemp(prefix="bench-server-")))
+    if log_dir is not None:  # the run directory: the log stays with the run
+        server.log_path = Path(log_dir) / "server.log"
     try:
         server.start()
         yield server
@@ -138,7 +142,7 @@ def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise HarnessError(
-                f"the reference engine server exited with code {proc.returncode} before it was ready; its log ends:\n{_tail(log_path)}"
+                f"the reference engine server exited with code {proc.returncode} before it was ready; its log ends:\n{log_tail(log_path)}"
             )
         if port_file.exists() and port_file.read_text().strip():
             port = int(port_file.read_text().strip())
@@ -152,7 +156,7 @@ def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout
                 pass
         time.sleep(0.2)
     raise HarnessError(
-        f"the reference engine server was not healthy within {timeout_s:g} s; its log ends:\n{_tail(log_path)}"
+        f"the reference engine server was not healthy within {timeout_s:g} s; its log ends:\n{log_tail(log_path)}"
     )
 
 
@@ -167,7 +171,8 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a server log (\"(no log)\" when it cannot be read)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:

@@ -22,12 +22,21 @@ from harness.fault_session import FaultSession
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServer
 from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sentence
+from harness.output_checks import Expectation, OutputChecks
 from harness.progress import ProgressDisplay
+from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
 from harness.run_context import ErrorLimits, RunContext
 from harness.scraper import MetricsScraper
 from harness.server_state import read_gauges, settle
-from harness.targets import DEFAULT_MODEL, Target, preflight, target_for, target_info
+from harness.targets import Target, launch_plan_for, preflight, target_for, target_info
+from harness.tokenizer_choice import (
+    TokenizerChoice,
+    chat_overhead_tokens,
+    choose_tokenizer,
+    load_chosen,
+    names_a_model,
+)
 from harness.transport import Transport
 from slo.runrecord import (
     Endpoint,
@@ -66,17 +75,18 @@ def default_run_dir(config: RunConfig) -> Path:
     return Path("runs") / f"{stamp}-{name}"
 
 
-def load_tokenizer_for(config: RunConfig):
-    """The tokenizer that counts prompt tokens (and output tokens where usage is missing)."""
-    from engine_ref.loading import load_tokenizer
+def load_tokenizer_for(config: RunConfig, plan=None):
+    """The tokenizer that counts prompt tokens (and output tokens where usage is missing): the
+    model under test's (see `harness.tokenizer_choice`)."""
+    return load_chosen(choose_tokenizer(config, plan))
 
-    name = config.tokenizer or (
-        config.model if config.url is None and config.model else DEFAULT_MODEL
-    )
-    try:
-        return load_tokenizer(name)
-    except Exception as exc:  # the loader's own errors are one sentence; keep them so
-        raise HarnessError(f"cannot load the tokenizer {name!r}: {exc}") from exc
+
+def warn(console: Console | None, sentence: str) -> None:
+    """One warning sentence on the console (nothing for library callers without one)."""
+    if console is not None:
+        console.print(
+            f"warning: {sentence}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )
 
 
 def materialise_workload(config: RunConfig, tokenizer):
@@ -151,7 +161,11 @@ def run_benchmark(
     run_dir = Path(config.out or default_run_dir(config))
     with _removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
-        tokenizer = tokenizer or load_tokenizer_for(config)
+        plan = launch_plan_for(config) if target is None else None
+        choice = choose_tokenizer(config, plan)
+        if choice.warning and tokenizer is None:
+            warn(console, choice.warning)
+        tokenizer = tokenizer or load_chosen(choice)
         inputs = RunInputs(
             config=config,
             workload=materialise_workload(config, tokenizer),
@@ -162,12 +176,13 @@ def run_benchmark(
             quiet=quiet,
             transport=transport,
             fault_plan=fault_plan,
+            tokenizer_choice=choice,
         )
         if target is not None:
             started = Target(target.base_url, dict(target.entry), target.server)
             return _run_against(inputs, started)
         engine_args = fault_plan.managed_engine_args if fault_plan is not None else ()
-        with target_for(config, extra_args=engine_args) as started:
+        with target_for(config, log_dir=run_dir, plan=plan, extra_args=engine_args) as started:
             return _run_against(inputs, started)
 
 
@@ -199,6 +214,7 @@ class RunInputs:
     quiet: bool = True
     transport: Transport | None = None
     fault_plan: object | None = None  # faults.plan.FaultPlan
+    tokenizer_choice: TokenizerChoice | None = None
 
 
 def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
@@ -213,13 +229,16 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         config.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
     )
     info = target_info(base_url, config.api_key, config.headers)
+    overhead = chat_overhead_tokens(inputs.tokenizer) if endpoint is Endpoint.CHAT else 0
     target.update(
         model=model,
         endpoint=endpoint.value,
-        engine=info.get("engine"),
-        engine_version=info.get("version"),
+        engine=info.get("engine") or target.get("engine"),
+        engine_version=info.get("version") or target.get("engine_version"),
         dtype=info.get("dtype"),
         engine_config=info.get("engine_config"),
+        tokenizer=inputs.tokenizer_choice.to_dict() if inputs.tokenizer_choice else None,
+        prompt_overhead_tokens=overhead,
     )
     options = ClientOptions(
         base_url=base_url,
@@ -260,6 +279,8 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         quiet=inputs.quiet,
     )
     run.errors = ErrorLimits(config.max_error_rate, config.max_consecutive_errors)
+    run.checks = output_checks(config, workload, inputs.tokenizer, endpoint)
+    run.watch = PromptTokenWatch(overhead, lambda sentence: warn(inputs.console, sentence))
     metrics_url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     idle_before = read_gauges(metrics_url, api_key=config.api_key)
     reason: str | None = "the harness stopped unexpectedly"
@@ -318,8 +339,54 @@ def _record_outcome(run_dir: Path, verdict: Verdict) -> None:
     write_json_atomic(run_dir / "manifest.json", manifest.to_json())
 
 
-def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:
+def request_rows(config: RunConfig, workload) -> list[dict]:
+    """The workload's rows as sent: with `check_outputs`, rows without a temperature are greedy."""
     rows = workload.table.to_pylist()
+    if config.check_outputs:
+        for row in rows:
+            if row.get("temperature") is None:
+                row["temperature"] = 0.0
+    return rows
+
+
+def oracle_model(config: RunConfig) -> str:
+    """The reference model whose batch-1 outputs judge the target's (`--check-outputs`)."""
+    from harness.tokenizer_choice import DEFAULT_MODEL
+
+    if config.url is None and not config.target.startswith("url:"):
+        return config.model or DEFAULT_MODEL
+    for candidate in (config.model, config.tokenizer):
+        if candidate and names_a_model(candidate):
+            return candidate
+    raise HarnessError(
+        "--check-outputs against a URL target needs the reference model it serves; name it "
+        "with --model or --tokenizer (a reference model name, GGUF file or HF directory)."
+    )
+
+
+def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) -> OutputChecks:
+    """The run's output checks: TEST06-style flags always; with `check_outputs`, the
+    reference engine's batch-1 outputs for the greedy requests (cached per workload)."""
+    from harness.oracle import reference_texts
+
+    rows = request_rows(config, workload)
+    expectations = {
+        r["request_id"]: Expectation(int(r["max_output_tokens"]), bool(r.get("ignore_eos")))
+        for r in rows
+    }
+    references = None
+    if config.check_outputs:
+        references = reference_texts(
+            rows,
+            model=oracle_model(config),
+            endpoint=endpoint,
+            workload_sha256=str(workload.manifest.get("sha256")),
+        )
+    return OutputChecks(tokenizer, expectations, references, diverge_before=config.diverge_before)
+
+
+def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:
+    rows = request_rows(config, workload)
     if not rows:
         raise HarnessError("the workload has no requests; raise --num-requests or --duration.")
     payloads = [RequestPayload(r["request_id"], build_body(options, r)) for r in rows]
