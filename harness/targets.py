@@ -11,6 +11,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.client import auth_headers
 from harness.config import RunConfig, normalise_base_url
 from harness.engines import ENGINES, LaunchPlan, parse_assignments, parse_target, plan_launch
 from harness.errors import HarnessError
@@ -21,9 +22,8 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def _get(url: str, api_key: str | None, timeout_s: float, extra_headers=()):
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    headers.update(extra_headers)
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
+    request = urllib.request.Request(url, headers=auth_headers(api_key, extra_headers))
+    return urllib.request.urlopen(request, timeout=timeout_s)
 
 
 def preflight(
