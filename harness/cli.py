@@ -11,6 +11,7 @@ import click
 from harness.cli_options import target_and_workload_options
 from harness.cli_targets import run_comparative_command, target_options
 from harness.errors import HarnessError
+from harness.vllm_compat import VllmCompatCommand, save_result, translate, vllm_options
 
 EXAMPLES = """
 \b
@@ -47,6 +48,7 @@ LAZY_COMMANDS = {
         "compare",
         "Compare a candidate run with a baseline; --gate for CI.",
     ),
+    "export": ("reports.cli_export", "export", "Export a run as vLLM JSON, llm-d report or CSV."),
     "capacity": (
         "harness.cli_capacity",
         "capacity",
@@ -97,7 +99,7 @@ def _drop_none(**kwargs) -> dict:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-@bench.command(epilog=EXAMPLES)
+@bench.command(epilog=EXAMPLES, cls=VllmCompatCommand)
 @target_and_workload_options
 @target_options
 @click.option("--request-rate", type=float, help="Requests per second; inf sends all at once.")
@@ -138,8 +140,11 @@ def _drop_none(**kwargs) -> dict:
     type=int,
     help="Stop the run (exit 3) after this many failed requests in a row.",
 )
+@vllm_options
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
-    """Drive a target with a workload, record every request and chunk, and summarise."""
+    """Drive a target with a workload, record every request and chunk, and summarise.
+
+    vLLM's `bench serve` flags are accepted with vLLM's meaning (listed last)."""
     from rich.console import Console
 
     from harness.config import RunConfig
@@ -147,13 +152,17 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
 
     targets, repeat = kwargs.pop("targets"), kwargs.pop("repeat")
     kwargs["target"] = targets[0] if targets else None
-    config = RunConfig(stream=not no_stream, server_args=server_args, **_drop_none(**kwargs))
+    kwargs, result_request, no_progress = translate(_drop_none(**kwargs))
+    config = RunConfig(stream=not no_stream, server_args=server_args, **kwargs)
     console = Console(stderr=False)
+    quiet = quiet or no_progress
     if len(targets) > 1 or repeat != 1:
         sys.exit(
             run_comparative_command(config, targets or (config.target,), repeat, console, quiet)
         )
     outcome = run_benchmark(config, console=console, quiet=quiet)
+    if result_request is not None:
+        click.echo(f"vLLM result: {save_result(result_request, outcome.run_dir)}")
     if not quiet:
         _render(outcome.summary, outcome.run_dir, console)
     verdict = outcome.verdict

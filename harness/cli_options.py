@@ -4,6 +4,26 @@ from __future__ import annotations
 
 import click
 
+
+class EndpointChoice(click.ParamType):
+    """`completions` or `chat`, also spelled as a path under the base URL, as vLLM's
+    `--endpoint /v1/completions` does."""
+
+    name = "endpoint"
+
+    def convert(self, value, param, ctx):
+        from slo.runrecord import Endpoint  # here, so `bench --help` imports no numpy
+
+        if isinstance(value, Endpoint):
+            return value
+        text = str(value).strip().rstrip("/").removeprefix("/").removeprefix("v1/")
+        for endpoint in Endpoint:
+            if text in (endpoint.value, endpoint.path.removeprefix("/")):
+                return endpoint
+        known = ", ".join(f"{e.value} ({'/v1' + e.path})" for e in Endpoint)
+        self.fail(f"{value!r} is not an endpoint here; use one of {known}.", param, ctx)
+
+
 _SHARED = (
     click.option(
         "--url",
@@ -15,8 +35,8 @@ _SHARED = (
     ),
     click.option(
         "--endpoint",
-        type=click.Choice(["completions", "chat"]),
-        help="API to drive (default: the workload's own endpoint, else completions).",
+        type=EndpointChoice(),
+        help="API to drive: completions or chat (or vLLM's /v1/completions, /v1/chat/completions); default: the workload's own, else completions.",
     ),
     click.option(
         "--workload",

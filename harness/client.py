@@ -55,6 +55,8 @@ class ClientOptions:
     stream: bool = True
     timeout_s: float = 600.0
     api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every request, after Authorization
+    extra_body: dict | None = None  # merged into every request body (`--extra-body`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
@@ -85,15 +87,23 @@ def build_body(options: ClientOptions, spec: dict) -> bytes:
     for key in ("temperature", "top_p", "seed"):
         if spec.get(key) is not None:
             body[key] = spec[key]
+    if options.extra_body:
+        body.update(options.extra_body)
     return orjson.dumps(body)
+
+
+def auth_headers(api_key: str | None, extra=()) -> dict[str, str]:
+    """`Authorization: Bearer <api_key>` (when a key is given), then the `extra` (name, value)
+    pairs (`--header`): the headers every request to the target carries."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers.update(extra)
+    return headers
 
 
 def make_session(options: ClientOptions, *, max_connections: int) -> aiohttp.ClientSession:
     """One session for the whole run, its connection pool sized to the concurrency."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=None)
-    headers = {"Content-Type": "application/json"}
-    if options.api_key:
-        headers["Authorization"] = f"Bearer {options.api_key}"
+    headers = {"Content-Type": "application/json", **auth_headers(options.api_key, options.headers)}
     return aiohttp.ClientSession(
         connector=connector,
         headers=headers,

@@ -9,6 +9,35 @@ from pathlib import Path
 from harness.errors import HarnessError
 from slo.runrecord import Endpoint
 
+# Body fields the harness sets from the workload and the run; `--extra-body` may not replace them.
+RESERVED_BODY_FIELDS = ("model", "prompt", "messages", "max_tokens", "stream", "stream_options")
+
+
+def normalise_base_url(url: str) -> str:
+    """The OpenAI base URL for `url`: `http://host:port` (vLLM's `--base-url` form) gets `/v1`.
+
+    A URL with any other path is kept as given (some gateways mount the API elsewhere); a
+    trailing slash is dropped. Raises `HarnessError` for a URL that is not http(s)."""
+    if not url.startswith(("http://", "https://")):
+        raise HarnessError(f"--url must start with http:// or https://, got {url!r}.")
+    url = url.rstrip("/")
+    _, _, rest = url.partition("://")
+    if "/" not in rest:
+        return f"{url}/v1"
+    return url
+
+
+def check_extra_body(extra_body) -> None:
+    """Refuse an `--extra-body` that is not a JSON object or that replaces a reserved field."""
+    if not isinstance(extra_body, dict):
+        raise HarnessError(f"--extra-body must be a JSON object, got {type(extra_body).__name__}.")
+    clash = sorted(set(extra_body) & set(RESERVED_BODY_FIELDS))
+    if clash:
+        raise HarnessError(
+            f"--extra-body may not set {clash[0]!r}: the harness sets it from the workload "
+            "(use --model, --output-len or --no-stream instead)."
+        )
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -26,6 +55,9 @@ class RunConfig:
     - `tokenizer`: counts prompt tokens and, where the server reports no usage, output tokens;
       a reference-engine model name, GGUF path, HF directory or tokenizer.json (default: the
       model under test; see `harness.tokenizer_choice`).
+    - `headers`: (name, value) pairs sent with every request; only the names are recorded.
+    - `extra_body`: a JSON object merged into every request body (engine-specific sampling
+      fields such as vLLM's `top_k`, `min_p`, `repetition_penalty`).
     - `target`: what to drive (`harness.engines`); `check_outputs` makes requests greedy and
       compares each output with the reference engine's batch-1 output (`harness.oracle`).
     """
@@ -49,7 +81,7 @@ class RunConfig:
     warmup: int = 0
     timeout_s: float = 600.0
     out: Path | None = None
-    slo: str | None = None
+    slo: str | dict | None = None  # a name or file, or a spec dict (`--goodput`)
     tokenizer: str | None = None
     client_bound_ms: float = 10.0
     flush_interval_s: float = 5.0
@@ -61,6 +93,9 @@ class RunConfig:
     max_consecutive_errors: int | None = None  # stop after this many failures in a row
     settle_s: float = 10.0  # how long to wait for the target to go idle after the run
     faults: str | None = None  # a fault plan: built-in name or YAML file (`bench faults list`)
+    headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers on every request (`--header`)
+    extra_body: dict | None = None  # JSON fields merged into every request body (`--extra-body`)
+    slice_duration_s: float | None = None  # fixed-width time slices on the card (s)
     target: str = "ref"  # ref | vllm | llamacpp | url:http://... (`url` wins when set)
     engine_commands: tuple[str, ...] = ()  # ENGINE=TEMPLATE overrides (harness.engines)
     engine_pythons: tuple[str, ...] = ()  # ENGINE=PATH: the interpreter of an engine's venv
@@ -82,7 +117,8 @@ class RunConfig:
 
         for name in ("num_requests", "concurrency", "input_len", "output_len"):
             positive(name, getattr(self, name), integer=True)
-        for name in ("duration_s", "request_rate", "burstiness", "timeout_s", "client_bound_ms"):
+        for name in ("duration_s", "request_rate", "burstiness", "timeout_s", "client_bound_ms",
+                     "slice_duration_s"):  # fmt: skip
             positive(name, getattr(self, name))
         if self.max_error_rate is not None and not 0 <= self.max_error_rate < 1:
             raise HarnessError(
@@ -98,8 +134,10 @@ class RunConfig:
                 names = ", ".join(e.value for e in Endpoint)
                 raise HarnessError(f"--endpoint must be one of {names}, got {self.endpoint!r}.")
             object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise HarnessError(f"--url must start with http:// or https://, got {self.url!r}.")
+        if self.url is not None:
+            object.__setattr__(self, "url", normalise_base_url(self.url))
+        if self.extra_body is not None:
+            check_extra_body(self.extra_body)
         from harness.engines import parse_assignments, parse_target
 
         parse_target(self.target)
@@ -124,4 +162,6 @@ class RunConfig:
         d["engine_commands"] = list(self.engine_commands)
         d["engine_pythons"] = list(self.engine_pythons)
         d.pop("api_key")
+        # Header values often carry credentials: record the names only.
+        d["headers"] = [name for name, _ in self.headers]
         return d

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -86,6 +87,29 @@ class ManagedServer:
     def resume(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
+
+    def set_step_delay(self, delay_ms: float) -> None:
+        """Make every engine step `delay_ms` slower (0: normal again), through the server's
+        fault-injection route (started with `--enable-fault-injection`)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/admin/step_delay",
+            data=json.dumps({"delay_ms": delay_ms}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise HarnessError(
+                f"the managed server refused the slow_steps fault ({exc.code}); was it started "
+                "with --enable-fault-injection?"
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise HarnessError(
+                f"the managed server did not take the slow_steps fault: {exc}."
+            ) from None
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -50,7 +50,10 @@ def to_rows(
     elif raw.reads:  # failed mid-stream: keep what arrived
         parsed = parse_stream(raw.reads, chat=ctx.is_chat)
 
-    token_times = [t for t, n, _ in parsed.chunks if n > 0] if parsed else []
+    # A non-streamed response arrives whole: no token was seen before the last byte, so the
+    # first and last token times are unknown (TTFT, TPOT and ITL undefined), not t_done.
+    streamed = raw.body is None
+    token_times = [t for t, n, _ in parsed.chunks if n > 0] if parsed and streamed else []
     text = parsed.text if parsed else ""
     usage = (parsed.usage if parsed else None) or {}
     client_tokens = sum(n for _, n, _ in parsed.chunks) if parsed else 0

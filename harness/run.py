@@ -21,7 +21,7 @@ from harness.errors import HarnessError
 from harness.fault_session import FaultSession
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServer
-from harness.outcome import EXIT_OK, Verdict, judge
+from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sentence
 from harness.progress import ProgressDisplay
 from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
@@ -124,13 +124,15 @@ def load_fault_plan(name: str | None):
         raise HarnessError(str(exc)) from exc
 
 
-def load_slo_spec(name: str | None) -> dict | None:
+def load_slo_spec(name: str | dict | None) -> dict | None:
+    """The SLO spec dict for `--slo` (a name or file) or for one already built (`--goodput`)."""
     if name is None:
         return None
-    from slo import SLOError, load_slo
+    from slo import SLOError
+    from slo.spec import as_spec
 
     try:
-        return load_slo(name).to_dict()
+        return as_spec(name).to_dict()
     except SLOError as exc:
         raise HarnessError(str(exc)) from exc
 
@@ -154,29 +156,48 @@ def run_benchmark(
     (`config.faults`) puts a fault plan's proxy and client wrappers in front of it.
     """
     fault_plan = load_fault_plan(config.faults)
-    run_dir = prepare_run_dir(config.out or default_run_dir(config))
     slo_spec = load_slo_spec(config.slo)
-    plan = launch_plan_for(config) if target is None else None
-    choice = choose_tokenizer(config, plan)
-    if choice.warning and tokenizer is None:
-        warn(console, choice.warning)
-    tokenizer = tokenizer or load_chosen(choice)
-    inputs = RunInputs(
-        config=config,
-        workload=materialise_workload(config, tokenizer),
-        tokenizer=tokenizer,
-        slo_spec=slo_spec,
-        run_dir=run_dir,
-        console=console,
-        quiet=quiet,
-        transport=transport,
-        fault_plan=fault_plan,
-        tokenizer_choice=choice,
-    )
-    if target is not None:
-        return _run_against(inputs, Target(target.base_url, dict(target.entry), target.server))
-    with target_for(config, log_dir=run_dir, plan=plan) as started:
-        return _run_against(inputs, started)
+    run_dir = Path(config.out or default_run_dir(config))
+    with _removed_if_left_empty(run_dir):
+        prepare_run_dir(run_dir)
+        plan = launch_plan_for(config) if target is None else None
+        choice = choose_tokenizer(config, plan)
+        if choice.warning and tokenizer is None:
+            warn(console, choice.warning)
+        tokenizer = tokenizer or load_chosen(choice)
+        inputs = RunInputs(
+            config=config,
+            workload=materialise_workload(config, tokenizer),
+            tokenizer=tokenizer,
+            slo_spec=slo_spec,
+            run_dir=run_dir,
+            console=console,
+            quiet=quiet,
+            transport=transport,
+            fault_plan=fault_plan,
+            tokenizer_choice=choice,
+        )
+        if target is not None:
+            started = Target(target.base_url, dict(target.entry), target.server)
+            return _run_against(inputs, started)
+        engine_args = fault_plan.managed_engine_args if fault_plan is not None else ()
+        with target_for(config, log_dir=run_dir, plan=plan, extra_args=engine_args) as started:
+            return _run_against(inputs, started)
+
+
+@contextlib.contextmanager
+def _removed_if_left_empty(run_dir: Path):
+    """Remove `run_dir` again when the run fails before writing anything into it (a bad
+    workload, an unreachable target), so a refused run leaves nothing on disk."""
+    created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # innermost first
+    try:
+        yield
+    except BaseException:
+        for path in created:  # the run directory, then parents made for it (e.g. runs/)
+            if not path.is_dir() or any(path.iterdir()):
+                break
+            path.rmdir()
+        raise
 
 
 @dataclass(frozen=True)
@@ -198,7 +219,7 @@ class RunInputs:
 def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
     config, workload, run_dir = inputs.config, inputs.workload, inputs.run_dir
     base_url, target = started.base_url, started.entry
-    models = preflight(base_url, api_key=config.api_key)
+    models = preflight(base_url, api_key=config.api_key, headers=config.headers)
     served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
     model = config.model or (served[0] if served else None)
     if model is None:
@@ -206,7 +227,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
     endpoint = Endpoint(
         config.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
     )
-    info = target_info(base_url, config.api_key)
+    info = target_info(base_url, config.api_key, config.headers)
     overhead = chat_overhead_tokens(inputs.tokenizer) if endpoint is Endpoint.CHAT else 0
     target.update(
         model=model,
@@ -225,6 +246,8 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         stream=config.stream,
         timeout_s=config.timeout_s,
         api_key=config.api_key,
+        headers=config.headers,
+        extra_body=config.extra_body,
     )
     plan, input_tokens = _plan(config, workload, options)
     manifest = RunManifest(
@@ -279,6 +302,9 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         stopped_by_errors=stopped_by_errors,
         slo_given=inputs.slo_spec is not None,
     )
+    hint = _not_found_hint(run_dir, options)
+    if hint is not None:
+        verdict = Verdict(max(verdict.exit_code, EXIT_ERRORS), hint)
     _record_outcome(run_dir, verdict)
     return RunOutcome(
         run_dir=run_dir,
@@ -288,6 +314,23 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         verdict=verdict,
         stopped_by_errors=stopped_by_errors,
     )
+
+
+def _not_found_hint(run_dir: Path, options: ClientOptions) -> str | None:
+    """`not_found_sentence` for the run's requests (the first by send time decides)."""
+    import numpy as np
+
+    from slo.runrecord import RequestColumn, float_column, open_run
+
+    requests = open_run(run_dir).requests
+    sent = float_column(requests, RequestColumn.T_SENT_NS)
+    status = float_column(requests, RequestColumn.HTTP_STATUS)
+    if not (~np.isnan(sent)).any():
+        return None
+    first = status[int(np.nanargmin(sent))]
+    first_status = None if np.isnan(first) else int(first)
+    n_not_found = int((status == 404).sum())
+    return not_found_sentence(options.base_url, options.url, first_status, n_not_found, len(status))
 
 
 def _record_outcome(run_dir: Path, verdict: Verdict) -> None:
@@ -401,7 +444,9 @@ def _summarise(
 ) -> RunOutcome:
     from slo import summarize
 
-    summary = summarize(run_dir, slo_spec, client_bound_ms=config.client_bound_ms)
+    summary = summarize(
+        run_dir, slo_spec, client_bound_ms=config.client_bound_ms, conventions="all"
+    )
     write_summary(run_dir, RunSummary.from_dict(summary))
     return RunOutcome(
         run_dir=run_dir, summary=summary, complete=reason is None, interrupted_reason=reason

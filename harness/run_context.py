@@ -113,7 +113,8 @@ class RunContext:
 @dataclass
 class ErrorLimits:
     """`--max-error-rate` and `--max-consecutive-errors`: stop a run that only measures
-    failures. The rate is judged once `min_requests` results are in."""
+    failures. The rate is judged once `min_requests` results are in; requests the client
+    cancelled itself are left out of both counts."""
 
     max_error_rate: float | None = None
     max_consecutive: int | None = None
@@ -124,7 +125,9 @@ class ErrorLimits:
 
     def observe(self, raw: RawResult) -> str | None:
         """Count one result; the reason to stop, in words, once a limit is passed."""
-        if raw.status is RequestStatus.NOT_SENT:
+        if raw.status in (RequestStatus.NOT_SENT, RequestStatus.CANCELLED):
+            # A cancellation is the client's own doing (a fault plan's, or Ctrl-C): it says
+            # nothing about the target, so it neither fails nor passes the run.
             return None
         self.done += 1
         # The transport sets a status only for outcomes it decided, all of them failures; a

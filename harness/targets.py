@@ -11,7 +11,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import RunConfig
+from harness.client import auth_headers
+from harness.config import RunConfig, normalise_base_url
 from harness.engines import ENGINES, LaunchPlan, parse_assignments, parse_target, plan_launch
 from harness.errors import HarnessError
 from harness.launch import engine_version, free_port, launched
@@ -20,18 +21,20 @@ from harness.managed import ManagedServer, ManagedServerConfig, managed_server
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _get(url: str, api_key: str | None, timeout_s: float):
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
+def _get(url: str, api_key: str | None, timeout_s: float, extra_headers=()):
+    request = urllib.request.Request(url, headers=auth_headers(api_key, extra_headers))
+    return urllib.request.urlopen(request, timeout=timeout_s)
 
 
-def preflight(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:
+def preflight(
+    base_url: str, timeout_s: float = 10.0, api_key: str | None = None, headers=()
+) -> dict:
     """GET `<base_url>/models`: proves the target is reachable; returns its JSON (or {}).
 
-    A 401 or 403 ends the run before it starts, in one sentence naming `--api-key`."""
+    `headers`: (name, value) pairs sent besides the API key (`--header`). A 401 or 403 ends the run before it starts, in one sentence naming `--api-key`."""
     url = base_url.rstrip("/") + "/models"
     try:
-        with _get(url, api_key, timeout_s) as resp:
+        with _get(url, api_key, timeout_s, headers) as resp:
             return json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
         exc.close()  # it holds the answer's socket
@@ -51,11 +54,11 @@ def preflight(base_url: str, timeout_s: float = 10.0, api_key: str | None = None
         return {}
 
 
-def target_info(base_url: str, api_key: str | None = None) -> dict:
+def target_info(base_url: str, api_key: str | None = None, headers=()) -> dict:
     """The reference engine's `/info` (engine, version, model, dtype, config), when present."""
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        with _get(root + "/info", api_key, 5) as resp:
+        with _get(root + "/info", api_key, 5, headers) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         exc.close()
@@ -94,15 +97,29 @@ def launch_plan_for(config: RunConfig) -> LaunchPlan | None:
 
 
 @contextlib.contextmanager
-def target_for(config: RunConfig, *, log_dir: Path | None = None, plan: LaunchPlan | None = None):
+def target_for(
+    config: RunConfig,
+    *,
+    log_dir: Path | None = None,
+    plan: LaunchPlan | None = None,
+    extra_args: tuple[str, ...] = (),
+):
     """Yield the `Target`: `config.url` or `--target url:...`, a managed external engine
-    (`plan`, else resolved here), or a managed reference server. A managed server's log goes
-    to `log_dir/server.log` when given (the run directory)."""
+    (`plan`, else resolved here), or a managed reference server, whose command line gets
+    `--server-arg`s and then `extra_args` (a fault plan's `engine_args`). A managed server's
+    log goes to `log_dir/server.log` when given (the run directory)."""
     kind, url = ("url", config.url) if config.url is not None else parse_target(config.target)
     if kind == "url":
+        url = normalise_base_url(url)
         yield Target(url, {"kind": "url", "url": url})
         return
     if kind in ENGINES:
+        if extra_args:
+            raise HarnessError(
+                f"the fault plan starts the engine with {' '.join(extra_args)}, which only the "
+                f"reference engine understands; drop engine_args and slow_steps windows to run "
+                f"it against {kind}."
+            )
         plan = plan or launch_plan_for(config)
         log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="bench-"))
         version = engine_version(plan)
@@ -122,7 +139,7 @@ def target_for(config: RunConfig, *, log_dir: Path | None = None, plan: LaunchPl
         return
     server_cfg = ManagedServerConfig(
         model=config.model or DEFAULT_MODEL,
-        extra_args=config.server_args,
+        extra_args=(*config.server_args, *extra_args),
         startup_timeout_s=config.startup_timeout_s,
     )
     with managed_server(server_cfg, log_dir=log_dir) as server:

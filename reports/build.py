@@ -305,7 +305,9 @@ def build_card(
     try:
         tables = open_run(run_dir)
         if summary is None:
-            summary = slo.summarize(run_dir, spec, client_bound_ms=client_bound_ms(manifest))
+            summary = slo.summarize(
+                run_dir, spec, client_bound_ms=client_bound_ms(manifest), conventions="all"
+            )
     except (slo.SLOError, RunRecordError) as exc:
         raise ReportError(str(exc)) from exc
     rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
@@ -353,6 +355,9 @@ def build_card(
         notes=[*check_notes(summary, manifest), *_notes(env, health, summary, failures)],
         ledger=summary.get("ledger"),
         faults=list((summary.get("faults") or {}).get("windows") or []),
+        conventions=summary.get("conventions"),
+        undefined_metrics=dict(summary.get("undefined_metrics") or {}),
+        saturation=summary.get("saturation"),
         server_metrics=summary.get("server_metrics"),
         correctness=summary.get("correctness"),
     )

@@ -198,6 +198,9 @@ class Card:
     notes: list[str] = field(default_factory=list)
     ledger: dict | None = None  # slo's ledger: lost, unexpected, leaked, outcomes, verdict
     faults: list[dict] = field(default_factory=list)  # recovery figures per fault window
+    conventions: dict | None = None  # slo's TTFT/TPOT/ITL/throughput under other tools' rules
+    undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
+    saturation: dict | None = None  # slo's over-saturation check
     server_metrics: dict | None = None  # slo's summary of the target's /metrics
     correctness: dict | None = None  # slo's output-correctness summary (None: not checked)
     schema_version: int = CARD_SCHEMA_VERSION

@@ -63,8 +63,15 @@ _OUT_FILE = click.Path(dir_okay=False, path_type=Path)
     is_flag=True,
     help="Compare runs whose workload hashes or SLOs differ; the card says so.",
 )
+@click.option(
+    "--conventions",
+    is_flag=True,
+    help="Also print TTFT, TPOT, ITL and throughput under vLLM's, GuideLLM's, AIPerf's and MLPerf's definitions.",
+)
 @_user_errors
-def report(runs: tuple[Path, ...], html_path, json_path, allow_mismatch: bool) -> None:
+def report(
+    runs: tuple[Path, ...], html_path, json_path, allow_mismatch: bool, conventions: bool
+) -> None:
     """Report card of RUN, or comparative card of several RUNs side by side.
 
     Prints the card; -o writes a self-contained HTML file, --json the versioned JSON card.
@@ -75,11 +82,19 @@ def report(runs: tuple[Path, ...], html_path, json_path, allow_mismatch: bool) -
     if len(runs) == 1:
         card = build_card(runs[0])
         console.print(card_renderable(card))
+        if conventions:
+            from reports.conventions_view import conventions_renderable
+
+            console.print(conventions_renderable(card.conventions))
         html_text, json_text = (render_html(card) if html_path else None), card.to_json()
     else:
         comparison = compare_runs(list(runs), allow_mismatch=allow_mismatch)
         for card in comparison.cards:
             console.print(card_renderable(card))
+            if conventions:
+                from reports.conventions_view import conventions_renderable
+
+                console.print(conventions_renderable(card.conventions))
         for sentence in comparison.mismatches:
             console.print(f"[yellow]Mismatch allowed:[/] {sentence}")
         html_text = render_comparison_html(comparison) if html_path else None

@@ -7,7 +7,9 @@ metric, with "worse" meaning higher for latencies and lower for rates:
 
 1. inconclusive: too few samples on either side: fewer independent units (requests; whole
    runs count their requests) than `min_samples`, or fewer values than a tail quantile needs
-   (100 for p99; pooled inter-token gaps count as values), or no ratio (a zero baseline);
+   (100 for p99; pooled inter-token gaps count as values), or no ratio (a zero baseline
+   against a different candidate beyond the noise floor); equal figures (zero against zero
+   too) pass;
 2. pass: the absolute change is within the metric's noise floor (e.g. 1 ms for latencies);
 3. regressed: the ratio is worse than the relative threshold and the interval excludes 1;
 4. inconclusive: the ratio is worse than the threshold but the interval includes 1;
@@ -161,7 +163,15 @@ def judge(
     n_values = min(estimate.n_baseline, estimate.n_candidate)
     if n_values < min_values:
         return "inconclusive", f"too few samples ({n_values} < {min_values})"
+    both_defined = math.isfinite(estimate.baseline) and math.isfinite(estimate.candidate)
+    if both_defined and estimate.candidate == estimate.baseline:
+        return "pass", "no change (equal figures)"  # zero against zero included
     if not math.isfinite(estimate.ratio):
+        if both_defined and abs(estimate.candidate - estimate.baseline) <= floor:
+            return (
+                "pass",
+                f"change {estimate.candidate - estimate.baseline:+g} is within the noise floor ({floor:g})",
+            )
         return "inconclusive", "no ratio: the baseline figure is zero or undefined"
     change = estimate.ratio - 1.0
     worse_change = -change if higher_is_better else change

@@ -13,6 +13,7 @@ import jinja2
 from reports import charts
 from reports.card import LATENCY_METRICS, Card
 from reports.checks_view import RATE_TABLES, correctness_sentence, server_metrics_rows
+from reports.conventions_view import convention_rows, conventions_sources
 from reports.taxonomy import OUTCOME_KINDS
 from reports.templates import COMPARISON_TEMPLATE, RUN_TEMPLATE
 
@@ -104,6 +105,8 @@ def _environment(loader_css: str) -> jinja2.Environment:
         ENV_FIELDS=ENV_FIELDS,
         GOODPUT_LABELS=GOODPUT_LABELS,
         environment_rows=environment_rows,
+        convention_rows=convention_rows,
+        conventions_sources=conventions_sources,
         server_metrics_rows=server_metrics_rows,
         correctness_sentence=correctness_sentence,
         RATE_TABLES=RATE_TABLES,

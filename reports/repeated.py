@@ -17,16 +17,16 @@ from slo.repeats import mean_ci, ratio
 
 # Rows beyond the single-run comparison: the output oracle, when outputs were checked.
 ORACLE_ROWS = (
-    ("oracle_exact_rate", "outputs equal to the reference (fraction)", True, 3),
-    ("oracle_agreement", "token agreement with the reference", True, 3),
+    ("output_exact_rate", "outputs equal to the reference (fraction)", True, 3),
+    ("output_agreement_mean", "token agreement with the reference", True, 3),
 )
 
 
 def repeated_value(card: Card, key: str) -> float | None:
     """A row's figure from one run's card (the oracle rows from its `correctness`)."""
-    if key == "oracle_exact_rate":
+    if key == "output_exact_rate":
         return (card.correctness or {}).get("exact_rate")
-    if key == "oracle_agreement":
+    if key == "output_agreement_mean":
         return (card.correctness or {}).get("agreement_mean")
     return card_value(card, key)
 

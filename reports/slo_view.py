@@ -18,7 +18,7 @@ GOODPUT_KEYS = (
     "good_requests",
     "total_requests",
 )
-SLICE_DIMENSIONS = ("input_tokens", "output_tokens", "phase")
+SLICE_DIMENSIONS = ("input_tokens", "output_tokens", "in_flight", "time")
 
 
 def interval(block: dict, statistic: str) -> list[float] | None:

@@ -99,6 +99,17 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% endfor %}
 </table>
 
+{% for name, why in card.undefined_metrics.items() if name in LATENCY_METRICS %}<p class="sub">{{ name | upper }}: {{ why }}.</p>{% endfor %}
+
+<h2>Conventions side by side</h2>
+{% set crow = convention_rows(card.conventions) %}
+{% if crow %}
+<table><tr><th>tool</th><th>metric</th><th>unit</th><th>mean</th><th>p50</th><th>p99</th><th>n</th><th class="text">definition</th></tr>
+{% for r in crow %}<tr><td>{{ r.tool }}</td><td><code>{{ r.metric }}</code></td><td>{{ r.unit }}</td><td>{{ r.mean | fmt(2) }}</td><td>{{ r.p50 | fmt(2) }}</td><td>{{ r.p99 | fmt(2) }}</td><td>{{ r.n | fmt }}</td><td class="text">{{ r.definition }}</td></tr>{% endfor %}
+</table>
+<p class="sub">Sources: {% for tool, source, method in conventions_sources(card.conventions) %}{{ tool }}: {{ source }} (percentiles: {{ method }}){{ "; " if not loop.last }}{% endfor %}.</p>
+{% else %}<p class="empty">{{ (card.conventions or {}).get("undefined") or "No conventions in the summary." }}</p>{% endif %}
+
 <h2>Charts</h2>
 {{ chart_grid(charts) }}
 

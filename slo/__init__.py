@@ -21,7 +21,7 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
 - `output_tokens_source` (a `slo.runrecord.TokenSource` value: `usage`, `tokenizer` or
   `chunk_count`; `mixed`; or None) and `output_tokens_source_counts`; `run_complete` (manifest `complete`).
 - `little_law`: see `slo.consistency.littles_law`.
-- `slices`: `{input_tokens, output_tokens, phase}` lists, see `slo.slices.slices_summary`.
+- `slices`: `{input_tokens, output_tokens, in_flight[, time]}` lists, see `slo.slices.slices_summary`.
 - `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`).
 - `goodput`: None, or see `slo.goodput.goodput_summary`.
 - `conventions` (only with `conventions="all"`): see `slo.conventions`.

@@ -115,6 +115,7 @@ class ChunkView:
     first_ns: np.ndarray
     last_ns: np.ndarray
     gaps_ms: np.ndarray
+    gaps_by_request: dict  # request_id -> its gaps (ms), as `metrics.itl_ms_by_request`
 
 
 def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkView:
@@ -125,7 +126,7 @@ def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkVie
         raise ValueError(f"kind must be one of {CHUNK_KINDS}")
     n_ids = len(request_ids)
     if chunks.num_rows == 0:
-        return ChunkView(np.full(n_ids, np.nan), np.full(n_ids, np.nan), np.empty(0))
+        return ChunkView(np.full(n_ids, np.nan), np.full(n_ids, np.nan), np.empty(0), {})
     ordered = chunks.sort_by([(_RID, "ascending"), (_T, "ascending")])
     tokens = np.asarray(pc.fill_null(ordered[_N], 0).to_numpy(zero_copy_only=False))
     chars = np.asarray(pc.fill_null(ordered[ChunkColumn.N_CHARS], 0).to_numpy(zero_copy_only=False))
@@ -153,7 +154,8 @@ def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkVie
         _N,
         pa.array(np.ones(selected.num_rows, np.int32)),
     )
-    gaps = metrics.pooled_itl_ms(metrics.itl_ms_by_request(marked), request_ids)
+    by_request = metrics.itl_ms_by_request(marked)
+    gaps = metrics.pooled_itl_ms(by_request, request_ids)
     first = np.full(n_ids, np.nan)
     last = np.full(n_ids, np.nan)
     if selected.num_rows:
@@ -165,7 +167,44 @@ def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkVie
             j = index.get(request_id)
             if j is not None:
                 first[i], last[i] = lows[j], highs[j]
-    return ChunkView(first, last, gaps)
+    return ChunkView(first, last, gaps, by_request)
+
+
+@dataclass(frozen=True, eq=False)
+class VllmMetrics:
+    """vLLM's per-request TTFT, TPOT and E2EL (ms, aligned with the ok requests of the
+    `RequestMetrics` they came from; NaN = undefined) and its chunk gaps."""
+
+    request_id: np.ndarray
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+    e2el_ms: np.ndarray
+    chunks: ChunkView
+
+
+def vllm_metrics(
+    rm: RequestMetrics, chunks: pa.Table, endpoint: Endpoint = Endpoint.COMPLETIONS
+) -> VllmMetrics:
+    """TTFT, TPOT, E2EL and ITL of the ok requests of `rm` as `vllm bench serve` defines them.
+
+    vLLM times chunks that carry `choices`: for chat that includes the leading role chunk
+    and its latency runs to the last chunk of any kind (the usage chunk); for completions
+    both end at the last chunk with text. TPOT = (latency - ttft) / (output_len - 1)."""
+    ok = rm.is_ok
+    ids = rm.request_id[ok]
+    sent = rm.t_sent_ns[ok]
+    n_out = rm.output_tokens[ok]
+    if endpoint == Endpoint.CHAT:
+        view = chunk_view(chunks, ids, "through_last_token")
+        last_any = chunk_view(chunks, ids, "any").last_ns
+        end = np.where(np.isnan(last_any), rm.t_done_ns[ok], last_any)
+    else:
+        view = chunk_view(chunks, ids, "token")
+        end = view.last_ns
+    ttft = (view.first_ns - sent) / metrics.NS_PER_MS
+    latency = (end - sent) / metrics.NS_PER_MS
+    tpot = (latency - ttft) / np.where(n_out >= 2, n_out - 1, np.nan)
+    return VllmMetrics(ids, ttft, tpot, latency, view)
 
 
 def conventions_summary(
@@ -173,7 +212,8 @@ def conventions_summary(
 ) -> dict:
     """The `conventions` block: per tool (`harness`, `vllm`, `guidellm`, `aiperf`, `mlperf`),
     `{source, percentile_method, metrics: {tool's metric name: {mean, p50, p90, p95, p99,
-    max, n, definition}}}`, over ok requests, in ms."""
+    max, n, definition}}, throughput: {output_tokens_per_s: {value, definition}}}`, over ok
+    requests, latencies in ms."""
     ok = rm.is_ok
     ids = rm.request_id[ok]
     n_out = rm.output_tokens[ok]
@@ -187,18 +227,7 @@ def conventions_summary(
     ttft = (first - sent) / metrics.NS_PER_MS
     pooled_itl = rm.pooled_itl_ms(ok)
 
-    # vLLM times chunks that carry `choices`: for chat that includes the leading role chunk
-    # and its latency runs to the last chunk of any kind (the usage chunk); for completions
-    # both end at the last chunk with text.
-    if endpoint == Endpoint.CHAT:
-        vllm_view = chunk_view(chunks, ids, "through_last_token")
-        vllm_end = last_chunk
-    else:
-        vllm_view = chunk_view(chunks, ids, "token")
-        vllm_end = vllm_view.last_ns
-    vllm_ttft = (vllm_view.first_ns - sent) / metrics.NS_PER_MS
-    vllm_latency = (vllm_end - sent) / metrics.NS_PER_MS
-    vllm_tpot = (vllm_latency - vllm_ttft) / multi
+    vllm = vllm_metrics(rm, chunks, endpoint)
     aiperf_tpot = (last_chunk - first) / metrics.NS_PER_MS / multi
     guidellm_tpot = (last_token - sent) / metrics.NS_PER_MS / np.where(n_out >= 1, n_out, np.nan)
     guidellm_itl = (last_token - first) / metrics.NS_PER_MS / multi
@@ -209,7 +238,34 @@ def conventions_summary(
     linear = "linear interpolation (numpy default)"
     nearest = "nearest rank: sorted[floor(n * p)]"
     weighted = "weighted inverse CDF: first value whose cumulative weight reaches p"
-    return {
+    tokens = float(np.nansum(n_out))
+    window_s = rm.window_s()
+    per_window = tokens / window_s if window_s else None
+    issued_ns = np.fmin(rm.t_scheduled_ns, rm.t_sent_ns)
+    mlperf_s = (
+        (np.nanmax(rm.t_done_ns) - np.nanmin(issued_ns)) / metrics.NS_PER_S
+        if len(rm) and not np.isnan(issued_ns).all() and not np.isnan(rm.t_done_ns).all()
+        else None
+    )
+    throughput = {
+        "harness": (per_window, "ok output tokens / (last done - first send)"),
+        "vllm": (
+            per_window,
+            "output tokens of completed requests / benchmark duration "
+            "(first request start to last end)",
+        ),
+        "guidellm": (per_window, "output tokens / (last request end - first request start)"),
+        "aiperf": (
+            per_window,
+            "output_token_throughput: output tokens / benchmark duration "
+            "(first request sent to last response)",
+        ),
+        "mlperf": (
+            tokens / mlperf_s if mlperf_s else None,
+            "tokens per second: output tokens / (last completion - first query issued)",
+        ),
+    }
+    out = {
         "harness": _convention("slo.metrics (this harness)", linear, {
             "ttft": (_dist(ttft, _linear), "send to first token-bearing chunk"),
             "tpot": (_dist(rm.tpot_ms[ok], _linear),
@@ -217,12 +273,12 @@ def conventions_summary(
             "itl": (_dist(pooled_itl, _linear), "token-bearing chunk gaps, pooled"),
         }),
         "vllm": _convention(f"vllm/benchmarks/serve.py calculate_metrics ({endpoint})", linear, {
-            "ttft": (_dist(vllm_ttft, _linear), "send to the first chunk with choices"),
-            "tpot": (_dist(vllm_tpot, _linear),
+            "ttft": (_dist(vllm.ttft_ms, _linear), "send to the first chunk with choices"),
+            "tpot": (_dist(vllm.tpot_ms, _linear),
                      "(latency - ttft) / (output_len - 1), per request"),
-            "itl": (_dist(vllm_view.gaps_ms, _linear),
+            "itl": (_dist(vllm.chunks.gaps_ms, _linear),
                     "gaps between chunks with choices, pooled"),
-            "e2el": (_dist(vllm_latency, _linear),
+            "e2el": (_dist(vllm.e2el_ms, _linear),
                      "send to the last chunk timed (chat: any chunk; completions: with text)"),
         }),
         "guidellm": _convention("guidellm request stats and DistributionSummary", weighted, {
@@ -249,6 +305,10 @@ def conventions_summary(
                      "(latency - first token latency) / (n_tokens - 1), per sample"),
         }),
     }  # fmt: skip
+    for tool, (value, definition) in throughput.items():
+        out[tool]["throughput"] = {"output_tokens_per_s": {"value": value,
+                                                           "definition": definition}}  # fmt: skip
+    return out
 
 
 def _convention(source: str, percentiles: str, entries: dict[str, tuple[dict, str]]) -> dict:
@@ -257,3 +317,33 @@ def _convention(source: str, percentiles: str, entries: dict[str, tuple[dict, st
         "percentile_method": percentiles,
         "metrics": {name: {**dist, "definition": text} for name, (dist, text) in entries.items()},
     }
+
+
+def vllm_peaks(vllm: VllmMetrics, sent_ns: np.ndarray) -> tuple[float, int]:
+    """(max_output_tokens_per_s, max_concurrent_requests) as `vllm bench serve` computes them.
+
+    Over the ok requests (`sent_ns` aligned with `vllm.request_id`): one-second buckets from
+    the first send; each timed chunk counts one token in its bucket, and a request counts as
+    in flight in every bucket from its send to its end (E2EL), both ends included. (0.0, 0)
+    with no ok request."""
+    sent_ns = np.asarray(sent_ns, float)
+    keep = ~np.isnan(sent_ns) & ~np.isnan(vllm.e2el_ms)
+    if not keep.any():
+        return 0.0, 0
+    start_ns = float(sent_ns[keep].min())
+    end_s = (sent_ns[keep] - start_ns) / metrics.NS_PER_S + vllm.e2el_ms[keep] / 1e3
+    n_buckets = int(np.ceil(end_s.max())) + 1
+    tokens = np.zeros(n_buckets)
+    in_flight = np.zeros(n_buckets + 1)
+    for i in np.flatnonzero(keep):
+        first_s = (vllm.chunks.first_ns[i] - start_ns) / metrics.NS_PER_S
+        if not np.isnan(first_s):
+            gaps_s = vllm.chunks.gaps_by_request.get(vllm.request_id[i], np.empty(0)) / 1e3
+            times_s = first_s + np.concatenate(([0.0], np.cumsum(gaps_s)))
+            buckets = times_s.astype(int)
+            np.add.at(tokens, buckets[(buckets >= 0) & (buckets < n_buckets)], 1)
+        begin = int((sent_ns[i] - start_ns) / metrics.NS_PER_S)
+        end = int((sent_ns[i] - start_ns) / metrics.NS_PER_S + vllm.e2el_ms[i] / 1e3)
+        in_flight[begin] += 1
+        in_flight[min(end, n_buckets - 1) + 1] -= 1
+    return float(tokens.max()), int(np.cumsum(in_flight)[:n_buckets].max())

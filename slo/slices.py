@@ -1,13 +1,18 @@
-"""Slices: metrics and attainment by input-length bucket, output-length bucket and load phase.
+"""Slices: metrics and attainment by input-length bucket, output-length bucket, load (the
+number of requests in flight when a request was sent) and, as an option, fixed-width time.
 
-Length buckets are [low, high) token ranges given by ascending edges; the last bucket is
-open-ended and labelled "low+". Requests with no recorded count fall in an "unknown"
-bucket (failed requests often lack an output count), so no request leaves a denominator.
-Load phases split the measured window (first send to last done) into equal time windows
-and assign each request by its send time; never-sent requests form an "unsent" slice.
+Buckets are [low, high) ranges given by ascending edges; the last bucket is open-ended and
+labelled "low+". Requests with no recorded count fall in an "unknown" bucket (failed
+requests often lack an output count), so no request leaves a denominator. The load slice
+says how tail latency grows with what the target was already serving. Time slices (as
+AIPerf's `--slice-duration`) cut the dispatch period, first send to last send, into windows
+of a fixed width and assign each request by its send time; the drain after the last send is
+in none of them, so no slice is empty for want of sends.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -19,7 +24,8 @@ from slo.spec import SLOSpec
 
 DEFAULT_INPUT_EDGES = (0, 128, 512, 2048, 8192)
 DEFAULT_OUTPUT_EDGES = (0, 64, 256, 1024, 4096)
-DEFAULT_NUM_PHASES = 3
+# In-flight count buckets: [0, 1), [1, 2), [2, 4), [4, 8), ... (powers of two)
+DEFAULT_IN_FLIGHT_EDGES = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 def bucket_labels(
@@ -48,24 +54,48 @@ def bucket_labels(
     return out
 
 
-def phase_masks(rm: RequestMetrics, num_phases: int) -> list[tuple[str, np.ndarray, list]]:
-    """(label, mask, [start_s, end_s]) per load phase; times in s from the window start."""
-    if num_phases < 1:
-        raise SLOError(f"the number of load phases must be at least 1, not {num_phases}.")
-    window_s = rm.window_s()
+def in_flight_at_send(t_sent_ns: np.ndarray, t_done_ns: np.ndarray) -> np.ndarray:
+    """For each request, how many other requests were in flight when it was sent: sent
+    before it and not done by its send time (a request never done stays in flight). NaN for
+    a request never sent. O(n log n)."""
+    sent = np.asarray(t_sent_ns, float)
+    done = np.where(np.isnan(np.asarray(t_done_ns, float)), np.inf, t_done_ns)
+    has_sent = ~np.isnan(sent)
+    sent_sorted = np.sort(sent[has_sent])
+    done_sorted = np.sort(done[has_sent])
+    out = np.full(sent.shape, np.nan)
+    at = sent[has_sent]
+    out[has_sent] = np.searchsorted(sent_sorted, at, "left") - np.searchsorted(
+        done_sorted, at, "right"
+    )
+    return out
+
+
+def time_slice_masks(
+    rm: RequestMetrics, slice_duration_s: float
+) -> list[tuple[str, np.ndarray, list]]:
+    """(label, mask, [start_s, end_s]) per fixed-width time slice of the dispatch period
+    (first send to last send; the drain after the last send is no slice), each request in
+    the slice of its send time; the last slice ends at the last send (it may be shorter)."""
+    if not slice_duration_s > 0 or math.isinf(slice_duration_s):
+        raise SLOError(
+            f"the time slice duration must be a positive number of seconds, not {slice_duration_s!r}."
+        )
     sent = rm.t_sent_ns
+    if np.isnan(sent).all():
+        return []
+    start_ns = float(np.nanmin(sent))
+    offsets_s = (sent - start_ns) / metrics.NS_PER_S
+    span_s = float(np.nanmax(offsets_s))
+    n_slices = max(1, math.ceil(span_s / slice_duration_s - 1e-9))
+    index = np.minimum(np.floor(offsets_s / slice_duration_s), n_slices - 1)
     out = []
-    if window_s is not None:
-        start_ns = float(np.nanmin(sent))
-        offsets_s = (sent - start_ns) / metrics.NS_PER_S
-        phase_s = window_s / num_phases
-        index = np.minimum(np.floor(offsets_s / phase_s), num_phases - 1)
-        for i in range(num_phases):
-            mask = index == i
-            out.append((f"phase {i + 1}/{num_phases}", mask, [i * phase_s, (i + 1) * phase_s]))
-    unsent = np.isnan(sent)
-    if unsent.any():
-        out.append(("unsent", unsent, [None, None]))
+    for i in range(n_slices):
+        low = i * slice_duration_s
+        high = (
+            min((i + 1) * slice_duration_s, span_s) if i == n_slices - 1 else low + slice_duration_s
+        )
+        out.append((f"{low:g}-{high:g} s", index == i, [low, high]))
     return out
 
 
@@ -74,8 +104,8 @@ def slice_summary(
 ) -> dict:
     """Counts, error rate, latency distributions and (with a spec) attainment for a slice.
 
-    With `duration_s` (load phases), adds `sent_request_per_s` (requests sent in the
-    phase per second) and, with a spec, `goodput_request_per_s`.
+    With `duration_s` (time slices), adds `sent_request_per_s` (requests sent in the
+    slice per second) and, with a spec, `goodput_request_per_s`.
     """
     sub = rm.subset(mask)
     ok = sub.is_ok
@@ -108,26 +138,31 @@ def slices_summary(
     *,
     input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
-    num_phases: int = DEFAULT_NUM_PHASES,
+    in_flight_edges: tuple[float, ...] = DEFAULT_IN_FLIGHT_EDGES,
+    slice_duration_s: float | None = None,
 ) -> dict:
-    """The `slices` block: `{input_tokens: [...], output_tokens: [...], phase: [...]}`.
+    """The `slices` block: `{input_tokens: [...], output_tokens: [...], in_flight: [...]}`,
+    and `time: [...]` with `slice_duration_s`.
 
     Each entry is `{label, range, ...slice_summary}`; `range` is [low, high) in tokens for
-    length buckets (null = open) and [start_s, end_s) from the window start for phases.
+    length buckets, in requests for the in-flight count at dispatch (null = open), and
+    [start_s, end_s) from the first send for time slices.
     """
     out: dict[str, list] = {}
     for key, values, edges in (
         ("input_tokens", rm.input_tokens, input_edges),
         ("output_tokens", rm.output_tokens, output_edges),
+        ("in_flight", in_flight_at_send(rm.t_sent_ns, rm.t_done_ns), in_flight_edges),
     ):
         out[key] = [
             {"label": label, "range": bounds, **slice_summary(rm, mask, spec, None)}
             for label, mask, bounds in bucket_labels(values, edges)
         ]
-    out["phase"] = []
-    for label, mask, bounds in phase_masks(rm, num_phases):
-        duration_s = bounds[1] - bounds[0] if bounds[0] is not None else None
-        out["phase"].append(
-            {"label": label, "range": bounds, **slice_summary(rm, mask, spec, duration_s)}
-        )
+    if slice_duration_s is not None:
+        out["time"] = []
+        for label, mask, bounds in time_slice_masks(rm, slice_duration_s):
+            duration_s = bounds[1] - bounds[0]
+            out["time"].append(
+                {"label": label, "range": bounds, **slice_summary(rm, mask, spec, duration_s)}
+            )
     return out

@@ -27,7 +27,7 @@ from slo.runrecord import (
     open_run,
 )
 from slo.server_metrics import server_metrics_summary
-from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_NUM_PHASES, DEFAULT_OUTPUT_EDGES, slices_summary
+from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
 from slo.stats import bootstrap_quantile_ci
 from slo.verdicts import evaluate
@@ -48,6 +48,11 @@ DEFINITIONS = {
     "attempted_request_per_s counts every request",
     "percentiles": "linear interpolation between order statistics (numpy default, as vLLM)",
     "dispatch_lag": "t_sent - t_scheduled over all sent requests (ms)",
+    "queue": "client queueing time: t_sent - t_scheduled over all sent requests (ms); time a "
+    "request waited in the client (behind a concurrency cap, or a late dispatcher) before "
+    "TTFT and E2E start counting",
+    "ttft_from_scheduled": "t_first_token - t_scheduled, per ok request (ms): TTFT as the "
+    "waiting user saw it, client queueing included (MLPerf loadgen's TTFT)",
     "error_rate": "requests not ok / all requests",
 }
 
@@ -62,7 +67,8 @@ def latency_summary(
     rng: np.random.Generator | None = None,
     ci_confidence: float = DEFAULT_CI_CONFIDENCE,
 ) -> dict:
-    """The `latency_ms` block over the ok requests of `rm`: one `distribution` per metric.
+    """The `latency_ms` block over the ok requests of `rm`: one `distribution` per metric
+    (`queue`, the client queueing time, is over every sent request).
 
     With `rng`, the ttft, tpot, itl and e2e blocks also get `ci`: `{p50, p90, p99}` ->
     [low, high] seeded bootstrap intervals at `ci_confidence` (None with fewer than two
@@ -76,6 +82,8 @@ def latency_summary(
         "e2e": rm.e2e_ms[ok],
         "itl_request_mean": rm.itl_mean_ms[ok],
         "itl_max": rm.itl_max_ms[ok],
+        "queue": metrics.dispatch_lag_ms(rm.t_scheduled_ns, rm.t_sent_ns),
+        "ttft_from_scheduled": metrics.ttft_ms(rm.t_scheduled_ns[ok], rm.t_first_token_ns[ok]),
     }
     out = {name: metrics.distribution(v) for name, v in values.items()}
     if rng is not None:
@@ -189,7 +197,7 @@ def summarize_tables(
     client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
     input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
-    num_phases: int = DEFAULT_NUM_PHASES,
+    slice_duration_s: float | None = None,
 ) -> dict:
     """`summarize` over tables already in memory; same arguments and result."""
     if conventions not in (None, "all"):
@@ -204,8 +212,14 @@ def summarize_tables(
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
     summary["run_complete"] = tables.manifest.complete if tables.manifest else None
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
+    if slice_duration_s is None and tables.manifest is not None:
+        slice_duration_s = (tables.manifest.config or {}).get("slice_duration_s")
     summary["slices"] = slices_summary(
-        rm, spec, input_edges=input_edges, output_edges=output_edges, num_phases=num_phases
+        rm,
+        spec,
+        input_edges=input_edges,
+        output_edges=output_edges,
+        slice_duration_s=slice_duration_s,
     )
     summary["ledger"] = ledger_summary(tables)
     fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
@@ -224,12 +238,34 @@ def summarize_tables(
     if spec is not None:
         summary["slo"] = evaluate(rm, spec, rng=slo_rng)
         summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
+    streamed = is_streamed(tables.manifest)
+    summary["streamed"] = streamed
+    summary["undefined_metrics"] = {} if streamed else dict(NON_STREAMING_UNDEFINED)
     if conventions == "all":
         target = tables.manifest.target if tables.manifest else {}
         chat = Endpoint.CHAT.value in str(target.get("endpoint") or "")
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETIONS
-        summary["conventions"] = conventions_summary(rm, tables.chunks, endpoint)
+        summary["conventions"] = (
+            conventions_summary(rm, tables.chunks, endpoint)
+            if streamed
+            else {"undefined": NON_STREAMING_UNDEFINED["ttft"]}
+        )
     return summary
+
+
+# Why each latency has no value in a non-streaming run (the response arrives whole).
+NON_STREAMING_UNDEFINED = {
+    name: "undefined: the run was not streamed, so no token was seen before the whole "
+    "response arrived (E2E is defined)"
+    for name in ("ttft", "tpot", "itl", "itl_request_mean", "itl_max", "ttft_from_scheduled")
+}
+
+
+def is_streamed(manifest: RunManifest | None) -> bool:
+    """Whether the run asked for streamed responses (`config.stream`; runs that predate the
+    field were streamed)."""
+    config = (manifest.config if manifest is not None else None) or {}
+    return bool(config.get("stream", True))
 
 
 def checks_summary(tables: RunTables) -> dict:
@@ -266,14 +302,15 @@ def summarize(
     client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
     input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
-    num_phases: int = DEFAULT_NUM_PHASES,
+    slice_duration_s: float | None = None,
 ) -> dict:
     """Read the run directory `run_dir` and return its JSON-serialisable summary dict.
 
     `slo_spec`: an `SLOSpec`, its dict form, or a name/path for `load_slo`; None uses the
     spec recorded in manifest.json (`slo`), if any. `seed` seeds the bootstrap intervals.
     `conventions="all"` adds other tools' TPOT/ITL definitions. `client_bound_ms` is the
-    p99 dispatch-lag bound. The edges and `num_phases` shape the slices. Raises `SLOError`
+    p99 dispatch-lag bound. The edges shape the length slices; `slice_duration_s` (s) adds
+    fixed-width time slices of the dispatch period. Raises `SLOError`
     for a missing or unreadable run directory and for a bad SLO spec. The latency blocks
     carry seeded bootstrap intervals (`ci`) at 95%.
     """
@@ -289,5 +326,5 @@ def summarize(
         client_bound_ms=client_bound_ms,
         input_edges=input_edges,
         output_edges=output_edges,
-        num_phases=num_phases,
+        slice_duration_s=slice_duration_s,
     )

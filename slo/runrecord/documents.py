@@ -123,6 +123,9 @@ class RunSummary:
     server_metrics: dict | None = None  # the target's /metrics over the run
     correctness: dict | None = None  # output checks against the reference engine
     conventions: dict | None = None
+    streamed: bool | None = None  # None: a summary written before the field
+    undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
+    saturation: dict | None = None
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

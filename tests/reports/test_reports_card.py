@@ -64,7 +64,7 @@ def test_card_figures_are_slo_figures(golden_run):
     ]
     assert card.headline == summary["slo"]["verdict"]
     assert card.client_health.dispatch_lag_p99_ms == summary["dispatch_lag_ms"]["p99"]
-    assert {s.dimension for s in card.slices} == {"input_tokens", "output_tokens", "phase"}
+    assert {s.dimension for s in card.slices} == {"input_tokens", "output_tokens", "in_flight"}
 
 
 def test_series_carry_fault_windows_and_capacity(golden_run):

@@ -133,6 +133,33 @@ def test_verdict_rules(estimate, higher_is_better, expected):
     assert verdict == expected, reason
 
 
+@pytest.mark.parametrize(
+    ("baseline", "candidate", "expected"),
+    [
+        (0.0, 0.0, "pass"),  # zero against zero is no change
+        (0.0, 0.5, "pass"),  # no ratio, but within the 1 ms noise floor
+        (0.0, 1.0, "pass"),  # at the floor
+        (0.0, 1.5, "inconclusive"),  # beyond it: no ratio to judge by
+        (100.0, 100.0, "pass"),  # equal, whatever the interval says
+    ],
+)
+def test_zero_baselines_and_equal_figures(baseline, candidate, expected):
+    ratio = candidate / baseline if baseline else math.nan
+    estimate = replace(_estimate(1.0, math.nan, math.nan), baseline=baseline,
+                       candidate=candidate, ratio=ratio)  # fmt: skip
+    verdict, reason = judge(estimate, higher_is_better=False, relative=0.05, floor=1.0, min_n=20)
+    assert verdict == expected, reason
+
+
+def test_a_run_compared_with_itself_passes_even_with_a_zero_metric(tmp_path):
+    """A mock that sends tokens in bursts has ITL p50 = 0: equal is equal, exit 0."""
+    run = write_run(tmp_path / "bursty", SyntheticRun(n_requests=200, tpot_ms_median=0.0))
+    assert slo.summarize(run)["latency_ms"]["itl"]["p50"] == 0.0
+    result = CliRunner().invoke(compare, [str(run), str(run), "--gate"])
+    assert result.exit_code == 0, result.output
+    assert set(_verdicts(run_gate(run, run, config=FAST)).values()) == {"pass"}
+
+
 def test_tail_quantile_needs_enough_values():
     # 60 requests pass the 20-request floor, but a p99 needs 100 values.
     estimate = _estimate(1.20, 1.15, 1.25, n=60)

@@ -44,6 +44,10 @@ def test_conventions_side_by_side(hand_run):
     # MLPerf TPOT = (done - first token) / (n - 1): 160/3, 128
     assert c["mlperf"]["tpot"]["mean"] == pytest.approx((160 / 3 + 128) / 2)
     assert c["mlperf"]["tpot"]["p50"] == pytest.approx(128)
+    # Output tokens/s: 4 + 2 + 1 ok tokens over first send (0) to last done (505 ms)
+    for tool in raw.values():
+        rate = tool["throughput"]["output_tokens_per_s"]
+        assert rate["value"] == pytest.approx(7 / 0.505) and rate["definition"]
     assert "conventions" not in slo.summarize(hand_run)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from slo_runs import hand_requests, ms, request_metrics
 
 from slo.consistency import littles_law
-from slo.slices import slices_summary
+from slo.errors import SLOError
+from slo.slices import in_flight_at_send, slices_summary
 from slo.spec import PerRequestObjectives, SLOSpec
 
 
@@ -29,18 +31,53 @@ def test_length_buckets():
     assert outputs["2+"]["latency_ms"]["tpot"]["mean"] == pytest.approx(85)
 
 
-def test_load_phases_with_attainment():
+def test_in_flight_at_dispatch_by_hand():
+    """Sends at 0, 102, 200, 330, 400 ms; done at 260, 430, 505, 400, 401 ms. In flight at
+    each send: r1 none; r2 r1; r3 r1, r2; r4 r2, r3 (r1 done at 260); r5 r2, r3 (r4 done at
+    400, the same instant: not in flight)."""
+    rm = request_metrics(*hand_requests())
+    assert in_flight_at_send(rm.t_sent_ns, rm.t_done_ns).tolist() == [0, 1, 2, 2, 2]
+    never_done = in_flight_at_send(np.array([0.0, 1.0, np.nan]), np.array([np.nan, 2.0, 3.0]))
+    assert never_done[:2].tolist() == [0, 1] and np.isnan(never_done[2])
+
+
+def test_load_slices_with_attainment():
     rm = request_metrics(*hand_requests())
     spec = SLOSpec(name="t", per_request=PerRequestObjectives(ttft_ms=250))
-    phases = slices_summary(rm, spec, num_phases=2)["phase"]
-    first, second = phases
-    # window 0.505 s in two phases of 0.2525 s; sends at 0, 102, 200 | 330, 400 ms
-    assert first["range"] == [pytest.approx(0), pytest.approx(0.2525)]
-    assert first["n"] == 3 and second["n"] == 2
-    assert first["sent_request_per_s"] == pytest.approx(3 / 0.2525)
-    assert first["attainment"] == pytest.approx(2 / 3)
-    assert first["goodput_request_per_s"] == pytest.approx(2 / 0.2525)
-    assert second["attainment"] == 0 and second["goodput_request_per_s"] == 0
+    load = {e["label"]: e for e in slices_summary(rm, spec)["in_flight"]}
+    assert list(load) == ["0-0", "1-1", "2-3"]
+    assert [load[k]["n"] for k in load] == [1, 1, 3]
+    # TTFT r1 100 ms (good), r2 200 ms (good), r3 300 ms (miss), r4/r5 failed
+    assert load["2-3"]["attainment"] == 0 and load["1-1"]["attainment"] == 1
+    assert load["2-3"]["range"] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    ("width_s", "expected"),
+    [
+        # dispatch period 0..0.4 s (the last send); the drain to 0.505 s is in no slice
+        (0.2, [("0-0.2 s", 2), ("0.2-0.4 s", 3)]),
+        (0.15, [("0-0.15 s", 2), ("0.15-0.3 s", 1), ("0.3-0.4 s", 2)]),
+        (0.4, [("0-0.4 s", 5)]),  # exactly the span: one slice
+        (10.0, [("0-0.4 s", 5)]),  # wider than the span: one slice, cut at the last send
+    ],
+)
+def test_fixed_width_time_slices_exclude_the_drain(width_s, expected):
+    rm = request_metrics(*hand_requests())
+    spec = SLOSpec(name="t", per_request=PerRequestObjectives(ttft_ms=250))
+    time = slices_summary(rm, spec, slice_duration_s=width_s)["time"]
+    assert [(e["label"], e["n"]) for e in time] == expected
+    first = time[0]
+    duration = first["range"][1] - first["range"][0]
+    assert first["sent_request_per_s"] == pytest.approx(first["n"] / duration)
+    assert sum(e["n"] for e in time) == 5
+
+
+def test_time_slices_are_only_on_request():
+    rm = request_metrics(*hand_requests())
+    assert "time" not in slices_summary(rm)
+    with pytest.raises(SLOError, match="positive number of seconds"):
+        slices_summary(rm, slice_duration_s=0)
 
 
 def test_littles_law_on_complete_records():
@@ -90,5 +127,5 @@ def test_bad_slice_options_are_one_sentence(hand_run):
 
     with pytest.raises(slo.SLOError, match="strictly ascending"):
         slo.summarize(hand_run, input_edges=(0, 10, 10))
-    with pytest.raises(slo.SLOError, match="at least 1"):
-        slo.summarize(hand_run, num_phases=0)
+    with pytest.raises(slo.SLOError, match="positive number of seconds"):
+        slo.summarize(hand_run, slice_duration_s=-1.0)

@@ -173,10 +173,13 @@ def test_run_complete_little_law_and_slices_in_summary(tmp_path):
     assert s["run_complete"] is False
     assert s["little_law"]["mean_in_flight"] == approx(964 / 505)
     assert s["little_law"]["ratio"] == approx(1.0)
-    assert set(s["slices"]) == {"input_tokens", "output_tokens", "phase"}
+    assert set(s["slices"]) == {"input_tokens", "output_tokens", "in_flight"}
     assert [e["label"] for e in s["slices"]["input_tokens"]] == ["0-127"]
-    # three phases of 168.3 ms: sends at 0, 102 | 200, 330 | 400 ms
-    assert [e["n"] for e in s["slices"]["phase"]] == [2, 2, 1]
+    # in flight at each send: 0, 1, 2, 2, 2
+    assert [e["n"] for e in s["slices"]["in_flight"]] == [1, 1, 3]
+    # the run's own --slice-duration (recorded in its config) adds time slices
+    timed = write_run(tmp_path / "timed", requests, chunks, {"config": {"slice_duration_s": 0.2}})
+    assert [e["n"] for e in slo.summarize(timed)["slices"]["time"]] == [2, 3]
 
 
 def test_spec_recorded_in_the_manifest_is_used(tmp_path):
@@ -212,4 +215,4 @@ def test_rows_without_any_times_stay_json_clean(tmp_path):
     assert s["counts"]["total"] == 2 and s["window_s"] is None
     assert s["goodput"]["attainment"] == 0 and s["goodput"]["request_per_s"] is None
     assert s["little_law"]["mean_in_flight"] is None
-    assert [e["label"] for e in s["slices"]["phase"]] == ["unsent"]
+    assert [e["label"] for e in s["slices"]["in_flight"]] == ["unknown"]  # never sent
