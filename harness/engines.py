@@ -14,6 +14,8 @@ Fields: `{python}` (the engine's interpreter, `--engine-python NAME=PATH`), `{mo
 from __future__ import annotations
 
 import shlex
+import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,9 +123,7 @@ def exported_dir(model: str) -> Path:
     if (out / "config.json").is_file():
         return out
     tmp = out.with_name(out.name + ".partial")
-    if tmp.exists():
-        import shutil
-
+    if tmp.exists():  # a previous export died half-way
         shutil.rmtree(tmp)
     try:
         export_hf(model, tmp, dtype="float32")
@@ -161,8 +161,6 @@ def plan_launch(
 ) -> LaunchPlan:
     """The command line of engine `name` serving `model` on `host:port`; weights are prepared
     (exported, or the GGUF resolved) here. Raises HarnessError for a bad template."""
-    import sys
-
     spec = ENGINES[name]
     template = command or spec.command
     weights = str(exported_dir(model) if spec.weights == "hf" else gguf_file(model))

@@ -22,10 +22,10 @@ from harness.fault_session import FaultSession
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServer
 from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sentence
-from harness.output_checks import Expectation, OutputChecks
 from harness.progress import ProgressDisplay
 from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
+from harness.run_checks import output_checks, request_rows
 from harness.run_context import ErrorLimits, RunContext
 from harness.scraper import MetricsScraper
 from harness.server_state import read_gauges, settle
@@ -35,7 +35,6 @@ from harness.tokenizer_choice import (
     chat_overhead_tokens,
     choose_tokenizer,
     load_chosen,
-    names_a_model,
 )
 from harness.transport import Transport
 from slo.runrecord import (
@@ -337,52 +336,6 @@ def _not_found_hint(run_dir: Path, options: ClientOptions) -> str | None:
 def _record_outcome(run_dir: Path, verdict: Verdict) -> None:
     manifest = read_manifest(run_dir).evolve(outcome=verdict.to_dict())
     write_json_atomic(run_dir / "manifest.json", manifest.to_json())
-
-
-def request_rows(config: RunConfig, workload) -> list[dict]:
-    """The workload's rows as sent: with `check_outputs`, rows without a temperature are greedy."""
-    rows = workload.table.to_pylist()
-    if config.check_outputs:
-        for row in rows:
-            if row.get("temperature") is None:
-                row["temperature"] = 0.0
-    return rows
-
-
-def oracle_model(config: RunConfig) -> str:
-    """The reference model whose batch-1 outputs judge the target's (`--check-outputs`)."""
-    from harness.tokenizer_choice import DEFAULT_MODEL
-
-    if config.url is None and not config.target.startswith("url:"):
-        return config.model or DEFAULT_MODEL
-    for candidate in (config.model, config.tokenizer):
-        if candidate and names_a_model(candidate):
-            return candidate
-    raise HarnessError(
-        "--check-outputs against a URL target needs the reference model it serves; name it "
-        "with --model or --tokenizer (a reference model name, GGUF file or HF directory)."
-    )
-
-
-def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) -> OutputChecks:
-    """The run's output checks: TEST06-style flags always; with `check_outputs`, the
-    reference engine's batch-1 outputs for the greedy requests (cached per workload)."""
-    from harness.oracle import reference_texts
-
-    rows = request_rows(config, workload)
-    expectations = {
-        r["request_id"]: Expectation(int(r["max_output_tokens"]), bool(r.get("ignore_eos")))
-        for r in rows
-    }
-    references = None
-    if config.check_outputs:
-        references = reference_texts(
-            rows,
-            model=oracle_model(config),
-            endpoint=endpoint,
-            workload_sha256=str(workload.manifest.get("sha256")),
-        )
-    return OutputChecks(tokenizer, expectations, references, diverge_before=config.diverge_before)
 
 
 def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:

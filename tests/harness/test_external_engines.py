@@ -165,7 +165,7 @@ def test_engine_assignments_are_checked(value):
 
 
 def test_a_template_with_an_unknown_field_is_one_sentence():
-    with pytest.raises(HarnessError, match=r"\{weights\}.*not usable|not usable"):
+    with pytest.raises(HarnessError, match=r"the vllm command template .* is not usable"):
         plan_launch("vllm", "tiny-random", served_model="x", command="{python} {weights}", port=1)
 
 
@@ -210,13 +210,16 @@ def test_tiny_random_served_with_the_smollm2_tokenizer_warns(tmp_path, smollm2_t
     assert summary["correctness"]["n_compared"] == 4
 
 
-def test_the_right_tokenizer_does_not_warn_and_checks_outputs(tmp_path):
-    result, out = _run(tmp_path, "--check-outputs", "--diverge-before", "8")
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_the_right_tokenizer_does_not_warn_and_checks_outputs(tmp_path, endpoint):
+    """Chat prompts carry the template's constant overhead, which the check allows for."""
+    result, out = _run(tmp_path, "--check-outputs", "--diverge-before", "8", "--endpoint", endpoint)
     assert result.exit_code == 0, result.output
     assert "warning:" not in result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prompt_tokens"]["verdict"] == "agree"
     assert summary["prompt_tokens"]["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert (summary["prompt_tokens"]["overhead_tokens"] > 0) == (endpoint == "chat")
     correctness = summary["correctness"]
     assert correctness["n_compared"] == 4 and correctness["diverge_before"] == 8
     rows = pq.read_table(out / "requests.parquet").to_pylist()
@@ -270,3 +273,49 @@ def test_ctrl_c_stops_the_managed_engine(tmp_path, when):
         pid = int(text.splitlines()[1])
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_fake_llamacpp_serves_the_gguf_and_counts_tokens_with_its_tokenizer(
+    tmp_path, smollm2_tokenizer
+):
+    """llama.cpp's server sends no usage when streaming: tokens are counted with the GGUF's
+    own tokenizer, the prompt-token check says it could not check, and the card says the
+    engine serves one request at a time."""
+    from engine_ref.loading.model_files import resolve_model
+
+    fake = "llamacpp={python} -m harness.cli mock-server --port {port} --model {served_model} --no-usage"
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        bench,
+        ["run", "--target", "llamacpp", "--engine-command", fake, "--model", "smollm2-135m",
+         "--workload", "random", "--num-requests", "3", "--input-len", "16", "--output-len",
+         "4", "--request-rate", "inf", "--out", str(out), "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    target = json.loads((out / "manifest.json").read_text())["target"]
+    gguf = str(resolve_model("smollm2-135m").path)
+    assert target["weights"] == gguf and target["tokenizer"]["source"] == gguf
+    assert target["serialises_requests"] is True
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["output_tokens_source"] == "tokenizer"
+    assert summary["prompt_tokens"]["verdict"] == "not_checked"
+    card_json = tmp_path / "card.json"
+    card = CliRunner().invoke(bench, ["report", str(out), "--json", str(card_json)])
+    assert card.exit_code == 0, card.output
+    notes = json.loads(card_json.read_text())["notes"]
+    assert any("serves one request at a time" in n for n in notes)
+
+
+def test_a_tokenizer_json_file_is_a_tokenizer(tmp_path):
+    from harness.engines import exported_dir
+    from harness.tokenizer_choice import load_chosen
+
+    path = exported_dir("tiny-random") / "tokenizer.json"
+    choice = choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(path)))
+    assert (choice.source, choice.how) == (str(path), "--tokenizer")
+    tokenizer = load_chosen(choice)
+    assert tokenizer.encode("hello world") == load_chosen(
+        choose_tokenizer(RunConfig(model="tiny-random"))
+    ).encode("hello world")
+    with pytest.raises(HarnessError, match="cannot load the tokenizer"):
+        load_chosen(choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(tmp_path))))
