@@ -15,6 +15,8 @@ YAML fields (only `name` is required):
         params: {timeout_ms: 100} # per kind, see window.PARAMS (network ones as toxics.py)
     retry: {enabled: false, max_attempts: 3, honour_retry_after: true, statuses: [429, 503],
             backoff_ms: 100, max_backoff_ms: 10000}
+    engine_args: [--num-blocks, "48"]  # added to a managed engine's command line for the whole
+                                       # run (here a shrunken KV pool, to force preemption)
 
 A window with neither `at` nor `after_requests` starts at 0. Windows are half-open: active from
 their start (inclusive) to start + `for` (exclusive). A request-count window is active once
@@ -53,18 +55,20 @@ __all__ = [
     "parse_plan",
 ]
 
-_PLAN_KEYS = ("name", "description", "seed", "windows", "retry")
+_PLAN_KEYS = ("name", "description", "seed", "windows", "retry", "engine_args")
 
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """A named set of fault windows and the client's retry policy."""
+    """A named set of fault windows, the client's retry policy, and the arguments a managed
+    engine is started with for the whole run (`engine_args`)."""
 
     name: str
     description: str = ""
     seed: int = 0
     windows: tuple[Window, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    engine_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -79,6 +83,13 @@ class FaultPlan:
             raise FaultPlanError("windows must be Window entries.")
         if not isinstance(self.retry, RetryPolicy):
             raise FaultPlanError("retry must be a RetryPolicy.")
+        if isinstance(self.engine_args, str) or not all(
+            isinstance(a, str) and a for a in self.engine_args
+        ):
+            raise FaultPlanError(
+                "engine_args must be a list of non-empty strings, e.g. [--num-blocks, '48']."
+            )
+        object.__setattr__(self, "engine_args", tuple(self.engine_args))
         if sum(w.kind is FaultKind.SLOW_READER for w in self.windows) > 1:
             raise FaultPlanError("a plan may have one slow_reader window; merge the others.")
 
@@ -97,7 +108,14 @@ class FaultPlan:
 
     @property
     def needs_managed_engine(self) -> bool:
-        return Layer.ENGINE in self.kinds_by_layer
+        return Layer.ENGINE in self.kinds_by_layer or bool(self.engine_args)
+
+    @property
+    def managed_engine_args(self) -> tuple[str, ...]:
+        """What a managed engine's command line gets for this plan: `engine_args`, and the
+        fault-injection route when a `slow_steps` window needs it."""
+        slow = any(w.kind is FaultKind.SLOW_STEPS for w in self.windows)
+        return (*self.engine_args, *(("--enable-fault-injection",) if slow else ()))
 
     @property
     def has_client_faults(self) -> bool:
@@ -143,6 +161,7 @@ class FaultPlan:
                 seed=data.get("seed", 0),
                 windows=tuple(Window.from_dict(w, f"windows[{i}]") for i, w in enumerate(windows)),
                 retry=RetryPolicy.from_dict(data.get("retry") or {}),
+                engine_args=_engine_args(data.get("engine_args")),
             )
         except FaultPlanError as exc:
             if str(exc).startswith(origin):
@@ -157,12 +176,25 @@ class FaultPlan:
             "seed": self.seed,
             "windows": [w.to_dict() for w in self.windows],
             "retry": self.retry.to_dict(),
+            # Only when set, so that the hashes of plans without it stay as they were.
+            **({"engine_args": list(self.engine_args)} if self.engine_args else {}),
         }
 
     @property
     def sha256(self) -> str:
         """Hex sha256 of the canonical JSON of `to_dict()` (sorted keys, no whitespace)."""
         return hashlib.sha256(orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def _engine_args(value) -> tuple[str, ...]:
+    """`engine_args` from YAML: a list whose numbers (YAML reads 48 as an int) become text."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise FaultPlanError("engine_args must be a list, e.g. [--num-blocks, '48'].")
+    return tuple(
+        str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in value
+    )
 
 
 def builtin_plan_names() -> list[str]:

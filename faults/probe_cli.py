@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from faults.probe_cases.case import Category
+from faults.probe_report import Verdict
 
 if TYPE_CHECKING:
     from faults.probe_report import ProbeReport
@@ -53,6 +54,12 @@ def probe() -> None:
     "--timeout", "timeout_s", type=float, help="Seconds each request may take (default 10)."
 )
 @click.option(
+    "--all",
+    "all_cases",
+    is_flag=True,
+    help="List every case on the console, not only the failing ones.",
+)
+@click.option(
     "--only",
     type=click.Choice([c.value for c in Category]),
     multiple=True,
@@ -65,6 +72,7 @@ def bad_input(
     json_path: Path | None,
     timeout_s: float | None,
     only: tuple[str, ...],
+    all_cases: bool,
 ) -> None:
     """Send malformed, mistyped, extreme and oversized requests; check each gets a 4xx with an
     OpenAI error body (or, where declared, a 200) and that the server stays healthy and keeps
@@ -81,7 +89,7 @@ def bad_input(
         report = asyncio.run(_run_with_progress(config, run_probe))
     except ProbeError as exc:
         raise ProbeUsageError(str(exc)) from None
-    Console().print(render_report(report))
+    Console().print(render_report(report, all_cases=all_cases))
     if json_path is not None:
         try:
             json_path.write_text(report.to_json() + "\n", encoding="utf-8")
@@ -105,28 +113,18 @@ async def _run_with_progress(config, run_probe) -> ProbeReport:
         return await run_probe(config, on_result=on_result)
 
 
-def render_report(report: ProbeReport) -> RenderableType:
-    """The console view: one row per case, then the background streams and a verdict line."""
-    table = Table(title=f"bad-input probe of {report.url} ({report.model})", title_justify="left")
-    for name, kwargs in (
-        ("case", {"no_wrap": True}),
-        ("category", {"no_wrap": True}),
-        ("status", {"justify": "right"}),
-        ("verdict", {}),
-        ("ms", {"justify": "right"}),
-        ("reason", {"ratio": 1}),
-    ):
-        table.add_column(name, **kwargs)
-    for r in report.results:
-        passed = r.verdict == "pass"
-        table.add_row(
-            r.name,
-            r.category.value,
-            "-" if r.status is None else str(r.status),
-            Text(r.verdict.value, style="green" if passed else "bold red"),
-            "-" if r.latency_ms is None else f"{r.latency_ms:.0f}",
-            r.reason,
-        )
+def render_report(report: ProbeReport, *, all_cases: bool = False) -> RenderableType:
+    """The console view: passes and failures per category, then each failing case with its
+    reason (every case, when `all_cases`), then the background streams and a verdict line."""
+    tables: list[RenderableType] = []
+    title = f"bad-input probe of {report.url} ({report.model})"
+    if all_cases:
+        tables.append(_case_table(title, report.results, with_category=True))
+    else:
+        tables.append(_category_table(title, report))
+        failed_cases = [r for r in report.results if r.verdict != Verdict.PASS]
+        if failed_cases:
+            tables.append(_case_table("failed cases", failed_cases, with_category=False))
     streams = report.streams
     longest = "" if streams.max_latency_ms is None else f", longest {streams.max_latency_ms:.0f} ms"
     lines = [
@@ -149,4 +147,41 @@ def render_report(report: ProbeReport) -> RenderableType:
         lines.append(
             Text(f"{summary}: {names}." if failed else "the streams failed.", style="bold red")
         )
-    return Group(table, *lines)
+    return Group(*tables, *lines)
+
+
+def _category_table(title: str, report: ProbeReport) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("category", "left"), ("cases", "right"), ("passed", "right"),
+                          ("failed", "right")):  # fmt: skip
+        table.add_column(name, justify=justify, no_wrap=True)
+    by_category: dict[str, list[int]] = {}
+    for r in report.results:
+        counts = by_category.setdefault(r.category.value, [0, 0])
+        counts[0 if r.verdict == Verdict.PASS else 1] += 1
+    for category, (passed, failed) in by_category.items():
+        style = "bold red" if failed else ""
+        table.add_row(category, str(passed + failed), str(passed), Text(str(failed), style=style))
+    return table
+
+
+def _case_table(title: str, results, *, with_category: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    columns = [("case", {"no_wrap": True})]
+    if with_category:
+        columns.append(("category", {"no_wrap": True}))
+    columns += [("status", {"justify": "right"}), ("verdict", {}), ("ms", {"justify": "right"}),
+                ("reason", {"ratio": 1, "min_width": 24})]  # fmt: skip
+    for name, kwargs in columns:
+        table.add_column(name, **kwargs)
+    for r in results:
+        passed = r.verdict == Verdict.PASS
+        cells = [r.name, *([r.category.value] if with_category else [])]
+        table.add_row(
+            *cells,
+            "-" if r.status is None else str(r.status),
+            Text(r.verdict.value, style="green" if passed else "bold red"),
+            "-" if r.latency_ms is None else f"{r.latency_ms:.0f}",
+            r.reason,
+        )
+    return table

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from harness.cli_options import target_and_workload_options
+from harness.cli_targets import run_comparative_command, target_options
 from harness.errors import HarnessError
 from harness.vllm_compat import VllmCompatCommand, save_result, translate, vllm_options
 
@@ -105,6 +106,7 @@ def _drop_none(**kwargs) -> dict:
 
 @bench.command(epilog=EXAMPLES, cls=VllmCompatCommand)
 @target_and_workload_options
+@target_options
 @click.option("--request-rate", type=float, help="Requests per second; inf sends all at once.")
 @click.option(
     "--concurrency",
@@ -153,10 +155,17 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     from harness.config import RunConfig
     from harness.run import run_benchmark
 
+    targets, repeat = kwargs.pop("targets"), kwargs.pop("repeat")
+    kwargs["target"] = targets[0] if targets else None
     kwargs, result_request, no_progress = translate(_drop_none(**kwargs))
     config = RunConfig(stream=not no_stream, server_args=server_args, **kwargs)
     console = Console(stderr=False)
-    outcome = run_benchmark(config, console=console, quiet=quiet or no_progress)
+    quiet = quiet or no_progress
+    if len(targets) > 1 or repeat != 1:
+        sys.exit(
+            run_comparative_command(config, targets or (config.target,), repeat, console, quiet)
+        )
+    outcome = run_benchmark(config, console=console, quiet=quiet)
     if result_request is not None:
         click.echo(f"vLLM result: {save_result(result_request, outcome.run_dir)}")
     if not quiet:

@@ -42,6 +42,7 @@ class RawResult:
     status: RequestStatus | None = None  # set only when the transport decided the outcome
     error_class: ErrorClass | None = None
     error_message: str | None = None
+    engine_request_id: str | None = None  # the answer's x-request-id header
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +92,18 @@ def build_body(options: ClientOptions, spec: dict) -> bytes:
     return orjson.dumps(body)
 
 
+def auth_headers(api_key: str | None, extra=()) -> dict[str, str]:
+    """`Authorization: Bearer <api_key>` (when a key is given), then the `extra` (name, value)
+    pairs (`--header`): the headers every request to the target carries."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers.update(extra)
+    return headers
+
+
 def make_session(options: ClientOptions, *, max_connections: int) -> aiohttp.ClientSession:
     """One session for the whole run, its connection pool sized to the concurrency."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=None)
-    headers = {"Content-Type": "application/json"}
-    if options.api_key:
-        headers["Authorization"] = f"Bearer {options.api_key}"
-    headers.update(options.headers)
+    headers = {"Content-Type": "application/json", **auth_headers(options.api_key, options.headers)}
     return aiohttp.ClientSession(
         connector=connector,
         headers=headers,
@@ -147,6 +153,7 @@ async def send(
             async with session.post(options.url, data=payload.body) as response:
                 result.t_first_byte_ns = clock()
                 result.http_status = response.status
+                result.engine_request_id = response.headers.get("x-request-id")
                 if response.status != 200:
                     result.body = await response.read()
                     _classify_http(result)

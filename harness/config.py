@@ -53,11 +53,13 @@ class RunConfig:
       `server_metrics.parquet` (0: never; targets without `/metrics` are skipped).
     - `client_bound_ms`: dispatch-lag p99 above this marks the run `client_bound`.
     - `tokenizer`: counts prompt tokens and, where the server reports no usage, output tokens;
-      a reference-engine model name, GGUF path or HF directory (default: the target model when
-      the reference engine is managed, otherwise `smollm2-135m`).
+      a reference-engine model name, GGUF path, HF directory or tokenizer.json (default: the
+      model under test; see `harness.tokenizer_choice`).
     - `headers`: (name, value) pairs sent with every request; only the names are recorded.
     - `extra_body`: a JSON object merged into every request body (engine-specific sampling
       fields such as vLLM's `top_k`, `min_p`, `repetition_penalty`).
+    - `target`: what to drive (`harness.engines`); `check_outputs` makes requests greedy and
+      compares each output with the reference engine's batch-1 output (`harness.oracle`).
     """
 
     workload: str = "random"
@@ -94,6 +96,11 @@ class RunConfig:
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers on every request (`--header`)
     extra_body: dict | None = None  # JSON fields merged into every request body (`--extra-body`)
     slice_duration_s: float | None = None  # fixed-width time slices on the card (s)
+    target: str = "ref"  # ref | vllm | llamacpp | url:http://... (`url` wins when set)
+    engine_commands: tuple[str, ...] = ()  # ENGINE=TEMPLATE overrides (harness.engines)
+    engine_pythons: tuple[str, ...] = ()  # ENGINE=PATH: the interpreter of an engine's venv
+    check_outputs: bool = False  # greedy requests, each output compared with the reference
+    diverge_before: int = 32  # with check_outputs: diverging before this token is wrong output
 
     def __post_init__(self) -> None:
         def positive(name: str, value, *, integer: bool = False) -> None:
@@ -131,6 +138,15 @@ class RunConfig:
             object.__setattr__(self, "url", normalise_base_url(self.url))
         if self.extra_body is not None:
             check_extra_body(self.extra_body)
+        from harness.engines import parse_assignments, parse_target
+
+        parse_target(self.target)
+        parse_assignments(self.engine_commands, "--engine-command")
+        parse_assignments(self.engine_pythons, "--engine-python")
+        if self.diverge_before < 0:
+            raise HarnessError(
+                f"--diverge-before must be zero or more, got {self.diverge_before!r}."
+            )
         if self.burstiness is not None and self.request_rate in (None, math.inf):
             raise HarnessError("--burstiness needs a finite --request-rate to shape.")
 
@@ -143,6 +159,8 @@ class RunConfig:
         d["out"] = str(self.out) if self.out else None
         d["request_rate"] = "inf" if self.request_rate == math.inf else self.request_rate
         d["server_args"] = list(self.server_args)
+        d["engine_commands"] = list(self.engine_commands)
+        d["engine_pythons"] = list(self.engine_pythons)
         d.pop("api_key")
         # Header values often carry credentials: record the names only.
         d["headers"] = [name for name, _ in self.headers]

@@ -65,6 +65,8 @@ class FaultSession:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
+        from faults.plan import FaultKind
+
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -75,9 +77,13 @@ class FaultSession:
         now_s = self._elapsed_s()
         for entry in self._open.values():
             entry.setdefault("end_s", now_s)
+        still_slow = any(self.plan.windows[i].kind is FaultKind.SLOW_STEPS for i in self._open)
         self._open.clear()
         if self.server is not None:
             self.server.resume()
+            if still_slow:
+                with contextlib.suppress(HarnessError):
+                    await asyncio.to_thread(self.server.set_step_delay, 0)
         try:
             if self.client is not None:
                 await self.client.__aexit__(*exc_info)
@@ -140,6 +146,14 @@ class FaultSession:
             await asyncio.sleep(POLL_S)
 
     async def _engine_fault(self, window, entry: dict, *, start: bool) -> None:
+        """Apply (or, at the window's end, undo) an engine fault; what went wrong is kept in
+        the window's manifest entry as `error`, since the run goes on."""
+        try:
+            await self._apply_engine_fault(window, entry, start=start)
+        except HarnessError as exc:
+            entry["error"] = str(exc)
+
+    async def _apply_engine_fault(self, window, entry: dict, *, start: bool) -> None:
         from faults.plan import FaultKind
 
         server = self.server
@@ -153,7 +167,8 @@ class FaultSession:
         elif window.kind is FaultKind.PAUSE_ENGINE:
             (server.pause if start else server.resume)()
         elif window.kind is FaultKind.SLOW_STEPS:
-            raise HarnessError("slow_steps is not supported by this bench yet.")
+            delay_ms = window.param("delay_ms") if start else 0
+            await asyncio.to_thread(server.set_step_delay, delay_ms)
 
     def manifest_entry(self) -> dict:
         """The `fault_plan` section of the manifest: the plan, its hash, the windows applied."""

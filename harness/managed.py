@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -87,6 +88,29 @@ class ManagedServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
 
+    def set_step_delay(self, delay_ms: float) -> None:
+        """Make every engine step `delay_ms` slower (0: normal again), through the server's
+        fault-injection route (started with `--enable-fault-injection`)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/admin/step_delay",
+            data=json.dumps({"delay_ms": delay_ms}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            raise HarnessError(
+                f"the managed server refused the slow_steps fault ({exc.code}); was it started "
+                "with --enable-fault-injection?"
+            ) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise HarnessError(
+                f"the managed server did not take the slow_steps fault: {exc}."
+            ) from None
+
     def stop(self) -> None:
         if self.proc is not None:
             self.resume()
@@ -94,7 +118,9 @@ class ManagedServer:
 
 
 @contextlib.contextmanager
-def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
+def managed_server(
+    config: ManagedServerConfig, log_dir: Path | None = None
+) -> Iterator[ManagedServer]:
     """Run the reference engine server for the duration of the `with` block.
 
     The server binds 127.0.0.1 on a port it picks and writes to a port file; we wait for
@@ -102,6 +128,8 @@ def managed_server(config: ManagedServerConfig) -> Iterator[ManagedServer]:
     exit path (terminate, then kill after 10 s).
     """
     server = ManagedServer(config, Path(tempfile.mkdtemp(prefix="bench-server-")))
+    if log_dir is not None:  # the run directory: the log stays with the run
+        server.log_path = Path(log_dir) / "server.log"
     try:
         server.start()
         yield server
@@ -114,7 +142,7 @@ def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise HarnessError(
-                f"the reference engine server exited with code {proc.returncode} before it was ready; its log ends:\n{_tail(log_path)}"
+                f"the reference engine server exited with code {proc.returncode} before it was ready; its log ends:\n{log_tail(log_path)}"
             )
         if port_file.exists() and port_file.read_text().strip():
             port = int(port_file.read_text().strip())
@@ -128,7 +156,7 @@ def _wait_ready(proc: subprocess.Popen, port_file: Path, log_path: Path, timeout
                 pass
         time.sleep(0.2)
     raise HarnessError(
-        f"the reference engine server was not healthy within {timeout_s:g} s; its log ends:\n{_tail(log_path)}"
+        f"the reference engine server was not healthy within {timeout_s:g} s; its log ends:\n{log_tail(log_path)}"
     )
 
 
@@ -143,7 +171,8 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last `lines` lines of a server log (\"(no log)\" when it cannot be read)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:

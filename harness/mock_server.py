@@ -176,6 +176,7 @@ class MockEngine:
             "total_tokens": 0,
         }
         usage["total_tokens"] = usage["prompt_tokens"] + n_out
+        ids = {"x-request-id": f"mock-{self.requests_seen}"}  # as servers that echo one do
         if not body.get("stream"):
             await asyncio.sleep(max(0.0, start + offsets[-1] - loop.time()))
             text = "".join(f" t{i}" for i in range(n_out))
@@ -186,9 +187,9 @@ class MockEngine:
             answer = {"id": "mock", "object": "completion", "choices": [choice]}
             if cfg.usage:
                 answer["usage"] = usage
-            return web.json_response(answer)
+            return web.json_response(answer, headers=ids)
 
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **ids})
         await response.prepare(request)
         break_at = max(1, n_out // 2)
         created = int(time.time())

@@ -3,13 +3,15 @@
 Exit codes: 0 the run completed (and met its SLO when `--slo` was given); 1 it completed but
 missed its SLO; 2 usage error (bad flags, files or target, before anything ran); 3 the run was
 stopped by its error limits (`--max-error-rate`, `--max-consecutive-errors`) or most of its
-requests failed; 130 interrupted (Ctrl-C, SIGTERM).
+requests failed (requests the client cancelled itself count for neither); 130 interrupted
+(Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slo.runrecord import RequestStatus
 from slo.stats import FAIL
 
 EXIT_OK = 0
@@ -40,15 +42,25 @@ def dominant_error(summary: dict) -> tuple[str | None, int, str | None]:
     return name, n, first
 
 
-def failure_sentence(summary: dict) -> str:
+def served_counts(summary: dict) -> tuple[int, int]:
+    """(failed, judged): the requests that reached a verdict on the target, i.e. all but those
+    the client cancelled itself (a fault plan's cancel or disconnect storm, or Ctrl-C), and how
+    many of them did not end ok."""
     counts = summary.get("counts") or {}
-    total = int(counts.get("total") or 0)
-    ok = int((counts.get("by_status") or {}).get("ok", 0))
+    by_status = counts.get("by_status") or {}
+    judged = int(counts.get("total") or 0) - int(by_status.get(RequestStatus.CANCELLED, 0))
+    return judged - int(by_status.get(RequestStatus.OK, 0)), judged
+
+
+def failure_sentence(summary: dict) -> str:
+    failed, judged = served_counts(summary)
+    cancelled = judged != int((summary.get("counts") or {}).get("total") or 0)
     name, n, first = dominant_error(summary)
     detail = f"; most failed with {name} ({n})" if name else ""
     if first:
         detail += f": {first}"
-    return f"{total - ok} of {total} requests failed{detail}."
+    scope = " not cancelled by the client" if cancelled else ""
+    return f"{failed} of {judged} requests{scope} failed{detail}."
 
 
 def judge(
@@ -59,9 +71,8 @@ def judge(
         return Verdict(EXIT_ERRORS, f"The run was stopped early: {stopped_reason}")
     if stopped_reason is not None:
         return Verdict(EXIT_INTERRUPTED, None)
-    error_rate = summary.get("error_rate")
-    total = int((summary.get("counts") or {}).get("total") or 0)
-    if total and error_rate is not None and error_rate > UNHEALTHY_ERROR_RATE:
+    failed, judged = served_counts(summary)
+    if judged and failed / judged > UNHEALTHY_ERROR_RATE:
         return Verdict(
             EXIT_ERRORS, f"The target did not serve this run: {failure_sentence(summary)}"
         )

@@ -7,6 +7,7 @@ path; each flush appends one row group per table, so an interrupted run is reada
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class RunRecorder:
     context: RecordContext
     input_tokens: dict[str, int]
     manifest: RunManifest
+    on_records: Callable[[list], None] | None = None  # sees each flush's measured rows
     _pending: list[RawResult] = field(default_factory=list)
     writer: RunWriter = field(init=False)
 
@@ -72,6 +74,8 @@ class RunRecorder:
             else:
                 records.append(record)
                 chunk_rows.extend(chunks)
+        if self.on_records is not None:
+            self.on_records(records)
         self.writer.append_requests(records)
         self.writer.append_warmup(warm_records)
         self.writer.append_chunks(chunk_rows)

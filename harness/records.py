@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.client import RawResult
+from harness.output_checks import CheckResult, OutputChecks
 from harness.sse import ParsedStream, parse_body, parse_stream
 from slo.runrecord import ErrorClass, RequestRecord, RequestStatus, TokenSource
 
@@ -20,6 +21,7 @@ class RecordContext:
     t0_ns: int
     is_chat: bool
     count_tokens: TokenCounter | None = None
+    checks: OutputChecks | None = None
 
 
 def _rel(t_ns: int | None, t0_ns: int) -> int | None:
@@ -70,6 +72,16 @@ def to_rows(
         parsed.chunks[-1] = (t, output_tokens, n_chars)
         client_tokens = output_tokens
 
+    checked = CheckResult()
+    if ctx.checks is not None and status is RequestStatus.OK:
+        checked = ctx.checks.check(
+            raw.request_id,
+            text,
+            output_tokens=output_tokens,
+            usage_completion_tokens=usage_completion,
+            token_chunks=len(token_times),
+            streamed=raw.body is None,
+        )
     t0 = ctx.t0_ns
     record = RequestRecord(
         request_id=raw.request_id,
@@ -94,6 +106,13 @@ def to_rows(
         output_sha256=hashlib.sha256(text.encode()).hexdigest() if parsed else None,
         num_chunks=len(parsed.chunks) if parsed else 0,
         is_warmup=raw.is_warmup,
+        output_valid=checked.valid,
+        response_id=parsed.response_id if parsed else None,
+        engine_request_id=raw.engine_request_id,
+        output_exact_match=checked.exact,
+        output_first_divergence=checked.first_divergence,
+        output_agreement=checked.agreement,
+        output_flags=checked.flags,
     )
     rid = raw.request_id
     chunks = [(rid, t - t0, n, c) for t, n, c in parsed.chunks] if parsed else []

@@ -23,11 +23,19 @@ from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServer
 from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sentence
 from harness.progress import ProgressDisplay
+from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
+from harness.run_checks import output_checks, request_rows
 from harness.run_context import ErrorLimits, RunContext
 from harness.scraper import MetricsScraper
 from harness.server_state import read_gauges, settle
-from harness.targets import DEFAULT_MODEL, Target, preflight, target_for, target_info
+from harness.targets import Target, launch_plan_for, preflight, target_for, target_info
+from harness.tokenizer_choice import (
+    TokenizerChoice,
+    chat_overhead_tokens,
+    choose_tokenizer,
+    load_chosen,
+)
 from harness.transport import Transport
 from slo.runrecord import (
     Endpoint,
@@ -66,17 +74,18 @@ def default_run_dir(config: RunConfig) -> Path:
     return Path("runs") / f"{stamp}-{name}"
 
 
-def load_tokenizer_for(config: RunConfig):
-    """The tokenizer that counts prompt tokens (and output tokens where usage is missing)."""
-    from engine_ref.loading import load_tokenizer
+def load_tokenizer_for(config: RunConfig, plan=None):
+    """The tokenizer that counts prompt tokens (and output tokens where usage is missing): the
+    model under test's (see `harness.tokenizer_choice`)."""
+    return load_chosen(choose_tokenizer(config, plan))
 
-    name = config.tokenizer or (
-        config.model if config.url is None and config.model else DEFAULT_MODEL
-    )
-    try:
-        return load_tokenizer(name)
-    except Exception as exc:  # the loader's own errors are one sentence; keep them so
-        raise HarnessError(f"cannot load the tokenizer {name!r}: {exc}") from exc
+
+def warn(console: Console | None, sentence: str) -> None:
+    """One warning sentence on the console (nothing for library callers without one)."""
+    if console is not None:
+        console.print(
+            f"warning: {sentence}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )
 
 
 def materialise_workload(config: RunConfig, tokenizer):
@@ -151,7 +160,11 @@ def run_benchmark(
     run_dir = Path(config.out or default_run_dir(config))
     with removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
-        tokenizer = tokenizer or load_tokenizer_for(config)
+        plan = launch_plan_for(config) if target is None else None
+        choice = choose_tokenizer(config, plan)
+        if choice.warning and tokenizer is None:
+            warn(console, choice.warning)
+        tokenizer = tokenizer or load_chosen(choice)
         inputs = RunInputs(
             config=config,
             workload=materialise_workload(config, tokenizer),
@@ -162,11 +175,13 @@ def run_benchmark(
             quiet=quiet,
             transport=transport,
             fault_plan=fault_plan,
+            tokenizer_choice=choice,
         )
         if target is not None:
             started = Target(target.base_url, dict(target.entry), target.server)
             return _run_against(inputs, started)
-        with target_for(config) as started:
+        engine_args = fault_plan.managed_engine_args if fault_plan is not None else ()
+        with target_for(config, log_dir=run_dir, plan=plan, extra_args=engine_args) as started:
             return _run_against(inputs, started)
 
 
@@ -198,6 +213,7 @@ class RunInputs:
     quiet: bool = True
     transport: Transport | None = None
     fault_plan: object | None = None  # faults.plan.FaultPlan
+    tokenizer_choice: TokenizerChoice | None = None
 
 
 def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
@@ -212,13 +228,16 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         config.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
     )
     info = target_info(base_url, config.api_key, config.headers)
+    overhead = chat_overhead_tokens(inputs.tokenizer) if endpoint is Endpoint.CHAT else 0
     target.update(
         model=model,
         endpoint=endpoint.value,
-        engine=info.get("engine"),
-        engine_version=info.get("version"),
+        engine=info.get("engine") or target.get("engine"),
+        engine_version=info.get("version") or target.get("engine_version"),
         dtype=info.get("dtype"),
         engine_config=info.get("engine_config"),
+        tokenizer=inputs.tokenizer_choice.to_dict() if inputs.tokenizer_choice else None,
+        prompt_overhead_tokens=overhead,
     )
     options = ClientOptions(
         base_url=base_url,
@@ -259,6 +278,8 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         quiet=inputs.quiet,
     )
     run.errors = ErrorLimits(config.max_error_rate, config.max_consecutive_errors)
+    run.checks = output_checks(config, workload, inputs.tokenizer, endpoint)
+    run.watch = PromptTokenWatch(overhead, lambda sentence: warn(inputs.console, sentence))
     metrics_url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     idle_before = read_gauges(metrics_url, api_key=config.api_key)
     reason: str | None = "the harness stopped unexpectedly"
@@ -318,7 +339,7 @@ def _record_outcome(run_dir: Path, verdict: Verdict) -> None:
 
 
 def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:
-    rows = workload.table.to_pylist()
+    rows = request_rows(config, workload)
     if not rows:
         raise HarnessError("the workload has no requests; raise --num-requests or --duration.")
     payloads = [RequestPayload(r["request_id"], build_body(options, r)) for r in rows]

@@ -13,6 +13,8 @@ from rich.console import Console
 from harness.client import ClientOptions, RawResult
 from harness.config import RunConfig
 from harness.loadgen import LoadPlan
+from harness.output_checks import OutputChecks
+from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import RunRecorder
 from harness.records import RecordContext
 from harness.scraper import MetricsScraper
@@ -42,6 +44,8 @@ class RunContext:
     errors: ErrorLimits | None = None
     stop: asyncio.Task | None = None  # the task to cancel when the error limits trip
     stop_reason: str | None = None
+    checks: OutputChecks | None = None
+    watch: PromptTokenWatch | None = None
 
     @property
     def t0_ns(self) -> int | None:
@@ -52,9 +56,16 @@ class RunContext:
             t0_ns=t0_ns,
             is_chat=self.options.is_chat,
             count_tokens=lambda text: len(self.tokenizer.encode(text)),
+            checks=self.checks,
         )
         self.manifest = self.manifest.evolve(t0_ns=t0_ns)
-        self.recorder = RunRecorder(self.run_dir, context, self.input_tokens, self.manifest)
+        self.recorder = RunRecorder(
+            self.run_dir,
+            context,
+            self.input_tokens,
+            self.manifest,
+            on_records=self.watch.observe if self.watch is not None else None,
+        )
         plan = self.plan
         arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
         self.recorder.writer.write_schedule(
@@ -102,7 +113,8 @@ class RunContext:
 @dataclass
 class ErrorLimits:
     """`--max-error-rate` and `--max-consecutive-errors`: stop a run that only measures
-    failures. The rate is judged once `min_requests` results are in."""
+    failures. The rate is judged once `min_requests` results are in; requests the client
+    cancelled itself are left out of both counts."""
 
     max_error_rate: float | None = None
     max_consecutive: int | None = None
@@ -113,7 +125,9 @@ class ErrorLimits:
 
     def observe(self, raw: RawResult) -> str | None:
         """Count one result; the reason to stop, in words, once a limit is passed."""
-        if raw.status is RequestStatus.NOT_SENT:
+        if raw.status in (RequestStatus.NOT_SENT, RequestStatus.CANCELLED):
+            # A cancellation is the client's own doing (a fault plan's, or Ctrl-C): it says
+            # nothing about the target, so it neither fails nor passes the run.
             return None
         self.done += 1
         # The transport sets a status only for outcomes it decided, all of them failures; a

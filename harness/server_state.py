@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
+from harness.client import auth_headers
 from harness.scraper import parse_metrics
 
 # Prometheus sample name -> ledger gauge. vLLM and the reference engine share the `vllm:` names;
@@ -23,8 +24,7 @@ GAUGES = {
 
 def read_gauges(metrics_url: str, *, api_key: str | None = None, timeout_s: float = 5.0) -> dict:
     """`{gauge: value}` summed over label sets; `{}` when the target has no such `/metrics`."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(metrics_url, headers=headers)
+    request = urllib.request.Request(metrics_url, headers=auth_headers(api_key))
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
             text = resp.read().decode("utf-8", "replace")

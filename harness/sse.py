@@ -31,6 +31,7 @@ class ParsedStream:
     text_parts: list[str] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict | None = None
+    response_id: str | None = None  # the `id` of the first event that has one
     saw_done: bool = False
     error_class: ErrorClass | None = None
     error_message: str | None = None
@@ -106,6 +107,8 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             return _fail(out, ErrorClass.STREAM_ERROR, _error_text(obj["error"]))
         if obj.get("usage"):
             out.usage = obj["usage"]
+        if out.response_id is None and type(obj.get("id")) is str:
+            out.response_id = obj["id"]
         text = None
         if choices:
             choice = choices[0] if type(choices) is list else None
@@ -187,4 +190,5 @@ def parse_body(body: bytes, *, chat: bool) -> ParsedStream:
     out.text_parts.append(text or "")
     out.finish_reason = choice.get("finish_reason")
     out.usage = obj.get("usage")
+    out.response_id = obj["id"] if isinstance(obj.get("id"), str) else None
     return out

@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
-from harness.config import RunConfig
+from harness.client import auth_headers
+from harness.config import RunConfig, normalise_base_url
+from harness.engines import ENGINES, LaunchPlan, parse_assignments, parse_target, plan_launch
 from harness.errors import HarnessError
+from harness.launch import engine_version, free_port, launched
 from harness.managed import ManagedServer, ManagedServerConfig, managed_server
 
 DEFAULT_MODEL = "smollm2-135m"
 
 
 def _get(url: str, api_key: str | None, timeout_s: float, extra_headers=()):
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    headers.update(extra_headers)
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
+    request = urllib.request.Request(url, headers=auth_headers(api_key, extra_headers))
+    return urllib.request.urlopen(request, timeout=timeout_s)
 
 
 def preflight(
@@ -73,17 +77,71 @@ class Target:
     server: ManagedServer | None = None
 
 
-@contextlib.contextmanager
-def target_for(config: RunConfig):
-    """Yield the `Target`: `config.url`, or a managed reference server."""
+def launch_plan_for(config: RunConfig) -> LaunchPlan | None:
+    """The resolved launch of a managed external engine (`--target vllm|llamacpp`), its
+    weights prepared; None for the reference engine and for URL targets."""
     if config.url is not None:
-        yield Target(config.url, {"kind": "url", "url": config.url})
+        return None
+    kind, _ = parse_target(config.target)
+    if kind not in ENGINES:
+        return None
+    model = config.model or DEFAULT_MODEL
+    return plan_launch(
+        kind,
+        model,
+        served_model=model,
+        command=parse_assignments(config.engine_commands, "--engine-command").get(kind),
+        python=parse_assignments(config.engine_pythons, "--engine-python").get(kind),
+        port=free_port(),
+    )
+
+
+@contextlib.contextmanager
+def target_for(
+    config: RunConfig,
+    *,
+    log_dir: Path | None = None,
+    plan: LaunchPlan | None = None,
+    extra_args: tuple[str, ...] = (),
+):
+    """Yield the `Target`: `config.url` or `--target url:...`, a managed external engine
+    (`plan`, else resolved here), or a managed reference server, whose command line gets
+    `--server-arg`s and then `extra_args` (a fault plan's `engine_args`). A managed server's
+    log goes to `log_dir/server.log` when given (the run directory)."""
+    kind, url = ("url", config.url) if config.url is not None else parse_target(config.target)
+    if kind == "url":
+        url = normalise_base_url(url)
+        yield Target(url, {"kind": "url", "url": url})
+        return
+    if kind in ENGINES:
+        if extra_args:
+            raise HarnessError(
+                f"the fault plan starts the engine with {' '.join(extra_args)}, which only the "
+                f"reference engine understands; drop engine_args and slow_steps windows to run "
+                f"it against {kind}."
+            )
+        plan = plan or launch_plan_for(config)
+        log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="bench-"))
+        version = engine_version(plan)
+        with launched(plan, plan.port, log_dir / "server.log", config.startup_timeout_s) as server:
+            entry = {
+                "kind": "managed",
+                "url": server.base_url,
+                "engine": plan.spec.name,
+                "engine_version": version,
+                "engine_command": list(plan.argv),
+                "engine_env": plan.env,
+                "weights": plan.weights_path,
+                "serialises_requests": plan.spec.serialises_requests,
+                "server_log": str(server.log_path),
+            }
+            yield Target(server.base_url, entry, server)
         return
     server_cfg = ManagedServerConfig(
         model=config.model or DEFAULT_MODEL,
-        extra_args=config.server_args,
+        extra_args=(*config.server_args, *extra_args),
         startup_timeout_s=config.startup_timeout_s,
     )
-    with managed_server(server_cfg) as server:
+    with managed_server(server_cfg, log_dir=log_dir) as server:
         entry = {"kind": "managed", "url": server.base_url, "server_log": str(server.log_path)}
         yield Target(server.base_url, entry, server)

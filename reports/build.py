@@ -20,6 +20,7 @@ from reports.card import (
     Series,
     Throughput,
 )
+from reports.checks_view import check_notes
 from reports.errors import ReportError
 from reports.series import (
     cdf_points,
@@ -354,10 +355,12 @@ def build_card(
         series=_series(tables, rm, kinds, run_dir),
         window_s=summary.get("window_s"),
         output_tokens_source=summary.get("output_tokens_source"),
-        notes=_notes(env, health, summary, failures),
+        notes=[*check_notes(summary, manifest), *_notes(env, health, summary, failures)],
         ledger=summary.get("ledger"),
         faults=list((summary.get("faults") or {}).get("windows") or []),
         conventions=summary.get("conventions"),
         undefined_metrics=dict(summary.get("undefined_metrics") or {}),
         saturation=summary.get("saturation"),
+        server_metrics=summary.get("server_metrics"),
+        correctness=summary.get("correctness"),
     )

@@ -201,6 +201,8 @@ class Card:
     conventions: dict | None = None  # slo's TTFT/TPOT/ITL/throughput under other tools' rules
     undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
     saturation: dict | None = None  # slo's over-saturation check
+    server_metrics: dict | None = None  # slo's summary of the target's /metrics
+    correctness: dict | None = None  # slo's output-correctness summary (None: not checked)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

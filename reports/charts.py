@@ -211,3 +211,32 @@ def capacity_svg(curves: dict[str, list[dict]]) -> str | None:
             fontsize=7, frameon=False,
         )  # fmt: skip
         return _to_svg(fig)
+
+
+def server_metrics_svg(series: dict[str, list]) -> str | None:
+    """The target's running and waiting requests (left axis) and KV cache usage (right axis,
+    %) over the run, from the summary's `server_metrics.series`."""
+    counts = {k: series.get(k) for k in ("running", "waiting") if series.get(k)}
+    kv = series.get("kv_cache_usage")
+    if not counts and not kv:
+        return None
+    with matplotlib.rc_context(_RC):
+        fig = _new_figure()
+        ax = fig.add_subplot()
+        for i, (name, rows) in enumerate(counts.items()):
+            ax.step([r[0] for r in rows], [r[1] for r in rows], where="post",
+                    color=RUN_COLOURS[i % len(RUN_COLOURS)], label=f"{name} requests")  # fmt: skip
+        ax.set_xlabel("time (s from run start)")
+        ax.set_ylabel("requests")
+        ax.set_ylim(bottom=0)
+        if kv:
+            right = ax.twinx()
+            right.plot([r[0] for r in kv], [100 * r[1] for r in kv], color="grey", ls="--",
+                       label="KV cache usage")  # fmt: skip
+            right.set_ylabel("KV cache usage (%)")
+            right.set_ylim(0, 100)
+            right.legend(loc="upper right", fontsize=7, frameon=False)
+        ax.set_title("Server metrics over time")
+        if counts:
+            ax.legend(loc="upper left", fontsize=7, frameon=False)
+        return _to_svg(fig)

@@ -17,6 +17,7 @@ from rich.text import Text
 from reports import slo_view
 from reports.build import THROUGHPUT_LABELS, build_card, latency_rows_from_summary
 from reports.card import Card, LatencyRow, SLOVerdict, Throughput
+from reports.checks_view import checks_renderables
 from reports.errors import ReportError
 from reports.taxonomy import OUTCOME_KINDS
 
@@ -185,6 +186,7 @@ def card_renderable(card: Card) -> RenderableType:
         parts.append(faults_table(card.faults))
     if card.ledger:
         parts.append(ledger_text(card.ledger))
+    parts += checks_renderables(card.server_metrics, card.correctness)
     parts.append(Text(""))
     parts.append(_health_line(card))
     return _spaced(parts)

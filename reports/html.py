@@ -12,6 +12,7 @@ import jinja2
 
 from reports import charts
 from reports.card import LATENCY_METRICS, Card
+from reports.checks_view import RATE_TABLES, correctness_sentence, server_metrics_rows
 from reports.conventions_view import convention_rows, conventions_sources
 from reports.taxonomy import OUTCOME_KINDS
 from reports.templates import COMPARISON_TEMPLATE, RUN_TEMPLATE
@@ -106,6 +107,9 @@ def _environment(loader_css: str) -> jinja2.Environment:
         environment_rows=environment_rows,
         convention_rows=convention_rows,
         conventions_sources=conventions_sources,
+        server_metrics_rows=server_metrics_rows,
+        correctness_sentence=correctness_sentence,
+        RATE_TABLES=RATE_TABLES,
     )
     return env
 
@@ -143,6 +147,9 @@ def run_charts(card: Card) -> list[dict]:
         items.append(("Per-slice p99 TTFT", charts.slice_bars_svg(card.slices)))
     if s.capacity:
         items.append(("Goodput versus rate", charts.capacity_svg({card.run_id: s.capacity})))
+    if (card.server_metrics or {}).get("available"):
+        series = card.server_metrics.get("series") or {}
+        items.append(("Server metrics over time", charts.server_metrics_svg(series)))
     return [{"title": t, "svg": svg} for t, svg in items]
 
 

@@ -5,6 +5,8 @@ The Content-Security-Policy forbids every fetch: the page is complete as written
 
 from __future__ import annotations
 
+from reports.checks_view import CHECKS_HTML
+
 _HEAD = """<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -132,6 +134,9 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% for k, v in card.failures.first_message_by_error_class.items() %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}
 </table>{% endif %}
 
+"""
+    + CHECKS_HTML
+    + """
 <h2>Reliability</h2>
 {% if card.ledger %}<p class="{{ 'warning' if card.ledger.verdict == 'failed' else 'sub' }}">Ledger {{ card.ledger.verdict }}: {{ card.ledger.scheduled }} scheduled, lost = {{ card.ledger.lost }}, unexpected = {{ card.ledger.unexpected }}, leaked = {{ card.ledger.leaked }}{% if card.ledger.leak and card.ledger.leak.reasons %} ({{ card.ledger.leak.reasons | join("; ") }}){% elif card.ledger.leak and not card.ledger.leak.checked %} (the target has no /metrics to check for leaks){% endif %}.</p>{% else %}<p class="empty">No ledger in the summary.</p>{% endif %}
 {% if card.faults %}<table><tr><th>fault</th><th>from s</th><th>to s</th><th>goodput before /s</th><th>during /s</th><th>recovered after s</th><th>ok in window</th><th>outcomes in window</th></tr>

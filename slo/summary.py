@@ -9,20 +9,25 @@ import numpy as np
 from slo import metrics
 from slo.consistency import littles_law
 from slo.conventions import conventions_summary
+from slo.correctness import correctness_summary
 from slo.errors import SLOError
 from slo.frame import RequestMetrics, not_sent_count
 from slo.goodput import goodput_summary
 from slo.ledger import ledger_summary
+from slo.prompt_tokens import prompt_token_check
 from slo.recovery import recovery_summary
 from slo.runrecord import (
     SUMMARY_SCHEMA_VERSION,
     Endpoint,
+    RequestColumn,
     RunManifest,
     RunRecordError,
     RunTables,
+    float_column,
     open_run,
 )
 from slo.saturation import saturation_summary
+from slo.server_metrics import server_metrics_summary
 from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
 from slo.stats import bootstrap_quantile_ci
@@ -229,6 +234,7 @@ def summarize_tables(
         if fault_plan
         else None
     )
+    summary.update(checks_summary(tables))
     summary["slo"] = None
     summary["goodput"] = None
     if spec is not None:
@@ -262,6 +268,31 @@ def is_streamed(manifest: RunManifest | None) -> bool:
     field were streamed)."""
     config = (manifest.config if manifest is not None else None) or {}
     return bool(config.get("stream", True))
+
+
+def checks_summary(tables: RunTables) -> dict:
+    """The `prompt_tokens`, `server_metrics` and `correctness` blocks of a run's summary.
+
+    The chat template's constant overhead comes from the manifest's
+    `target.prompt_overhead_tokens` (0 when absent), the divergence position from
+    `config.diverge_before`."""
+    manifest = tables.manifest
+    target = (manifest.target if manifest else None) or {}
+    config = (manifest.config if manifest else None) or {}
+    requests = tables.requests
+    return {
+        "prompt_tokens": prompt_token_check(
+            float_column(requests, RequestColumn.INPUT_TOKENS),
+            float_column(requests, RequestColumn.USAGE_PROMPT_TOKENS),
+            overhead_tokens=float(target.get("prompt_overhead_tokens") or 0),
+        ),
+        "server_metrics": server_metrics_summary(tables.server_metrics),
+        "correctness": correctness_summary(
+            requests,
+            diverge_before=config.get("diverge_before"),
+            server_metrics=tables.server_metrics,
+        ),
+    }
 
 
 def summarize(

@@ -84,6 +84,13 @@ _SERVER_OPTIONS = (
         "prefix cache).",
     ),
     (
+        "enable_fault_injection",
+        ["--enable-fault-injection"],
+        None,
+        'Add POST /admin/step_delay {"delay_ms": N}: every engine step N ms slower (for '
+        "bench run --faults; never on a shared server).",
+    ),
+    (
         "max_body_bytes",
         ["--max-body-bytes"],
         ByteSize(),

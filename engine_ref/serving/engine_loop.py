@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol
@@ -89,6 +90,14 @@ class _Admit:
 
 
 @dataclass(frozen=True)
+class SetStepDelay:
+    """Fault injection: from now on, sleep `seconds` after every engine step that ran, as a
+    slow accelerator would (0 turns it off). Sent only by the server's fault-injection route."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
 class StepBatch:
     """What the engine side reports after one iteration: the outcome of each admission group
     (None or the exception that refused it), the step's outputs, the ids failed by an engine error, and fresh stats.
@@ -110,12 +119,15 @@ class EngineDriver:
         self.engine = engine
         self.live_ids: set[str] = set()
         self.latest_stats = engine.stats()
+        self.step_delay_s = 0.0
 
     def run_iteration(self, commands: list[Any]) -> StepBatch:
         add_results: dict[str, BaseException | None] = {}
         for command in commands:
             if isinstance(command, _Admit):
                 add_results[command.group_id] = self._admit(command.requests)
+            elif isinstance(command, SetStepDelay):
+                self.step_delay_s = command.seconds
             else:  # an abort: the request id
                 self.engine.abort(command)
                 self.live_ids.discard(command)
@@ -144,6 +156,8 @@ class EngineDriver:
             if output.finished:
                 self.live_ids.discard(output.request_id)
         stats = self.engine.stats()
+        if self.step_delay_s > 0 and stats.num_steps > steps_before:
+            time.sleep(self.step_delay_s)
         stalled = (
             not outputs
             and error is None
@@ -240,6 +254,11 @@ class EngineLoop:
             raise
         finally:
             self._pending_adds.pop(group_id, None)
+
+    def set_step_delay(self, seconds: float) -> None:
+        """Fault injection: every engine step from now on takes `seconds` longer (0: off)."""
+        if self._dead is None:
+            self._submit([SetStepDelay(seconds)])
 
     def abort(self, request_id: str) -> None:
         if self._sinks.pop(request_id, None) is not None and self._dead is None:

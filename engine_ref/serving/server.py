@@ -83,6 +83,8 @@ def create_app(engine_loop: EngineLoop, config: ServerConfig) -> web.Application
     app.router.add_get("/health", _health)
     app.router.add_get("/info", _info)
     app.router.add_get("/metrics", _metrics)
+    if config.enable_fault_injection:
+        app.router.add_post("/admin/step_delay", _step_delay)
     return app
 
 
@@ -132,6 +134,28 @@ async def _models(request: web.Request) -> web.Response:
         "max_model_len": state.engine_loop.info.max_model_len,
     }
     return json_response({"object": "list", "data": [model]})
+
+
+MAX_STEP_DELAY_MS = 60_000
+
+
+async def _step_delay(request: web.Request) -> web.Response:
+    """Fault injection (only with `enable_fault_injection`): `{"delay_ms": N}` makes every
+    engine step N ms slower until set back to 0; answers the delay now in force."""
+    state: _State = request.app[_STATE]
+    try:
+        body = decode_json_body(await request.read())
+        delay_ms = body.get("delay_ms")
+        if set(body) != {"delay_ms"}:
+            raise ApiError(400, 'The body must be {"delay_ms": N} and nothing else.')
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float):
+            raise ApiError(400, "delay_ms must be a number of milliseconds.")
+        if not 0 <= delay_ms <= MAX_STEP_DELAY_MS:
+            raise ApiError(400, f"delay_ms must be within 0..{MAX_STEP_DELAY_MS}, got {delay_ms}.")
+    except ApiError as error:
+        return _error_response(error)
+    state.engine_loop.set_step_delay(delay_ms / 1e3)
+    return json_response({"delay_ms": delay_ms})
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -24,7 +24,10 @@ class ServerConfig:
     Answers: `retry_after_s` is the Retry-After header (seconds) of 429 answers; `api_key` set
     means every /v1/* route needs `Authorization: Bearer <api_key>` (/health, /metrics and
     /info stay open, as in vLLM); `enable_prompt_tokens_details` adds
-    `usage.prompt_tokens_details.cached_tokens` (vLLM's flag of that name).
+    `usage.prompt_tokens_details.cached_tokens` (vLLM's flag of that name);
+    `enable_fault_injection` adds `POST /admin/step_delay` (body `{"delay_ms": N}`), which makes
+    every engine step N ms slower until set back to 0: `bench run --faults` uses it for its
+    `slow_steps` windows. Off by default, so a production server exposes no such route.
 
     Limits (each answered in one sentence naming its flag):
     - `max_body_bytes` (16 MiB): a larger body is refused with 413, from its Content-Length
@@ -50,6 +53,7 @@ class ServerConfig:
     retry_after_s: int = 1
     api_key: str | None = None
     enable_prompt_tokens_details: bool = False
+    enable_fault_injection: bool = False
     max_body_bytes: int = 16 * MIB
     max_prompt_chars: int = 1_000_000
     header_timeout_s: float = 10.0

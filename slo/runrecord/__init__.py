@@ -13,7 +13,7 @@ from slo.runrecord.documents import (
     RunSummary,
     write_json_atomic,
 )
-from slo.runrecord.enums import Endpoint, ErrorClass, RequestStatus, TokenSource
+from slo.runrecord.enums import Endpoint, ErrorClass, OutputFlag, RequestStatus, TokenSource
 from slo.runrecord.errors import RunRecordError
 from slo.runrecord.reader import (
     RunTables,
@@ -50,6 +50,7 @@ __all__ = [
     "ChunkRecord",
     "Endpoint",
     "ErrorClass",
+    "OutputFlag",
     "RequestColumn",
     "RequestRecord",
     "RequestStatus",

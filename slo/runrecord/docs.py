@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from slo.runrecord.documents import MANIFEST_SCHEMA_VERSION, SUMMARY_SCHEMA_VERSION, RunManifest
-from slo.runrecord.enums import Endpoint, ErrorClass, RequestStatus, TokenSource
+from slo.runrecord.enums import Endpoint, ErrorClass, OutputFlag, RequestStatus, TokenSource
 from slo.runrecord.schema import (
     CHUNKS_SCHEMA,
     REQUESTS_SCHEMA,
@@ -50,6 +50,12 @@ MEANINGS = {
     RequestColumn.NUM_CHUNKS: "stream events received (data events other than `[DONE]`)",
     RequestColumn.IS_WARMUP: "true only in warmup.parquet",
     RequestColumn.OUTPUT_VALID: "null: not checked; false: a verifier rejected the output",
+    RequestColumn.RESPONSE_ID: "the `id` the server gave its response (a stream's first event)",
+    RequestColumn.ENGINE_REQUEST_ID: "the answer's `x-request-id` header, null when the server sent none",
+    RequestColumn.OUTPUT_EXACT_MATCH: "the output equals the reference engine's batch-1 output; null: not compared",
+    RequestColumn.OUTPUT_FIRST_DIVERGENCE: "index of the first token that differs from the reference; null: none",
+    RequestColumn.OUTPUT_AGREEMENT: "tokens equal at the same position / the longer of the two outputs",
+    RequestColumn.OUTPUT_FLAGS: "output flags (below), comma-separated; null: none",
 }
 CHUNK_MEANINGS = {
     ChunkColumn.REQUEST_ID: "the request the event belongs to",
@@ -97,6 +103,12 @@ TOKEN_SOURCE_MEANINGS = {
     TokenSource.TOKENIZER: "the output text retokenised with the run's tokenizer (no usage)",
     TokenSource.CHUNK_COUNT: "the number of token-bearing chunks (no usage, no text)",
 }
+OUTPUT_FLAG_MEANINGS = {
+    OutputFlag.DIVERGED: "differs from the reference output before the allowed position (`wrong output`)",
+    OutputFlag.SHORT_IGNORE_EOS: "`ignore_eos` asked, and fewer tokens than `max_tokens` came back",
+    OutputFlag.FIRST_TOKEN_DIFFERS: "the first token differs from the reference engine's",
+    OutputFlag.USAGE_MISMATCH: "`usage.completion_tokens` disagrees with the tokens streamed",
+}
 ENDPOINT_MEANINGS = {
     Endpoint.COMPLETIONS: f"`{Endpoint.COMPLETIONS.path}`",
     Endpoint.CHAT: f"`{Endpoint.CHAT.path}`",
@@ -143,6 +155,7 @@ def contract_markdown() -> str:
         *_values("Request status", RequestStatus, STATUS_MEANINGS),
         *_values("Error class", ErrorClass, ERROR_CLASS_MEANINGS),
         *_values("Output-token source", TokenSource, TOKEN_SOURCE_MEANINGS),
+        *_values("Output flag", OutputFlag, OUTPUT_FLAG_MEANINGS),
         *_values("Endpoint", Endpoint, ENDPOINT_MEANINGS),
         f"**`manifest.json`** (`slo.runrecord.RunManifest`, schema version {MANIFEST_SCHEMA_VERSION}): "
         f"{manifest_fields}.",

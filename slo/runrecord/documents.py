@@ -119,6 +119,9 @@ class RunSummary:
     goodput: dict | None = None
     ledger: dict | None = None
     faults: dict | None = None
+    prompt_tokens: dict | None = None  # usage.prompt_tokens against the workload's input_tokens
+    server_metrics: dict | None = None  # the target's /metrics over the run
+    correctness: dict | None = None  # output checks against the reference engine
     conventions: dict | None = None
     streamed: bool | None = None  # None: a summary written before the field
     undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value

@@ -63,3 +63,13 @@ class Endpoint(StrEnum):
     @property
     def path(self) -> str:
         return "/chat/completions" if self is Endpoint.CHAT else "/completions"
+
+
+class OutputFlag(StrEnum):
+    """What an output check found wrong with an ok request (MLPerf TEST06 in spirit); a request's
+    flags are stored comma-separated in `output_flags`."""
+
+    DIVERGED = "diverged"  # differs from the reference output before the allowed position
+    SHORT_IGNORE_EOS = "short_ignore_eos"  # ignore_eos asked, fewer tokens than max_tokens came
+    FIRST_TOKEN_DIFFERS = "first_token_differs"  # the first token differs from the reference's
+    USAGE_MISMATCH = "usage_mismatch"  # usage.completion_tokens disagrees with the tokens streamed

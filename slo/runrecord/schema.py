@@ -44,6 +44,12 @@ class RequestColumn(StrEnum):
     NUM_CHUNKS = "num_chunks"
     IS_WARMUP = "is_warmup"
     OUTPUT_VALID = "output_valid"  # null: not checked; false: a verifier rejected the output
+    RESPONSE_ID = "response_id"  # the `id` of the server's response (first event of a stream)
+    ENGINE_REQUEST_ID = "engine_request_id"  # the answer's `x-request-id` header, when sent
+    OUTPUT_EXACT_MATCH = "output_exact_match"  # null: no reference output to compare with
+    OUTPUT_FIRST_DIVERGENCE = "output_first_divergence"  # first differing token index; null: none
+    OUTPUT_AGREEMENT = "output_agreement"  # equal tokens by position / the longer output's length
+    OUTPUT_FLAGS = "output_flags"  # comma-separated OutputFlag values, or null
 
 
 class ChunkColumn(StrEnum):
@@ -101,6 +107,12 @@ _REQUEST_TYPES = {
     _C.NUM_CHUNKS: pa.int32(),
     _C.IS_WARMUP: pa.bool_(),
     _C.OUTPUT_VALID: pa.bool_(),
+    _C.RESPONSE_ID: pa.string(),
+    _C.ENGINE_REQUEST_ID: pa.string(),
+    _C.OUTPUT_EXACT_MATCH: pa.bool_(),
+    _C.OUTPUT_FIRST_DIVERGENCE: pa.int32(),
+    _C.OUTPUT_AGREEMENT: pa.float64(),
+    _C.OUTPUT_FLAGS: pa.string(),
 }
 REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
 
@@ -162,6 +174,12 @@ class RequestRecord:
     num_chunks: int | None = None
     is_warmup: bool = False
     output_valid: bool | None = None
+    response_id: str | None = None
+    engine_request_id: str | None = None
+    output_exact_match: bool | None = None
+    output_first_divergence: int | None = None
+    output_agreement: float | None = None
+    output_flags: str | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""

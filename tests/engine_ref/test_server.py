@@ -379,3 +379,41 @@ def test_cache_salt_separates_prefix_caches_and_usage_reports_cached_tokens():
         )
         usage = list(stream)[-1].usage
         assert usage.prompt_tokens_details.cached_tokens == 48
+
+
+async def _post_json(url: str, path: str, body: object) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + path, json=body) as response:
+            return response.status, await response.json()
+
+
+def test_step_delay_route_exists_only_with_fault_injection_and_checks_its_body():
+    with running_server(_config()) as url:
+        status, answer = asyncio.run(_post_json(url, "/admin/step_delay", {"delay_ms": 10}))
+        assert status == 404 and "error" in answer
+    config = dataclasses.replace(_config(), enable_fault_injection=True)
+    bad = [{}, {"delay_ms": -1}, {"delay_ms": 60_001}, {"delay_ms": float("inf")},
+           {"delay_ms": "10"}, {"delay_ms": True}, {"delay_ms": None},
+           {"delay_ms": 1, "extra": 2}, [1]]  # fmt: skip
+    with running_server(config) as url:
+        for body in bad:
+            status, answer = asyncio.run(_post_json(url, "/admin/step_delay", body))
+            assert status == 400 and answer["error"]["message"].endswith("."), (body, answer)
+        for edge in (0, 0.5, 60_000):
+            status, answer = asyncio.run(_post_json(url, "/admin/step_delay", {"delay_ms": edge}))
+            assert (status, answer) == (200, {"delay_ms": edge})
+
+        def streamed_gaps_s() -> list[float]:
+            stamps = []
+            stream = _client(url).completions.create(
+                model=MODEL, prompt=[5, 6, 7], max_tokens=4, temperature=0, stream=True,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            for _ in stream:
+                stamps.append(time.perf_counter())
+            return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+        asyncio.run(_post_json(url, "/admin/step_delay", {"delay_ms": 150}))
+        slow = streamed_gaps_s()
+        # Each step now sleeps 150 ms before its outputs are sent: no two chunks come closer.
+        assert len(slow) >= 3 and min(slow) >= 0.14, slow

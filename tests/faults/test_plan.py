@@ -130,6 +130,10 @@ BAD = [
     (("retry",), {"backoff_ms": -5}, ["retry.backoff_ms must be a positive number"]),
     (("retry",), {"backoff_ms": 500, "max_backoff_ms": 100}, ["retry.max_backoff_ms"]),
     (("retry",), [1], ["retry must be a mapping"]),
+    (("engine_args",), "--num-blocks 16", ["engine_args must be a list"]),
+    (("engine_args",), ["--num-blocks", ""], ["engine_args must be a list of non-empty strings"]),
+    (("engine_args",), [{"num_blocks": 16}], ["engine_args must be a list of non-empty strings"]),
+    (("engine_args",), [True], ["engine_args must be a list of non-empty strings"]),
 ]
 
 
@@ -211,6 +215,8 @@ EXPECTED_BUILTINS = {
     "slow-readers",
     "kill-engine",
     "pause-engine",
+    "slow-steps",
+    "shrunken-kv",
 }
 
 
@@ -235,6 +241,20 @@ def test_builtin_layers():
         Layer.NETWORK: (FaultKind.RESET_PEER,),
         Layer.CLIENT: (FaultKind.CANCEL,),
     }
+
+
+def test_engine_args_start_a_managed_engine_and_slow_steps_add_the_fault_route():
+    kv = load_plan("shrunken-kv")
+    assert kv.engine_args == ("--num-blocks", "64") and kv.needs_managed_engine
+    assert kv.managed_engine_args == ("--num-blocks", "64") and not kv.windows
+    numbers = FaultPlan.from_dict({"name": "n", "engine_args": ["--num-blocks", 16, 0.5]})
+    assert numbers.engine_args == ("--num-blocks", "16", "0.5")  # YAML numbers become text
+    assert FaultPlan.from_dict(numbers.to_dict()) == numbers
+    slow = load_plan("slow-steps")
+    assert slow.managed_engine_args == ("--enable-fault-injection",)
+    assert slow.kinds_by_layer == {Layer.ENGINE: (FaultKind.SLOW_STEPS,)}
+    assert "engine_args" not in load_plan("reset-storm").to_dict()  # old hashes unchanged
+    assert load_plan("reset-storm").managed_engine_args == ()
 
 
 def test_unknown_name_lists_the_builtins_and_a_file_path_wins(tmp_path, monkeypatch):
@@ -290,6 +310,7 @@ CHANGES = [
     (("retry",), {"enabled": True, "max_attempts": 2, "statuses": [429]}),
     (("retry",), {"enabled": True, "max_attempts": 2, "backoff_ms": 50}),
     (("retry",), {"enabled": True, "max_attempts": 2, "max_backoff_ms": 500}),
+    (("engine_args",), ["--num-blocks", "16"]),
 ]
 
 

@@ -320,6 +320,28 @@ background streams: 2, 7 requests answered with the reference text, 1 failed, lo
 """
 
 
+# The default view, at 80 columns: passes and failures per category, then the failing cases.
+GOLDEN_SUMMARY = """\
+bad-input probe of http://h:1 (m)
+┏━━━━━━━━━━━━━━━━┳━━━━━━━┳━━━━━━━━┳━━━━━━━━┓
+┃ category       ┃ cases ┃ passed ┃ failed ┃
+┡━━━━━━━━━━━━━━━━╇━━━━━━━╇━━━━━━━━╇━━━━━━━━┩
+│ malformed-json │     1 │      1 │      0 │
+│ limits         │     1 │      0 │      1 │
+└────────────────┴───────┴────────┴────────┘
+failed cases
+┏━━━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━┳━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━┓
+┃ case         ┃ status ┃ verdict ┃   ms ┃ reason                   ┃
+┡━━━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━╇━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━┩
+│ header-100kb │      - │ fail    │ 1000 │ no answer within 1 s.    │
+└──────────────┴────────┴─────────┴──────┴──────────────────────────┘
+background streams: 2, 7 requests answered with the reference text, 1 failed,
+longest 12 ms.
+  a background stream answered 503 (during: header-100kb)
+1 of 2 cases failed: header-100kb.
+"""
+
+
 def test_the_console_table_matches_the_golden_text():
     def result(name, category, status, verdict, reason, latency_ms):
         return CaseResult(
@@ -356,10 +378,14 @@ def test_the_console_table_matches_the_golden_text():
             2, 7, 1, (StreamFailure("a background stream answered 503", ("header-100kb",)),), 12.0
         ),
     )
-    console = Console(width=96, record=True, color_system=None, file=io.StringIO())
-    console.print(render_report(report))
-    lines = [line.rstrip() for line in console.export_text().splitlines()]
-    assert "\n".join(lines) + "\n" == GOLDEN_TABLE
+    assert _rendered(report, width=96, all_cases=True) == GOLDEN_TABLE
+    assert _rendered(report, width=80) == GOLDEN_SUMMARY
+
+
+def _rendered(report: ProbeReport, *, width: int, **options) -> str:
+    console = Console(width=width, record=True, color_system=None, file=io.StringIO())
+    console.print(render_report(report, **options))
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
 
 
 # --- the reference server (slow) ----------------------------------------------------------

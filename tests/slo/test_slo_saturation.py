@@ -68,7 +68,7 @@ def test_rank_correlation_matches_scipy():
 def test_the_run_verdict_says_it_in_words():
     from harness.outcome import EXIT_OK, judge
 
-    summary = {"counts": {"total": 40}, "error_rate": 0.0,
+    summary = {"counts": {"total": 40, "by_status": {"ok": 40}}, "error_rate": 0.0,
                "saturation": saturation_summary(request_metrics(_queue_run(40, 10, 20), []))}  # fmt: skip
     verdict = judge(summary, stopped_reason=None, stopped_by_errors=False, slo_given=False)
     assert verdict.exit_code == EXIT_OK and verdict.sentence.startswith("The target cannot keep up")

@@ -1,0 +1,101 @@
+"""Per-request output checks, applied when a finished request is turned into its row: the
+reference-engine comparison (exact match, first diverging token, agreement) and the MLPerf
+TEST06-style flags (`ignore_eos` outputs cut short, usage that disagrees with what streamed).
+
+Both outputs are compared as token ids of their text re-encoded by the run's tokenizer, so the
+comparison does not depend on how either side chunked or detokenised its stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slo.correctness import compare_tokens
+from slo.runrecord import OutputFlag
+
+DEFAULT_DIVERGE_BEFORE = 32  # a greedy output differing within its first 32 tokens is wrong
+USAGE_TOLERANCE_TOKENS = 2
+USAGE_TOLERANCE = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """What a request asked for."""
+
+    max_tokens: int
+    ignore_eos: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """The row fields the checks fill (see `slo.runrecord.RequestColumn`)."""
+
+    valid: bool | None = None
+    exact: bool | None = None
+    first_divergence: int | None = None
+    agreement: float | None = None
+    flags: str | None = None
+
+
+class OutputChecks:
+    """Checks for one run. `references` maps request ids to the reference engine's output
+    text (greedy requests only); `diverge_before` is the position before which a divergence
+    makes the output wrong (0: divergences are recorded, never judged wrong)."""
+
+    def __init__(
+        self,
+        tokenizer,
+        expectations: dict[str, Expectation],
+        references: dict[str, str] | None = None,
+        *,
+        diverge_before: int = DEFAULT_DIVERGE_BEFORE,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.expectations = expectations
+        self.references = {rid: tokenizer.encode(text) for rid, text in (references or {}).items()}
+        self.diverge_before = diverge_before
+
+    def check(
+        self,
+        request_id: str,
+        text: str,
+        *,
+        output_tokens: int | None,
+        usage_completion_tokens: int | None,
+        token_chunks: int,
+        streamed: bool,
+    ) -> CheckResult:
+        """The checks of one ok request's output."""
+        flags: list[OutputFlag] = []
+        expected = self.expectations.get(request_id)
+        if expected is not None and expected.ignore_eos and output_tokens is not None:
+            if output_tokens < expected.max_tokens:
+                flags.append(OutputFlag.SHORT_IGNORE_EOS)
+        if usage_completion_tokens is not None and text:
+            retokenised = len(self.tokenizer.encode(text))
+            slack = max(USAGE_TOLERANCE_TOKENS, USAGE_TOLERANCE * usage_completion_tokens)
+            # Fewer tokens than token-bearing events is impossible. Otherwise both counts of the
+            # client must disagree: retokenising text is not always a round trip, and servers
+            # may merge tokens into one event, but not both by much at once.
+            too_few = streamed and usage_completion_tokens < token_chunks
+            off_text = abs(retokenised - usage_completion_tokens) > slack
+            off_events = not streamed or abs(token_chunks - usage_completion_tokens) > slack
+            if too_few or (off_text and off_events):
+                flags.append(OutputFlag.USAGE_MISMATCH)
+        exact = first = agreement = None
+        reference = self.references.get(request_id)
+        if reference is not None:
+            exact, first, agreement = compare_tokens(reference, self.tokenizer.encode(text))
+            if first == 0:
+                flags.append(OutputFlag.FIRST_TOKEN_DIFFERS)
+            if first is not None and first < self.diverge_before:
+                flags.append(OutputFlag.DIVERGED)
+        wrong = OutputFlag.DIVERGED in flags or OutputFlag.SHORT_IGNORE_EOS in flags
+        valid = False if wrong else (True if reference is not None else None)
+        return CheckResult(
+            valid=valid,
+            exact=exact,
+            first_divergence=first,
+            agreement=agreement,
+            flags=",".join(f.value for f in flags) or None,
+        )

@@ -1,0 +1,321 @@
+"""Managed external engines (`--target vllm|llamacpp`), tested with a fake engine: a command
+template that starts the mock server. Launch, readiness, log capture, manifest, shutdown, a
+server that fails to start and one that never answers; the tokenizer that follows the target;
+engine ids and output checks recorded per request."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from harness.cli import bench
+from harness.config import RunConfig
+from harness.engines import ENGINES, parse_assignments, parse_target, plan_launch
+from harness.errors import HarnessError
+from harness.launch import free_port, launched
+from harness.tokenizer_choice import choose_tokenizer
+from slo.runrecord import RequestColumn
+
+pytestmark = pytest.mark.slow  # each test starts a server process
+
+FAKE_VLLM = (
+    "vllm={python} -m harness.cli mock-server --port {port} --model {served_model} --metrics"
+)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    """Exports and oracle outputs land in a fresh cache; fetched models are shared with it."""
+    from engine_ref.loading.model_files import models_dir
+
+    shared = models_dir()
+    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    if shared.is_dir():
+        (tmp_path / "cache" / "models").symlink_to(shared)
+
+
+@pytest.fixture
+def smollm2_tokenizer():
+    from engine_ref.loading.model_files import find_spec, is_cached
+
+    if not is_cached(find_spec("smollm2-135m")):
+        pytest.skip("the SmolLM2 model is not in the cache (bench model fetch smollm2-135m)")
+
+
+def _run(tmp_path, *args: str):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        bench,
+        ["run", "--model", "tiny-random", "--workload", "random", "--num-requests", "4",
+         "--input-len", "16", "--output-len", "4", "--request-rate", "inf", "--out", str(out),
+         "--quiet", *args],
+    )  # fmt: skip
+    return result, out
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_fake_vllm_is_launched_recorded_and_stopped(tmp_path):
+    result, out = _run(tmp_path, "--target", "vllm", "--engine-command", FAKE_VLLM)
+    assert result.exit_code == 0, result.output
+    target = json.loads((out / "manifest.json").read_text())["target"]
+    assert target["kind"] == "managed" and target["engine"] == "vllm"
+    assert target["engine_command"][:4] == [sys.executable, "-m", "harness.cli", "mock-server"]
+    # vLLM serves the export of the reference model, and the run counts with its tokenizer
+    assert target["weights"].endswith("tiny-random-float32")
+    assert target["tokenizer"] == {
+        "source": target["weights"],
+        "how": "served by the managed vllm",
+        "known": True,
+    }
+    log = (out / "server.log").read_text()
+    assert target["server_log"] == str(out / "server.log") and "listening on" in log
+    assert not _answers(target["url"].removesuffix("/v1") + "/health")  # stopped
+    requests = pq.read_table(out / "requests.parquet").to_pylist()
+    assert [r[RequestColumn.STATUS] for r in requests] == ["ok"] * 4
+    assert {r[RequestColumn.RESPONSE_ID] for r in requests} == {"mock"}
+    engine_ids = {r[RequestColumn.ENGINE_REQUEST_ID] for r in requests}
+    assert len(engine_ids) == 4 and all(i.startswith("mock-") for i in engine_ids)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["server_metrics"]["available"] is True
+    html = tmp_path / "card.html"
+    card = CliRunner().invoke(bench, ["report", str(out), "-o", str(html)])
+    assert card.exit_code == 0, card.output
+    assert "running requests" in card.output  # the console card's server-metrics table
+    page = html.read_text()
+    assert "Server metrics over time" in page and "<svg" in page
+
+
+def test_an_engine_that_exits_ends_in_one_sentence_with_its_log_tail(tmp_path):
+    bad = "vllm={python} -c \"import sys; print('no such model here'); sys.exit(3)\""
+    result, out = _run(tmp_path, "--target", "vllm", "--engine-command", bad)
+    assert result.exit_code != 0
+    message = str(result.exception)
+    assert isinstance(result.exception, HarnessError)
+    assert message.startswith("vllm exited with code 3 before it was ready")
+    assert "no such model here" in message and str(out / "server.log") in message
+
+
+def test_an_engine_that_never_answers_times_out_and_is_stopped(tmp_path):
+    sleeper = "WAIT=1 {python} -c 'import os, time; print(os.getpid(), flush=True); time.sleep(120)' {port}"
+    plan = plan_launch("vllm", "tiny-random", served_model="x", command=sleeper, port=free_port())
+    assert plan.env == {"WAIT": "1"}
+    log = tmp_path / "server.log"
+    with pytest.raises(HarnessError, match=r"vllm did not answer /health within 1 s; its log"):
+        with launched(plan, plan.port, log, startup_timeout_s=1):
+            pass
+    first, pid = log.read_text().splitlines()[:2]
+    assert first.startswith("$ ")
+    with pytest.raises(ProcessLookupError):  # the `with` stopped it on the way out
+        os.kill(int(pid), 0)
+
+
+def test_stop_ends_the_process_group(tmp_path):
+    plan = plan_launch(
+        "vllm",
+        "tiny-random",
+        served_model="x",
+        command=FAKE_VLLM.split("=", 1)[1],
+        port=free_port(),
+    )
+    with launched(plan, plan.port, tmp_path / "server.log", startup_timeout_s=60) as server:
+        assert _answers(f"http://127.0.0.1:{plan.port}/health")
+        proc = server.proc
+    assert proc.poll() is not None
+    assert not _answers(f"http://127.0.0.1:{plan.port}/health")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ref", ("ref", None)),
+        ("vllm", ("vllm", None)),
+        ("llamacpp", ("llamacpp", None)),
+        ("url:http://127.0.0.1:8000/v1", ("url", "http://127.0.0.1:8000/v1")),
+    ],
+)
+def test_parse_target(text, expected):
+    assert parse_target(text) == expected
+
+
+@pytest.mark.parametrize("text", ["sglang", "url:ftp://x", "", "VLLM"])
+def test_parse_target_refuses_in_one_sentence(text):
+    with pytest.raises(HarnessError, match=r"--target"):
+        parse_target(text)
+
+
+@pytest.mark.parametrize("value", ["vllm", "tgi=x", "vllm=", "=x"])
+def test_engine_assignments_are_checked(value):
+    with pytest.raises(HarnessError, match=r"ENGINE=VALUE"):
+        parse_assignments((value,), "--engine-command")
+
+
+def test_a_template_with_an_unknown_field_is_one_sentence():
+    with pytest.raises(HarnessError, match=r"the vllm command template .* is not usable"):
+        plan_launch("vllm", "tiny-random", served_model="x", command="{python} {weights}", port=1)
+
+
+def test_llamacpp_needs_a_gguf_model():
+    with pytest.raises(HarnessError, match="llama.cpp serves GGUF files"):
+        plan_launch("llamacpp", "tiny-random", served_model="x", port=1)
+    assert "--interrupt_requests False" in ENGINES["llamacpp"].command
+    assert ENGINES["llamacpp"].serialises_requests
+
+
+@pytest.mark.parametrize(
+    ("config", "source", "known"),
+    [
+        (RunConfig(model="tiny-random"), "tiny-random", True),  # the managed reference model
+        (RunConfig(url="http://h:1/v1", model="tiny-random"), "tiny-random", True),  # the issue
+        (RunConfig(url="http://h:1/v1", model="served-name"), "smollm2-135m", False),
+        (RunConfig(url="http://h:1/v1", tokenizer="tiny-random"), "tiny-random", True),
+        (RunConfig(target="url:http://h:1/v1"), "smollm2-135m", False),
+    ],
+)
+def test_the_tokenizer_follows_the_model_under_test(config, source, known):
+    choice = choose_tokenizer(config)
+    assert (choice.source, choice.warning is None) == (source, known)
+    if not known:
+        assert "--tokenizer" in choice.warning
+
+
+def test_tiny_random_served_with_the_smollm2_tokenizer_warns(tmp_path, smollm2_tokenizer):
+    """The issue's case: prompts built with SmolLM2's tokenizer for a tiny-random server."""
+    result, out = _run(tmp_path, "--tokenizer", "smollm2-135m", "--check-outputs")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 1 and "the prompt tokens the workload recorded" in lines[0]
+    summary = json.loads((out / "summary.json").read_text())
+    check = summary["prompt_tokens"]
+    assert check["verdict"] == "disagree" and check["ratio"] > 2
+    card = CliRunner().invoke(bench, ["report", str(out), "--json", str(tmp_path / "c.json")])
+    assert card.exit_code == 0, card.output
+    notes = json.loads((tmp_path / "c.json").read_text())["notes"]
+    assert any(f"{check['ratio']:.2f}x" in n for n in notes)
+    # the oracle ran too: greedy outputs of the same engine at batch 1
+    assert summary["correctness"]["n_compared"] == 4
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_the_right_tokenizer_does_not_warn_and_checks_outputs(tmp_path, endpoint):
+    """Chat prompts carry the template's constant overhead, which the check allows for."""
+    result, out = _run(tmp_path, "--check-outputs", "--diverge-before", "8", "--endpoint", endpoint)
+    assert result.exit_code == 0, result.output
+    assert "warning:" not in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompt_tokens"]["verdict"] == "agree"
+    assert summary["prompt_tokens"]["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert (summary["prompt_tokens"]["overhead_tokens"] > 0) == (endpoint == "chat")
+    correctness = summary["correctness"]
+    assert correctness["n_compared"] == 4 and correctness["diverge_before"] == 8
+    rows = pq.read_table(out / "requests.parquet").to_pylist()
+    assert all(r[RequestColumn.OUTPUT_VALID] is not None for r in rows)
+    # the reference outputs were cached beside the workloads
+    assert list((tmp_path / "cache" / "oracle").glob("*.json"))
+
+
+@pytest.mark.parametrize("when", ["while running", "while starting"])
+def test_ctrl_c_stops_the_managed_engine(tmp_path, when):
+    """SIGINT to `bench run` mid-run (exit 130, a readable run) or while the engine is still
+    starting: either way the engine's process is gone afterwards."""
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "run"
+    engine = FAKE_VLLM + " --ttft-ms 100 --itl-ms 200"
+    if when == "while starting":  # prints its pid, then never answers
+        engine = "vllm={python} -c 'import os, time; print(os.getpid(), flush=True); time.sleep(120)' {port}"
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--target", "vllm", "--engine-command",
+           engine, "--model", "tiny-random", "--workload", "random", "--num-requests", "4",
+           "--input-len", "8", "--output-len", "50", "--request-rate", "inf", "--out", str(out),
+           "--quiet"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        log = out / "server.log"
+        deadline = time.monotonic() + 60
+        ready = "listening on" if when == "while running" else "\n"
+        while time.monotonic() < deadline:
+            text = log.read_text() if log.is_file() else ""
+            if ready in text.split("\n", 1)[-1]:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = log.read_text()
+    if when == "while running":
+        assert proc.returncode == 130, output
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["complete"] is False
+        url = manifest["target"]["url"].removesuffix("/v1")
+        assert not _answers(url + "/health")
+    else:
+        assert proc.returncode == 130 and b"Traceback" not in output, output
+        pid = int(text.splitlines()[1])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_fake_llamacpp_serves_the_gguf_and_counts_tokens_with_its_tokenizer(
+    tmp_path, smollm2_tokenizer
+):
+    """llama.cpp's server sends no usage when streaming: tokens are counted with the GGUF's
+    own tokenizer, the prompt-token check says it could not check, and the card says the
+    engine serves one request at a time."""
+    from engine_ref.loading.model_files import resolve_model
+
+    fake = "llamacpp={python} -m harness.cli mock-server --port {port} --model {served_model} --no-usage"
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        bench,
+        ["run", "--target", "llamacpp", "--engine-command", fake, "--model", "smollm2-135m",
+         "--workload", "random", "--num-requests", "3", "--input-len", "16", "--output-len",
+         "4", "--request-rate", "inf", "--out", str(out), "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    target = json.loads((out / "manifest.json").read_text())["target"]
+    gguf = str(resolve_model("smollm2-135m").path)
+    assert target["weights"] == gguf and target["tokenizer"]["source"] == gguf
+    assert target["serialises_requests"] is True
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["output_tokens_source"] == "tokenizer"
+    assert summary["prompt_tokens"]["verdict"] == "not_checked"
+    card_json = tmp_path / "card.json"
+    card = CliRunner().invoke(bench, ["report", str(out), "--json", str(card_json)])
+    assert card.exit_code == 0, card.output
+    notes = json.loads(card_json.read_text())["notes"]
+    assert any("serves one request at a time" in n for n in notes)
+
+
+def test_a_tokenizer_json_file_is_a_tokenizer(tmp_path):
+    from harness.engines import exported_dir
+    from harness.tokenizer_choice import load_chosen
+
+    path = exported_dir("tiny-random") / "tokenizer.json"
+    choice = choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(path)))
+    assert (choice.source, choice.how) == (str(path), "--tokenizer")
+    tokenizer = load_chosen(choice)
+    assert tokenizer.encode("hello world") == load_chosen(
+        choose_tokenizer(RunConfig(model="tiny-random"))
+    ).encode("hello world")
+    with pytest.raises(HarnessError, match="cannot load the tokenizer"):
+        load_chosen(choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(tmp_path))))
