@@ -49,6 +49,11 @@ LAZY_COMMANDS = {
         "Compare a candidate run with a baseline; --gate for CI.",
     ),
     "export": ("reports.cli_export", "export", "Export a run as vLLM JSON, llm-d report or CSV."),
+    "sweep": (
+        "harness.cli_sweep",
+        "sweep",
+        "Run several request rates or concurrencies; sweep card.",
+    ),
     "capacity": (
         "harness.cli_capacity",
         "capacity",

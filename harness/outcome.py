@@ -76,9 +76,13 @@ def judge(
         return Verdict(
             EXIT_ERRORS, f"The target did not serve this run: {failure_sentence(summary)}"
         )
+    saturation = summary.get("saturation") or {}
+    saturated = saturation.get("sentence") if saturation.get("saturated") else None
     if slo_given and (summary.get("slo") or {}).get("verdict") == FAIL:
-        return Verdict(EXIT_SLO_FAILED, "The run missed its SLO.")
-    return Verdict(EXIT_OK, None)
+        return Verdict(
+            EXIT_SLO_FAILED, " ".join(filter(None, ["The run missed its SLO.", saturated]))
+        )
+    return Verdict(EXIT_OK, saturated)
 
 
 def not_found_sentence(

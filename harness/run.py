@@ -158,7 +158,7 @@ def run_benchmark(
     fault_plan = load_fault_plan(config.faults)
     slo_spec = load_slo_spec(config.slo)
     run_dir = Path(config.out or default_run_dir(config))
-    with _removed_if_left_empty(run_dir):
+    with removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
         plan = launch_plan_for(config) if target is None else None
         choice = choose_tokenizer(config, plan)
@@ -186,7 +186,7 @@ def run_benchmark(
 
 
 @contextlib.contextmanager
-def _removed_if_left_empty(run_dir: Path):
+def removed_if_left_empty(run_dir: Path):
     """Remove `run_dir` again when the run fails before writing anything into it (a bad
     workload, an unreachable target), so a refused run leaves nothing on disk."""
     created = [p for p in (run_dir, *run_dir.parents) if not p.exists()]  # innermost first

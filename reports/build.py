@@ -271,6 +271,9 @@ def _notes(env: Environment, health: ClientHealth, summary: dict, failures: Fail
         notes.append(f"Output tokens come from mixed sources ({detail}).")
     if failures.total == 0:
         notes.append("The run recorded no requests.")
+    saturation = summary.get("saturation") or {}
+    if saturation.get("saturated"):
+        notes.append(saturation["sentence"])
     ledger = summary.get("ledger") or {}
     if ledger.get("verdict") == "failed":
         leak = " ".join((ledger.get("leak") or {}).get("reasons") or [])

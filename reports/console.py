@@ -78,16 +78,24 @@ def slo_table(verdicts: list[SLOVerdict], slo_name: str | None) -> Table:
     """One row per SLO objective: observed value with its interval, threshold, verdict."""
     table = _table(f"SLO {slo_name or ''}".strip())
     for name, justify in (("objective", "left"), ("observed", "right"), ("threshold", "right"),
-                          ("n", "right"), ("verdict", "left")):  # fmt: skip
+                          ("n", "right"), ("verdict", "left"), ("why", "left")):  # fmt: skip
         table.add_column(name, justify=justify)
     for v in verdicts:
-        digits = 1 if v.unit == "ms" else 4
+        observed, low, high, threshold = v.observed, v.ci_low, v.ci_high, v.threshold
+        if v.unit == "ms":
+            digits, unit = 1, " ms"
+        else:  # fractions read as percentages
+            digits, unit = 2, "%"
+            observed, low, high, threshold = (
+                None if x is None else 100 * x for x in (observed, low, high, threshold)
+            )
         table.add_row(
             v.objective,
-            _num(v.observed, digits) + _ci(v.ci_low, v.ci_high, digits),
-            _num(v.threshold, digits),
+            _num(observed, digits) + ("" if observed is None else unit) + _ci(low, high, digits),
+            _num(threshold, digits) + ("" if threshold is None else unit),
             _num(v.n),
             verdict_text(v.verdict),
+            v.reason or "",
         )
     return table
 
@@ -156,7 +164,7 @@ def _health_line(card: Card) -> Text:
     h = card.client_health
     style = "bold red" if h.client_bound else "dim"
     return Text(
-        f"client dispatch lag p50 {_num(h.dispatch_lag_p50_ms, 3)} ms, p99 "
+        f"client queueing (scheduled to sent) p50 {_num(h.dispatch_lag_p50_ms, 3)} ms, p99 "
         f"{_num(h.dispatch_lag_p99_ms, 3)} ms; client bound: {_num(h.client_bound)}",
         style=style,
     )
@@ -245,7 +253,7 @@ def summary_renderable(summary: dict) -> RenderableType:
     parts.append(Text(""))
     parts.append(
         Text(
-            f"client dispatch lag p50 {_num(lag.get('p50'), 3)} ms, p99 {_num(lag.get('p99'), 3)} "
+            f"client queueing (scheduled to sent) p50 {_num(lag.get('p50'), 3)} ms, p99 {_num(lag.get('p99'), 3)} "
             f"ms; client bound: {_num(summary.get('client_bound'))}",
             style="bold red" if summary.get("client_bound") else "dim",
         )

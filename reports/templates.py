@@ -69,9 +69,10 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% if card.slo_verdicts %}
 <table>
 <tr><th>objective</th><th>observed</th><th>interval</th><th>threshold</th><th>n</th><th>verdict</th><th class="text">why</th></tr>
-{% for v in card.slo_verdicts %}{% set d = 1 if v.unit == "ms" else 4 %}
-<tr><td>{{ v.objective }}</td><td>{{ v.observed | fmt(d) }} {{ v.unit if v.unit == "ms" else "" }}</td>
-<td class="ci">{{ [v.ci_low, v.ci_high] | fmt_ci(d) }}</td><td>{{ v.threshold | fmt(d) }}</td><td>{{ v.n | fmt }}</td>
+{% for v in card.slo_verdicts %}{% set ms = v.unit == "ms" %}{% set k = 1 if ms else 100 %}{% set u = " ms" if ms else "%" %}
+<tr><td>{{ v.objective }}</td><td>{{ (v.observed * k if v.observed is not none else none) | fmt(1 if ms else 2) }}{{ u if v.observed is not none }}</td>
+<td class="ci">{{ [v.ci_low * k if v.ci_low is not none else none, v.ci_high * k if v.ci_high is not none else none] | fmt_ci(1 if ms else 2) }}</td>
+<td>{{ (v.threshold * k if v.threshold is not none else none) | fmt(1 if ms else 2) }}{{ u if v.threshold is not none }}</td><td>{{ v.n | fmt }}</td>
 <td><span class="badge {{ v.verdict }}">{{ v.verdict }}</span></td><td class="text">{{ v.reason or "" }}</td></tr>
 {% endfor %}
 </table>
@@ -151,7 +152,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% else %}<p class="empty">Not available: {{ card.memory.reason }}.</p>{% endif %}
 
 <h2>Client health</h2>
-<table><tr><th>dispatch lag p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th><th>client bound</th></tr>
+<table><tr><th>client queueing, scheduled to sent: p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th><th>client bound</th></tr>
 <tr><td>{{ card.client_health.dispatch_lag_p50_ms | fmt(3) }}</td><td>{{ card.client_health.dispatch_lag_p99_ms | fmt(3) }}</td>
 <td>{{ card.client_health.dispatch_lag_max_ms | fmt(3) }}</td><td>{{ card.client_health.client_bound | fmt }}</td></tr></table>
 

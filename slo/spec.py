@@ -125,7 +125,7 @@ class PercentileObjective:
 
     @property
     def name(self) -> str:
-        return f"{self.metric} p{self.percentile:g} <= {self.max_ms:g}"
+        return f"{self.metric} p{self.percentile:g} <= {self.max_ms:g} ms"
 
     @classmethod
     def from_dict(cls, data, where: str) -> PercentileObjective:

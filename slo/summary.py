@@ -26,6 +26,7 @@ from slo.runrecord import (
     float_column,
     open_run,
 )
+from slo.saturation import saturation_summary
 from slo.server_metrics import server_metrics_summary
 from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
@@ -222,6 +223,7 @@ def summarize_tables(
         slice_duration_s=slice_duration_s,
     )
     summary["ledger"] = ledger_summary(tables)
+    summary["saturation"] = saturation_summary(rm)
     fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
     summary["faults"] = (
         {

@@ -78,22 +78,25 @@ def percentile_verdict(
         "n_bad": n_over,
         "allowed_bad_fraction": allowed,
         "verdict": verdict,
-        "reason": reason or _reason(verdict, n_over, n, allowed),
+        "reason": reason
+        or _reason(verdict, n_over, n, allowed, f"were over {objective.max_ms:g} ms"),
     }
 
 
-def _reason(verdict: str, n_bad: int, n: int, allowed: float) -> str:
+def _reason(verdict: str, n_bad: int, n: int, allowed: float, missed: str = "missed") -> str:
+    """Why, in words: "26 of 40 requests missed; at most 1% may" (plus, when inconclusive,
+    that the samples cannot decide yet)."""
     if n == 0:
         return "no samples"
-    what = f"{n_bad} of {n} bad, {allowed:.4g} allowed"
+    what = f"{n_bad} of {n} requests {missed}; at most {allowed * 100:.3g}% may"
     if verdict == INCONCLUSIVE:
-        return f"{what}: too few samples to decide at the early-stopping confidence"
+        return f"{what} (too few samples to decide yet)"
     return what
 
 
 def rate_verdict(
     *, name: str, kind: str, bad: np.ndarray, allowed: float, measured_good: bool,
-    spec: SLOSpec, rng: np.random.Generator,
+    spec: SLOSpec, rng: np.random.Generator, missed: str = "missed",
 ) -> dict:  # fmt: skip
     """Judge "fraction of `bad` requests <= allowed" (attainment and error-rate objectives).
 
@@ -115,7 +118,7 @@ def rate_verdict(
         "n_bad": n_bad,
         "allowed_bad_fraction": allowed,
         "verdict": verdict,
-        "reason": reason or _reason(verdict, n_bad, n, allowed),
+        "reason": reason or _reason(verdict, n_bad, n, allowed, missed),
     }
 
 
@@ -141,7 +144,8 @@ def evaluate(rm: RequestMetrics, spec: SLOSpec, *, rng: np.random.Generator) -> 
     if spec.attainment_min is not None:
         objectives.append(
             rate_verdict(
-                name=f"attainment >= {spec.attainment_min:g}", kind="attainment",
+                name=f"attainment >= {spec.attainment_min * 100:g}% of requests",
+                kind="attainment", missed="missed an objective or failed",
                 bad=~good_mask(rm, spec), allowed=1 - spec.attainment_min,
                 measured_good=True, spec=spec, rng=rng,
             )
@@ -149,7 +153,8 @@ def evaluate(rm: RequestMetrics, spec: SLOSpec, *, rng: np.random.Generator) -> 
     if spec.error_rate_max is not None:
         objectives.append(
             rate_verdict(
-                name=f"error_rate <= {spec.error_rate_max:g}", kind="error_rate",
+                name=f"error_rate <= {spec.error_rate_max * 100:g}% of requests",
+                kind="error_rate", missed="failed",
                 bad=~rm.is_ok, allowed=spec.error_rate_max, measured_good=False,
                 spec=spec, rng=rng,
             )

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 import harness
-from reports.errors import ReportError
+from reports.exports import read_run
 from slo.frame import RequestMetrics
-from slo.runrecord import RequestStatus, RunRecordError, open_run
+from slo.runrecord import RequestStatus
 from slo.summary import summarize_tables
 
 LLMD_REPORT_VERSION = "0.2"
@@ -141,13 +141,9 @@ def _sequence(values) -> dict:
 def llmd_report(run_dir: Path | str) -> dict:
     """The llm-d Benchmark Report v0.2 dict for `run_dir`. Raises ReportError for an
     unreadable run directory."""
-    try:
-        tables = open_run(run_dir)
-    except RunRecordError as exc:
-        raise ReportError(str(exc)) from exc
+    tables, rm = read_run(run_dir)
     manifest = tables.manifest
     summary = summarize_tables(tables)
-    rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
     ok = rm.is_ok
     counts = summary["counts"]
     by_status = counts.get("by_status") or {}

@@ -9,10 +9,9 @@ import io
 import math
 from pathlib import Path
 
-from reports.errors import ReportError
+from reports.exports import read_run
 from slo import metrics
-from slo.frame import RequestMetrics
-from slo.runrecord import RequestColumn, RunRecordError, open_run
+from slo.runrecord import RequestColumn
 
 DERIVED_MS = ("ttft_ms", "tpot_ms", "e2e_ms", "queue_ms", "itl_mean_ms", "itl_max_ms")
 
@@ -28,12 +27,8 @@ def _cell(value) -> str:
 def requests_csv(run_dir: Path | str) -> str:
     """The per-request CSV text for `run_dir` (every scheduled request, `not_sent` ones
     included, in the table's order). Raises ReportError for an unreadable run directory."""
-    try:
-        tables = open_run(run_dir)
-    except RunRecordError as exc:
-        raise ReportError(str(exc)) from exc
+    tables, rm = read_run(run_dir)
     requests = tables.requests
-    rm = RequestMetrics.from_tables(requests, tables.chunks)
     derived = {
         rid: (ttft, tpot, e2e, queue, itl_mean, itl_max)
         for rid, ttft, tpot, e2e, queue, itl_mean, itl_max in zip(

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from reports.errors import ReportError
+from reports.exports import read_run
 from slo.conventions import vllm_metrics, vllm_peaks
 from slo.frame import RequestMetrics
-from slo.runrecord import Endpoint, RunRecordError, open_run
+from slo.runrecord import Endpoint
 from slo.summary import summarize_tables
 
 VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -66,13 +67,9 @@ def vllm_result(
     unknown = [m for m in percentile_metrics if m not in VLLM_METRICS]
     if unknown:
         raise ReportError(f"unknown vLLM metric {unknown[0]!r}; known: {', '.join(VLLM_METRICS)}.")
-    try:
-        tables = open_run(run_dir)
-    except RunRecordError as exc:
-        raise ReportError(str(exc)) from exc
+    tables, rm = read_run(run_dir)
     manifest = tables.manifest
     summary = summarize_tables(tables)
-    rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
     vllm = vllm_metrics(rm, tables.chunks, _endpoint(manifest))
     ok = rm.is_ok
     duration = summary["window_s"] or 0.0

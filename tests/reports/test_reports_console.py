@@ -47,7 +47,7 @@ def test_summary_console_view_matches_golden(golden_run):
 def test_console_shows_verdicts_and_every_outcome(golden_run, source):
     obj = build_card(golden_run) if source == "card" else slo.summarize(golden_run)
     text = _render(obj)
-    assert "INCONCLUSIVE" in text and "ttft_ms p99 <= 200" in text
+    assert "INCONCLUSIVE" in text and "ttft_ms p99 <= 200 ms" in text
     assert "goodput (requests/s)" in text
     for word in ("timeout", "rejected", "cancelled"):
         assert word in text

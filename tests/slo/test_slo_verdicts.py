@@ -84,3 +84,25 @@ def test_verdicts_repeat_with_the_same_seed():
     a = evaluate(ttft_run(values), P99_TTFT, rng=np.random.default_rng(11))
     b = evaluate(ttft_run(values), P99_TTFT, rng=np.random.default_rng(11))
     assert a == b
+
+
+def test_why_is_said_in_words():
+    from slo.verdicts import rate_verdict
+
+    spec = SLOSpec(name="t", attainment_min=0.99)
+    bad = np.array([True] * 26 + [False] * 14)
+    v = rate_verdict(name="attainment >= 99% of requests", kind="attainment", bad=bad,
+                     allowed=0.01, measured_good=True, spec=spec,
+                     rng=np.random.default_rng(0))  # fmt: skip
+    assert v["verdict"] == "fail"
+    assert v["reason"] == "26 of 40 requests missed; at most 1% may"
+
+
+def test_objective_names_carry_units(hand_run):
+    import slo
+
+    spec = {"name": "u", "percentiles": [{"metric": "ttft_ms", "percentile": 99, "max_ms": 200}],
+            "attainment_min": 0.99, "error_rate_max": 0.01, "per_request": {"ttft_ms": 200}}  # fmt: skip
+    names = [o["name"] for o in slo.summarize(hand_run, spec)["slo"]["objectives"]]
+    assert names == ["ttft_ms p99 <= 200 ms", "attainment >= 99% of requests",
+                     "error_rate <= 1% of requests"]  # fmt: skip
