@@ -387,7 +387,11 @@ class ToxicPipe:
             self.eof_sent = True
             transport = self.dst.transport
             if transport is not None and not transport.is_closing() and transport.can_write_eof():
-                transport.write_eof()
+                try:
+                    transport.write_eof()
+                except OSError:  # the receiver is gone already (ENOTCONN): nothing to half-close
+                    self.owner.close(limited=False)
+                    return
             self.owner.half_closed()
         elif marker is _CLOSED or marker is _LIMIT:
             self.owner.close(limited=marker is _LIMIT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 import statistics
 import time
 
@@ -401,3 +402,60 @@ def test_toxic_defaults_and_kinds():
     assert dict(toxic.params) == {"latency_ms": 5.0, "jitter_ms": 0.0}
     assert toxic == Toxic("latency", params={"latency_ms": 5.0, "jitter_ms": 0})
     assert hash(toxic) == hash(Toxic("latency", params={"jitter_ms": 0, "latency_ms": 5}))
+
+
+class _GoneTransport:
+    """A receiver that disconnected just before its FIN could be passed on."""
+
+    def is_closing(self) -> bool:
+        return False
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        raise OSError(107, "Transport endpoint is not connected")
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def reset(self, by_toxic: bool) -> None:
+        self.calls.append("reset")
+
+    def close(self, *, limited: bool) -> None:
+        self.calls.append("close")
+
+    def half_closed(self) -> None:
+        self.calls.append("half_closed")
+
+    def forwarded(self, direction: str, num_bytes: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("latency", [False, True], ids=["direct", "queued"])
+def test_a_fin_for_a_receiver_already_gone_closes_the_connection_quietly(latency):
+    """Passing the server's FIN on to a client that just disconnected raised ENOTCONN inside
+    the pipe's writer task ("Task exception was never retrieved"); it now closes both sides."""
+    from types import SimpleNamespace
+
+    from faults.toxics import ToxicPipe
+
+    async def main() -> list[str]:
+        owner = _Owner()
+        src, dst = SimpleNamespace(transport=None), SimpleNamespace(transport=_GoneTransport())
+        pipe = ToxicPipe(owner, "downstream", src, dst, random.Random(0))
+        if latency:
+            pipe.set_toxics([Toxic("latency", "downstream", 1.0, {"latency_ms": 5.0})])
+        pipe.update_gate()
+        pipe.feed_eof()
+        await asyncio.sleep(0.05)
+        writer = pipe.writer
+        pipe.stop()
+        if writer is not None:  # the queued path: its writer task must not have died of it
+            await asyncio.sleep(0)
+            assert not writer.done() or writer.cancelled() or writer.exception() is None
+        return owner.calls
+
+    assert asyncio.run(main()) == ["close"]
