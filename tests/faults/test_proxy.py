@@ -170,11 +170,13 @@ def test_reset_peer_is_connection_reset(loop):
     async def test(proxy, mock_port):
         proxy.set_toxics([Toxic("reset_peer")])
         at_once = await drive(proxy.url_port, 3)
-        proxy.set_toxics([Toxic("reset_peer", params={"timeout_ms": 60})])
+        # 64 tokens 20 ms apart take 1.3 s; the RST comes 250 ms in, after the first tokens
+        # even on a loaded machine (at 60 ms in and 5 ms apart, a busy loop missed them).
+        proxy.set_toxics([Toxic("reset_peer", params={"timeout_ms": 250})])
         mid_stream = await drive(proxy.url_port, 3, max_tokens=64)
         return at_once, mid_stream, proxy.stats
 
-    at_once, mid_stream, stats = run(test, loop, config=MockConfig(ttft_ms=5, itl_ms=5))
+    at_once, mid_stream, stats = run(test, loop, config=MockConfig(ttft_ms=5, itl_ms=20))
     assert at_once.classes() == {("unknown", "connection_reset")}
     assert all(r["num_chunks"] == 0 for r in at_once.rows)
     assert mid_stream.classes() == {("unknown", "connection_reset")}
