@@ -33,6 +33,7 @@ from engine_ref.core.engine_config import EngineConfig, SamplingParams
 from engine_ref.core.isolation import isolate_failures
 from engine_ref.core.model import LlamaModel
 from engine_ref.core.outputs import CompletionOutput, RequestOutput
+from engine_ref.core.quant import QuantizationError, weight_bytes_by_kind
 from engine_ref.core.sampler import SampleRow, sample
 from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
@@ -75,14 +76,25 @@ class LLMEngine:
         if loaded is None:
             from engine_ref.loading.weights import load_model
 
-            loaded = load_model(config.model, dtype=self.dtype)
+            keep_int4 = config.quantization == "w4a16"
+            loaded = load_model(config.model, dtype=self.dtype, keep_int4=keep_int4)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         mc = self.model_config
         max_len = config.max_model_len or mc.max_position_embeddings
-        self.model = LlamaModel.from_state_dict(
-            mc, loaded.state_dict, dtype=self.dtype, device=self.device, max_positions=max_len
-        )
+        try:
+            self.model = LlamaModel.from_state_dict(
+                mc,
+                loaded.state_dict,
+                dtype=self.dtype,
+                device=self.device,
+                max_positions=max_len,
+                quantization=config.quantization,
+                int4_weights=getattr(loaded, "int4_weights", None),
+            )
+        except QuantizationError as exc:
+            raise EngineError(str(exc)) from None
+        self.weight_bytes_by_kind = weight_bytes_by_kind(self.model)
         elem = torch.empty((), dtype=self.dtype).element_size()
         self.kv_bytes_per_token = (
             2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
@@ -222,6 +234,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             prefix_cache_preempted_query_tokens=self.scheduler.preempted_prefix_query_tokens,
             prefix_cache_preempted_hit_tokens=self.scheduler.preempted_prefix_hit_tokens,
+            weight_bytes_by_kind=dict(self.weight_bytes_by_kind),
         )
 
     # -- one step -----------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_ref.core.quant import QUANTIZATION_MODES
+
 
 class EngineConfigError(ValueError):
     """An engine or sampling option has an invalid value; the message names the fix."""
@@ -37,6 +39,8 @@ class EngineConfig:
     `QueueFullError`. `max_model_len` None means the model's `max_position_embeddings`.
     `num_threads` None means `os.cpu_count()` (CPU only). `prefix_cache_salt` is mixed into
     every prefix-cache key, so caches of different model versions never match.
+    `quantization` None runs the weights in `dtype`; "w4a16", "w8a8" or "w8a16" runs the
+    projections as low-bit GEMMs (see `engine_ref.core.quant`; w8a8 and w8a16 on CPU only).
     """
 
     model: str = "smollm2-135m"
@@ -55,8 +59,14 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     prefix_cache_salt: str = "engine_ref-v1"
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
+            raise EngineConfigError(
+                f"Unknown quantization {self.quantization!r}; use one of "
+                f"{', '.join(QUANTIZATION_MODES)}, or leave it unset for {self.dtype} weights."
+            )
         if self.dtype not in _DTYPES and self.dtype != "auto":
             raise EngineConfigError(
                 f"Unknown dtype {self.dtype!r}; use one of auto, {', '.join(sorted(_DTYPES))}."

@@ -8,12 +8,15 @@ convention (the first and second halves of each head are the rotated pairs).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine_ref.core.attention import AttentionMetadata, paged_attention
 from engine_ref.core.config import ModelConfig
+from engine_ref.core.quant import Int4Groups, quantize_model
 
 # One layer's KV pool [num_blocks, block_size, 2 * kvh, hd]: keys in heads :kvh, values after.
 KVCache = torch.Tensor
@@ -111,12 +114,9 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
-            self.lm_head_weight = self.embed_tokens.weight
-        else:
-            self.lm_head_weight = nn.Parameter(
-                torch.empty(config.vocab_size, config.hidden_size), requires_grad=False
-            )
+            self.lm_head.weight = self.embed_tokens.weight
         cos, sin = rope_tables(
             config.head_dim, max_positions or config.max_position_embeddings, config.rope_theta
         )
@@ -133,9 +133,13 @@ class LlamaModel(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         max_positions: int | None = None,
+        quantization: str | None = None,
+        int4_weights: Mapping[str, Int4Groups] | None = None,
     ) -> LlamaModel:
         """Build from Hugging Face Llama names, fusing q/k/v and gate/up. Raises KeyError on
-        a missing tensor."""
+        a missing tensor. `quantization` (see `quant.py`) replaces the projections by low-bit
+        layers, from `int4_weights` (the file's 4-bit blocks, HF names) where given; raises
+        QuantizationError when the model or device cannot be quantized that way."""
         with torch.device("meta"):
             model = cls(config, max_positions)
         sd = state_dict
@@ -158,14 +162,16 @@ class LlamaModel(nn.Module):
         fused["norm.weight"] = sd["model.norm.weight"]
         fused = {k: t.to(device=device, dtype=dtype) for k, t in fused.items()}
         if config.tie_word_embeddings:
-            fused["lm_head_weight"] = fused["embed_tokens.weight"]
+            fused["lm_head.weight"] = fused["embed_tokens.weight"]
         else:
-            fused["lm_head_weight"] = sd["lm_head.weight"].to(device=device, dtype=dtype)
+            fused["lm_head.weight"] = sd["lm_head.weight"].to(device=device, dtype=dtype)
         model.load_state_dict(fused, strict=True, assign=True)
         cos, sin = rope_tables(
             config.head_dim, max_positions or config.max_position_embeddings, config.rope_theta
         )
         model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+        if quantization is not None:
+            quantize_model(model, quantization, int4_weights)
         return model.eval()
 
     def forward(
@@ -196,4 +202,4 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in the model's dtype for hidden [N, D]."""
-        return F.linear(self.norm(hidden), self.lm_head_weight)
+        return self.lm_head(self.norm(hidden))

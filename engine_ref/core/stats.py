@@ -17,7 +17,9 @@ class EngineStats:
     the `preempted` pair instead, as vLLM does), preemptions, steps, prompt tokens computed
     (not served from cache) and generated tokens, split by step kind: `prefill` steps have
     only prefill rows, `decode` only decode rows, `mixed` both. Sizes: `kv_bytes_per_token` across all layers (K and V), and
-    `kv_bytes_per_request` for a request of `max_model_len` tokens.
+    `kv_bytes_per_request` for a request of `max_model_len` tokens;
+    `weight_bytes_by_kind` the bytes of weights the model holds per layer kind (embedding,
+    attention, mlp, norm, lm_head; a tied output projection counts under embedding).
     """
 
     num_running: int
@@ -41,6 +43,7 @@ class EngineStats:
     max_model_len: int
     prefix_cache_preempted_query_tokens: int = 0
     prefix_cache_preempted_hit_tokens: int = 0
+    weight_bytes_by_kind: dict[str, int] | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine_ref.core.quant import Int4Groups
 from engine_ref.loading.model_files import ModelFileError
 
 # ggml block layouts (ggml-common.h): 32 values per block
@@ -25,6 +26,24 @@ def _halves(blocks: torch.Tensor, start: int) -> torch.Tensor:
 def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     """[n, 16] bytes -> [n, 32] values: low nibbles are elements 0-15, high nibbles 16-31."""
     return torch.cat([packed & 0x0F, packed >> 4], dim=1).float()
+
+
+def int4_groups(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> Int4Groups | None:
+    """The 4-bit values, scales and minima of a Q4_0 or Q4_1 matrix as stored (groups of 32
+    along its rows), or None for any other type."""
+    if ggml_type not in (_Q4_0, _Q4_1) or len(shape) != 2:
+        return None
+    rows, cols = shape
+    data = torch.from_numpy(np.array(raw, dtype=np.uint8, copy=True).reshape(-1))
+    header = 2 if ggml_type == _Q4_0 else 4
+    blocks = data.reshape(-1, header + _QK // 2)
+    q = torch.cat([blocks[:, header:] & 0x0F, blocks[:, header:] >> 4], dim=1).reshape(shape)
+    scale = _halves(blocks, 0).reshape(rows, cols // _QK)
+    if ggml_type == _Q4_0:
+        minimum = -8.0 * scale
+    else:
+        minimum = _halves(blocks, 2).reshape(rows, cols // _QK)
+    return Int4Groups(q.contiguous(), scale, minimum)
 
 
 def dequantize_to_torch(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:

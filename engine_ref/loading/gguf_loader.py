@@ -16,7 +16,8 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as BackendTokenizer
 
 from engine_ref.core.config import ModelConfig
-from engine_ref.loading.dequant import dequantize_to_torch
+from engine_ref.core.quant import Int4Groups
+from engine_ref.loading.dequant import dequantize_to_torch, int4_groups
 from engine_ref.loading.gguf_file import read_gguf, tensor_bytes
 from engine_ref.loading.model_files import ModelFileError
 from engine_ref.loading.tokenizer import Tokenizer, eos_ids_for
@@ -201,9 +202,11 @@ def load_gguf_tokenizer(path: Path, *, name: str) -> Tokenizer:
 
 
 def load_gguf(
-    path: Path, *, dtype: torch.dtype, name: str
+    path: Path, *, dtype: torch.dtype, name: str, int4_weights: dict[str, Int4Groups] | None = None
 ) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Config, dequantised state dict (HF names, HF Q/K order, `dtype`) and tokenizer."""
+    """Config, dequantised state dict (HF names, HF Q/K order, `dtype`) and tokenizer. When
+    `int4_weights` is a dict, the Q4_0/Q4_1 matrices are also put there as stored (HF names,
+    Q/K rows in HF order)."""
     contents = read_gguf(path)
     meta = contents.metadata
     tensor_names = {t.name for t in contents.tensors}
@@ -214,12 +217,21 @@ def load_gguf(
             hf_name = hf_from_gguf_name(info.name)
             if hf_name is None:
                 raise ModelFileError(f"GGUF tensor {info.name!r} is not supported by this engine.")
-            values = dequantize_to_torch(tensor_bytes(path, info), info.ggml_type, info.shape)
+            raw = tensor_bytes(path, info)
+            values = dequantize_to_torch(raw, info.ggml_type, info.shape)
+            groups = None if int4_weights is None else int4_groups(raw, info.ggml_type, info.shape)
+            heads = None
             if hf_name.endswith("q_proj.weight"):
-                values = unpermute_qk(values, config.num_attention_heads)
+                heads = config.num_attention_heads
             elif hf_name.endswith("k_proj.weight"):
-                values = unpermute_qk(values, config.num_key_value_heads)
+                heads = config.num_key_value_heads
+            if heads is not None:
+                values = unpermute_qk(values, heads)
+                if groups is not None:
+                    groups = groups.map_rows(lambda t, h=heads: unpermute_qk(t, h).contiguous())
             state_dict[hf_name] = values.to(dtype).contiguous()
+            if groups is not None:
+                int4_weights[hf_name] = groups
     _check_shapes(config, state_dict)
     return config, state_dict, tokenizer_from_metadata(meta, name=name)
 

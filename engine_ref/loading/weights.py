@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from engine_ref.core.config import ModelConfig
+from engine_ref.core.quant import Int4Groups
 from engine_ref.loading.model_files import ModelFileError, ResolvedModel, resolve_model, sha256_of
 from engine_ref.loading.tokenizer import Tokenizer
 
@@ -43,12 +44,14 @@ class LoadedModel:
 
     `source` holds `name`, `path` (str or None), `format` ("gguf" | "hf" | "random"),
     `sha256` (of the GGUF file; absent for directories and in-process models), `dtype`,
-    `load_s` (wall seconds spent in `load_model`)."""
+    `load_s` (wall seconds spent in `load_model`). `int4_weights` holds the file's Q4_0/Q4_1
+    matrices as stored (HF names), when `load_model` was asked to keep them."""
 
     config: ModelConfig
     state_dict: dict[str, torch.Tensor] = field(repr=False)
     tokenizer: Tokenizer
     source: dict[str, Any]
+    int4_weights: dict[str, Int4Groups] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         missing = [n for n in expected_weight_names(self.config) if n not in self.state_dict]
@@ -88,13 +91,17 @@ def load_model(
     name_or_path: str | os.PathLike[str],
     dtype: torch.dtype | str = torch.bfloat16,
     device: str | torch.device = "cpu",
+    *,
+    keep_int4: bool = False,
 ) -> LoadedModel:
     """Load weights, config and tokenizer for a registered name, a `.gguf` file or a Hugging
-    Face directory. Quantised GGUF tensors are dequantised to `dtype`. Registered models are
+    Face directory. Quantised GGUF tensors are dequantised to `dtype`; with `keep_int4` the
+    Q4_0/Q4_1 ones are also kept as stored (`LoadedModel.int4_weights`). Registered models are
     fetched into the cache on first use. Raises `ModelFileError` (one sentence) on bad input."""
     t0 = time.perf_counter()
     torch_dtype = parse_dtype(dtype)
     resolved = resolve_model(name_or_path)
+    int4_weights: dict[str, Int4Groups] = {}
     if resolved.format == "random":
         from engine_ref.loading import tiny_random
 
@@ -105,7 +112,10 @@ def load_model(
         from engine_ref.loading import gguf_loader
 
         config, state_dict, tokenizer = gguf_loader.load_gguf(
-            resolved.path, dtype=torch_dtype, name=resolved.name
+            resolved.path,
+            dtype=torch_dtype,
+            name=resolved.name,
+            int4_weights=int4_weights if keep_int4 else None,
         )
     else:
         from engine_ref.loading import hf_loader
@@ -118,7 +128,13 @@ def load_model(
         state_dict = {k: v.to(device) for k, v in state_dict.items()}
     source = _source(resolved, torch_dtype)
     source["load_s"] = round(time.perf_counter() - t0, 3)
-    return LoadedModel(config=config, state_dict=state_dict, tokenizer=tokenizer, source=source)
+    return LoadedModel(
+        config=config,
+        state_dict=state_dict,
+        tokenizer=tokenizer,
+        source=source,
+        int4_weights=int4_weights,
+    )
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Tokenizer:

@@ -330,4 +330,6 @@ def describe_engine(engine: EngineInterface) -> dict:
         "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
         "device": str(getattr(engine, "device", "")) or None,
         "engine_config": {k: v if isinstance(v, plain) else str(v) for k, v in fields.items()},
+        "quantization": getattr(config, "quantization", None),
+        "weight_bytes_by_kind": getattr(engine.stats(), "weight_bytes_by_kind", None),
     }

@@ -21,6 +21,7 @@ outcomes are observed by the server as requests stream. All metrics live in the
 | `vllm:request_prompt_tokens`, `vllm:request_generation_tokens` | histogram | server |
 | `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort, error |
 | `vllm:request_rejected_total` (engine_ref extension) | counter | server: 429 answers |
+| `vllm:model_weight_bytes{layer_kind}` (engine_ref extension) | gauge | engine: weight bytes held |
 """
 
 from __future__ import annotations
@@ -144,6 +145,16 @@ class _EngineStatsCollector(Collector):
         for suffix, attribute, help_text in _COUNTERS:
             family = CounterMetricFamily(PREFIX + suffix, help_text, labels=["model_name"])
             family.add_metric([self._model_name], float(getattr(stats, attribute)))
+            yield family
+        weight_bytes = getattr(stats, "weight_bytes_by_kind", None)
+        if weight_bytes:
+            family = GaugeMetricFamily(
+                PREFIX + "model_weight_bytes",
+                "Bytes of model weights the engine holds, by layer kind (quantized or not).",
+                labels=["model_name", "layer_kind"],
+            )
+            for kind, num_bytes in weight_bytes.items():
+                family.add_metric([self._model_name, kind], float(num_bytes))
             yield family
 
 

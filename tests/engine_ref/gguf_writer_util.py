@@ -33,10 +33,13 @@ _GGUF_LAYER_NAMES = {
 }
 
 
-def write_llama_gguf(path: Path, model: LoadedModel) -> Path:
+def write_llama_gguf(path: Path, model: LoadedModel, *, linear_qtype: int | None = None) -> Path:
     """Write `model` (float32 weights) as an F32 llama GGUF the way llama.cpp's converter
-    would: GGUF tensor names, permuted Q/K rows, tokenizer.ggml.* metadata."""
+    would: GGUF tensor names, permuted Q/K rows, tokenizer.ggml.* metadata. `linear_qtype` (a
+    `gguf.GGMLQuantizationType`, e.g. Q4_1) quantizes the decoder's projections with
+    `gguf.quants`, as llama-quantize would."""
     import gguf
+    import gguf.quants
 
     cfg, tok = model.config, model.tokenizer
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -76,6 +79,10 @@ def write_llama_gguf(path: Path, model: LoadedModel) -> Path:
                 values = llama_cpp_permute(values, cfg.num_attention_heads)
             elif rest == "self_attn.k_proj.weight":
                 values = llama_cpp_permute(values, cfg.num_key_value_heads)
+            if linear_qtype is not None and rest.endswith("_proj.weight"):
+                raw = gguf.quants.quantize(np.ascontiguousarray(values), linear_qtype)
+                writer.add_tensor(gguf_name, raw, raw_dtype=linear_qtype)
+                continue
         writer.add_tensor(gguf_name, np.ascontiguousarray(values))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

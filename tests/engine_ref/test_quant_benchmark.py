@@ -1,0 +1,56 @@
+"""benchmarks/quantization.py: its agreement measure on a hand case, and one tiny run of the
+whole script (every mode, speed, quality and step split) on tiny-random."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quantization.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("quantization_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_agreement_hand_case(bench):
+    baseline = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    other = [[1, 2, 9, 4], [5, 6, 7, 8]]  # diverges at position 2, equal again at 3
+    assert bench.agreement(baseline, other) == {
+        "mean_identical_prefix": 3.0,  # (2 + 4) / 2
+        "equal_positions": 7 / 8,
+    }
+    assert bench.agreement([[]], [[]]) == {"mean_identical_prefix": 0, "equal_positions": 1.0}
+
+
+@pytest.mark.slow  # builds four engines and runs every section (~1 min on a busy 2-core box)
+def test_tiny_run_reports_every_mode(bench, tmp_path, capsys):
+    out = tmp_path / "q.json"
+    args = ["--model", "tiny-random", "--modes", "float32,w4a16,w8a16,w8a8", "--repeats", "2",
+            "--decode-tokens", "4", "--batch", "3", "--batch-input-len", "5",
+            "--batch-output-len", "3", "--quality-prompts", "4", "--quality-tokens", "6",
+            "--profile", "--json", str(out)]  # fmt: skip
+    assert bench.main(args) == 0
+    report = json.loads(out.read_text())
+    base = report["modes"]["float32"]
+    assert base["quality"]["equal_positions"] == 1.0 and base["decode_speedup"] == 1.0
+    for mode in ("w4a16", "w8a16", "w8a8"):
+        row = report["modes"][mode]
+        assert row["streamed_bytes"] < base["streamed_bytes"]
+        assert row["bytes_bound"] == base["streamed_bytes"] / row["streamed_bytes"]
+        assert 0 <= row["quality"]["equal_positions"] <= 1 and row["quality"]["perplexity"] > 1
+        assert len(row["runs"]["decode_tok_s"]) == 2
+        assert 0 < row["step_split"]["gemm_ms"] < row["step_split"]["step_ms"]
+    assert "of bound" in capsys.readouterr().out
+
+
+def test_modes_must_include_the_baseline(bench):
+    with pytest.raises(SystemExit):
+        bench.main(["--modes", "w4a16"])
