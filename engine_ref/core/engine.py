@@ -36,6 +36,7 @@ from engine_ref.core.outputs import CompletionOutput, RequestOutput
 from engine_ref.core.sampler import SampleRow, sample
 from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
+from engine_ref.core.spec_decode import Chain, SpeculativeDecoder, Verified, verify
 from engine_ref.core.stats import EngineStats
 
 __all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
@@ -55,6 +56,10 @@ class _Executed:
     samples: list[tuple[Sequence, int, torch.Generator | None]] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    # Speculative rows: (sequence, its verified draft); `num_spec_tokens` counts the tokens
+    # the commit appended from them (a stop can cut a verify step's tokens short).
+    verified: list[tuple[Sequence, Chain, Verified]] = field(default_factory=list)
+    num_spec_tokens: int = 0
 
 
 class LLMEngine:
@@ -112,6 +117,10 @@ class LLMEngine:
             hash_fn=hash_fn,
         )
         self.scheduler = Scheduler(config, self.block_manager)
+        spec = config.speculative_config
+        self.spec = (
+            None if spec is None else SpeculativeDecoder(spec, max_model_len=self.max_model_len)
+        )
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -184,16 +193,23 @@ class LLMEngine:
         """Run one scheduler iteration; returns outputs of the requests that progressed, and
         of those that finished by abort or failed (finish_reason "error")."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        batch = self.scheduler.schedule()
-        if batch.is_empty:
-            return outputs
-        self.block_manager.begin_step()
+        # Drafts first, so the scheduler counts them against the step's token budget.
+        drafted = self.spec.propose(self.scheduler.running) if self.spec is not None else []
         try:
-            with torch.inference_mode():
-                self._copy_blocks(batch.block_copies)
-                outputs += self._run(list(zip(batch.seqs, batch.num_new_tokens, strict=True)))
+            batch = self.scheduler.schedule()
+            if batch.is_empty:
+                return outputs
+            self.block_manager.begin_step()
+            try:
+                with torch.inference_mode():
+                    self._copy_blocks(batch.block_copies)
+                    items = list(zip(batch.seqs, batch.num_new_tokens, strict=True))
+                    outputs += self._run(items)
+            finally:
+                self.block_manager.end_step()
         finally:
-            self.block_manager.end_step()
+            for seq in drafted:
+                seq.draft_token_ids = []
         self._num_steps += 1
         return outputs
 
@@ -222,6 +238,7 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             prefix_cache_preempted_query_tokens=self.scheduler.preempted_prefix_query_tokens,
             prefix_cache_preempted_hit_tokens=self.scheduler.preempted_prefix_hit_tokens,
+            spec_decode=None if self.spec is None else self.spec.stats(),
         )
 
     # -- one step -----------------------------------------------------------------------------
@@ -256,11 +273,21 @@ class LLMEngine:
         num_new_tokens: list[int] = []
         sample_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
+        spec_rows: list[int] = []
+        chains: list[tuple[Sequence, Chain]] = []
         num_prompt_rows = 0
         for seq, n in items:
             start = seq.num_computed_tokens
             starts.append(start)
             num_new_tokens.append(n)
+            if seq.draft_token_ids and n > 1 and start == seq.num_tokens - 1:
+                # A verify row: the last token, then the drafts; every row's logits count.
+                assert len(seq.draft_token_ids) == n - 1
+                spec_rows += range(len(input_ids), len(input_ids) + n)
+                input_ids += [seq.token_ids[start], *seq.draft_token_ids]
+                positions += range(start, start + n)
+                chains.append((seq, Chain(list(seq.draft_token_ids), self._sample_row(seq))))
+                continue
             input_ids += seq.token_ids[start : start + n]
             positions += range(start, start + n)
             if start < seq.num_prompt_tokens or n > 1:
@@ -284,7 +311,7 @@ class LLMEngine:
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]
         executed = _Executed(items, num_prompt_rows)
-        if not sampling_seqs:  # prefill chunks that end inside their prompts
+        if not sampling_seqs and not chains:  # prefill chunks that end inside their prompts
             return executed
 
         # A request with n > 1 forks when its prompt is done: its children sample from the
@@ -302,19 +329,28 @@ class LLMEngine:
                     executed.samples.append((seq, index, generator))
                     rows.append(replace(row, generator=generator))
                     logits_rows.append(r)
-        if len(sample_rows) < len(input_ids):
-            hidden = hidden.index_select(0, self._index(sample_rows))
-        logits = self.model.compute_logits(hidden)  # [N, V]
+        wanted_rows = sample_rows + spec_rows
+        if len(wanted_rows) < len(input_ids):
+            hidden = hidden.index_select(0, self._index(wanted_rows))
+        all_logits = self.model.compute_logits(hidden)  # [N + S, V]
+        logits, spec_logits = all_logits[: len(sample_rows)], all_logits[len(sample_rows) :]
         if len(logits_rows) != len(sample_rows):
             logits = logits.index_select(0, self._index(logits_rows))
-        saved = [(g, g.get_state()) for g in (r.generator for r in rows) if g is not None]
+        generators = [r.generator for r in rows] + [c.row.generator for _, c in chains]
+        saved = [(g, g.get_state()) for g in generators if g is not None]
         try:
-            result = sample(logits, rows, self.generator)
+            if rows:
+                result = sample(logits, rows, self.generator)
+                executed.token_ids, executed.logprobs = result.token_ids, result.logprobs
+            if chains:
+                verified = verify(spec_logits, [c for _, c in chains], self.generator)
+                executed.verified = [
+                    (seq, chain, v) for (seq, chain), v in zip(chains, verified, strict=True)
+                ]
         except Exception:
             for generator, state in saved:  # a retry must draw what this attempt drew
                 generator.set_state(state)
             raise
-        executed.token_ids, executed.logprobs = result.token_ids, result.logprobs
         return executed
 
     def _commit(
@@ -323,7 +359,10 @@ class LLMEngine:
         """Advance computed counts, register full blocks, fork, append the sampled tokens. A
         request whose token cannot be appended (its detokenisation raised, say) joins
         `failures` instead of returning an output."""
+        verifying = {seq for seq, _, _ in executed.verified}
         for seq, n in executed.items:
+            if seq in verifying:
+                continue  # its computed count depends on what was accepted
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
         # Fork before any token is appended: children copy the parent's tokens so far.
@@ -344,6 +383,19 @@ class LLMEngine:
                 failed.add(request)
                 by_request.pop(request, None)
                 continue
+            by_request.setdefault(request, []).append(completion)
+        for seq, chain, verified in executed.verified:
+            request = seq.request
+            if failed and request in failed:
+                continue
+            try:
+                completion = self._commit_verified(seq, chain, verified)
+            except Exception as exc:
+                failures.append((request, exc))
+                failed.add(request)
+                by_request.pop(request, None)
+                continue
+            executed.num_spec_tokens += len(completion.new_token_ids)
             by_request.setdefault(request, []).append(completion)
         outputs = []
         for request, completions in by_request.items():
@@ -380,6 +432,44 @@ class LLMEngine:
             None if lp is None else [lp],
         )
 
+    def _commit_verified(self, seq: Sequence, chain: Chain, verified: Verified) -> CompletionOutput:
+        """Commit a verify step: append its tokens one by one (detokenised, stop-checked) up
+        to the first that finishes the sequence, then roll back what was rejected. Computed
+        tokens become the last token plus the accepted drafts that were appended; the KV the
+        verify forward wrote past them is garbage the next step overwrites, and the blocks
+        holding only such positions are freed. Blocks are registered in the prefix cache from
+        computed tokens only, so a rejected token never enters it."""
+        start = seq.num_computed_tokens
+        tokens: list[int] = []
+        texts: list[str] = []
+        logprobs: list[dict[int, float]] = []
+        for j, token in enumerate(verified.token_ids):
+            lp = None if verified.logprobs is None else verified.logprobs[j]
+            seq.token_ids.append(token)
+            if lp is not None:
+                seq.logprobs = seq.logprobs or []
+                seq.logprobs.append(lp)
+                logprobs.append(lp)
+            tokens.append(token)
+            texts.append(self._update_text_and_finish(seq, token))
+            if seq.finish_reason is not None:
+                break
+        seq.num_computed_tokens = start + 1 + min(verified.num_accepted, len(tokens))
+        self.block_manager.register_full_blocks(seq)
+        self.block_manager.trim(seq, seq.num_tokens)
+        assert self.spec is not None
+        self.spec.record(seq, len(chain.draft_token_ids), verified.num_accepted)
+        if seq.finish_reason is not None:
+            self.scheduler.remove(seq)  # blocks freed when the step ends
+        return CompletionOutput(
+            seq.index,
+            tokens,
+            "".join(texts),
+            seq.finish_reason,
+            seq.num_output_tokens,
+            logprobs if verified.logprobs is not None else None,
+        )
+
     def _fail(self, request: Request, exc: Exception) -> RequestOutput:
         """Finish every sequence of `request` with finish_reason "error" and free its blocks."""
         detail = (str(exc).strip().splitlines() or [""])[0]
@@ -407,7 +497,9 @@ class LLMEngine:
         kind = "mixed" if num_prompt_rows and num_prompt_rows < num_rows else None
         kind = kind or ("prefill" if num_prompt_rows else "decode")
         self._prompt_tokens[kind] += num_prompt_rows
-        self._generation_tokens[kind] += sum(len(run.token_ids) for run in executed)
+        self._generation_tokens[kind] += sum(
+            len(run.token_ids) + run.num_spec_tokens for run in executed
+        )
 
     def _update_text_and_finish(self, seq: Sequence, token: int) -> str:
         """Detokenise the new token, decide whether the sequence is done, and return the text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import numbers
 import os
@@ -25,6 +27,74 @@ _DTYPES = {
 }
 
 
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, named as in vLLM's `--speculative-config` JSON.
+
+    `method` "ngram" drafts by prompt lookup: the longest suffix of the sequence, between
+    `prompt_lookup_min` and `prompt_lookup_max` tokens, found earlier in it proposes the up to
+    `num_speculative_tokens` tokens that followed it. The target verifies a draft in one
+    forward; outputs are distributed exactly as without speculation (see spec_decode/).
+    Off-switches: no sequence drafts in a step that starts with at least
+    `disable_by_batch_size` running sequences (vLLM's name; None: never), and a sequence
+    whose recent acceptance rate (accepted / drafted tokens, a moving average over its verify
+    steps) falls below `disable_below_acceptance_rate` pauses drafting for
+    `pause_steps` steps (engine_ref extensions): a drafted token costs about
+    `disable_below_acceptance_rate` of a decode step here, so a lower rate loses time.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    disable_by_batch_size: int | None = 8
+    disable_below_acceptance_rate: float = 0.1
+    pause_steps: int = 16
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise EngineConfigError(
+                f"Unknown speculative method {self.method!r}; use one of "
+                f"{', '.join(SPECULATIVE_METHODS)}."
+            )
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            object.__setattr__(self, name, _integer(name, getattr(self, name), low=1))
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise EngineConfigError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                f"prompt_lookup_max ({self.prompt_lookup_max})."
+            )
+        if self.disable_by_batch_size is not None:
+            value = _integer("disable_by_batch_size", self.disable_by_batch_size, low=1)
+            object.__setattr__(self, "disable_by_batch_size", value)
+        rate = _number("disable_below_acceptance_rate", self.disable_below_acceptance_rate)
+        if not 0.0 <= rate <= 1.0:
+            raise EngineConfigError(f"disable_below_acceptance_rate must be in [0, 1], got {rate}.")
+        object.__setattr__(self, "disable_below_acceptance_rate", rate)
+        object.__setattr__(self, "pause_steps", _integer("pause_steps", self.pause_steps, low=0))
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        """Parse `--speculative-config` JSON (an object of this class's fields)."""
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EngineConfigError(f"--speculative-config is not valid JSON: {exc.msg}.") from None
+        if not isinstance(fields, dict):
+            raise EngineConfigError("--speculative-config must be a JSON object.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise EngineConfigError(
+                f"Unknown speculative-config key {unknown[0]!r}; known keys: "
+                f"{', '.join(sorted(known))}."
+            )
+        return cls(**fields)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the reference engine runs one model.
@@ -37,6 +107,7 @@ class EngineConfig:
     `QueueFullError`. `max_model_len` None means the model's `max_position_embeddings`.
     `num_threads` None means `os.cpu_count()` (CPU only). `prefix_cache_salt` is mixed into
     every prefix-cache key, so caches of different model versions never match.
+    `speculative_config` None serves without speculative decoding.
     """
 
     model: str = "smollm2-135m"
@@ -55,8 +126,20 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0
     prefix_cache_salt: str = "engine_ref-v1"
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        spec = self.speculative_config
+        if isinstance(spec, str):
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.from_json(spec))
+        elif isinstance(spec, dict):
+            object.__setattr__(
+                self, "speculative_config", SpeculativeConfig.from_json(json.dumps(spec))
+            )
+        elif spec is not None and not isinstance(spec, SpeculativeConfig):
+            raise EngineConfigError(
+                f"speculative_config must be a SpeculativeConfig or JSON object, got {spec!r}."
+            )
         if self.dtype not in _DTYPES and self.dtype != "auto":
             raise EngineConfigError(
                 f"Unknown dtype {self.dtype!r}; use one of auto, {', '.join(sorted(_DTYPES))}."
@@ -134,7 +217,9 @@ class SamplingParams:
     None returns no logprobs; an int k (0 to `MAX_LOGPROBS`) returns the sampled token's
     logprob plus the top-k alternatives. `max_tokens` has no upper bound: generation also ends
     ("length") at the engine's max_model_len. `n` parallel samples share the prompt's KV blocks
-    (copy-on-write on divergence).
+    (copy-on-write on divergence). `speculative` False opts the request out of the engine's
+    speculative decoding (True uses it when the engine has it; outputs are the same either
+    way, only their speed differs).
     """
 
     n: int = 1
@@ -148,6 +233,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     min_tokens: int = 0
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         def set_(name: str, value: object) -> None:
@@ -174,6 +260,9 @@ class SamplingParams:
         if self.logprobs is not None:
             set_("logprobs", _integer("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS))
         set_("min_tokens", _integer("min_tokens", self.min_tokens, low=0))
+        if self.speculative not in (True, False):
+            raise EngineConfigError(f"speculative must be true or false, got {self.speculative!r}.")
+        set_("speculative", bool(self.speculative))
         if self.min_tokens > self.max_tokens:
             raise EngineConfigError("min_tokens must be between 0 and max_tokens.")
 

@@ -37,6 +37,11 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0
     num_emitted_chars: int = 0  # of detokenizer.text already returned to the caller
+    # Speculative decoding: this step's drafted tokens (verified after the last token), the
+    # moving acceptance rate of its verify steps, and steps left before it drafts again.
+    draft_token_ids: list[int] = field(default_factory=list)
+    spec_acceptance: float = 1.0
+    spec_pause_steps: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,100 @@
+"""Speculative decoding: proposers draft tokens, the target verifies them in its step's one
+forward (`verify`), the engine commits what was accepted and rolls back the rest.
+
+`SpeculativeDecoder` owns the policy around a proposer: which sequences draft this step (per
+request, within the remaining length, not while an off-switch holds), and the counters that
+`/metrics` reports. The engine's step asks it for drafts before scheduling, so the drafted
+tokens count against the step's token budget like any other row.
+"""
+
+from __future__ import annotations
+
+from engine_ref.core.engine_config import SpeculativeConfig
+from engine_ref.core.sequence import Sequence
+from engine_ref.core.spec_decode.ngram import propose_ngram
+from engine_ref.core.spec_decode.verification import Chain, Verified, verify
+from engine_ref.core.stats import SpecDecodeStats
+
+__all__ = ["Chain", "SpeculativeDecoder", "Verified", "propose_ngram", "verify"]
+
+# Weight of the latest verify step in a sequence's moving acceptance rate.
+_ACCEPTANCE_EWMA_WEIGHT = 0.3
+
+
+class SpeculativeDecoder:
+    def __init__(self, config: SpeculativeConfig, *, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        k = config.num_speculative_tokens
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_accepted_tokens_per_pos = [0] * k
+        self.num_steps_off_by_batch_size = 0
+        self.num_paused_proposals = 0
+
+    def propose(self, running: list[Sequence]) -> list[Sequence]:
+        """Set `draft_token_ids` of the running sequences that draft this step; returns them
+        (the engine clears their drafts when the step ends)."""
+        cap = self.config.disable_by_batch_size
+        if cap is not None and len(running) >= cap:
+            self.num_steps_off_by_batch_size += 1
+            return []
+        drafted = []
+        for seq in running:
+            num_tokens = self._draft_budget(seq)
+            if num_tokens < 1:
+                continue
+            if seq.spec_pause_steps:
+                seq.spec_pause_steps -= 1
+                self.num_paused_proposals += 1
+                continue
+            draft = propose_ngram(
+                seq.token_ids,
+                min_n=self.config.prompt_lookup_min,
+                max_n=self.config.prompt_lookup_max,
+                num_tokens=num_tokens,
+            )
+            if draft:
+                seq.draft_token_ids = draft
+                drafted.append(seq)
+        return drafted
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """Count one committed verify step of `seq`; pause its drafting when its moving
+        acceptance rate falls below the configured break-even rate."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        for pos in range(num_accepted):
+            self.num_accepted_tokens_per_pos[pos] += 1
+        w = _ACCEPTANCE_EWMA_WEIGHT
+        seq.spec_acceptance = (1 - w) * seq.spec_acceptance + w * (num_accepted / num_drafted)
+        threshold = self.config.disable_below_acceptance_rate
+        if seq.spec_acceptance < threshold and self.config.pause_steps:
+            seq.spec_pause_steps = self.config.pause_steps
+            seq.spec_acceptance = threshold  # one more bad step after the pause pauses again
+
+    def stats(self) -> SpecDecodeStats:
+        return SpecDecodeStats(
+            num_drafts=self.num_drafts,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
+            num_accepted_tokens_per_pos=tuple(self.num_accepted_tokens_per_pos),
+            num_steps_off_by_batch_size=self.num_steps_off_by_batch_size,
+            num_paused_proposals=self.num_paused_proposals,
+        )
+
+    def _draft_budget(self, seq: Sequence) -> int:
+        """Draft tokens `seq` may take this step: none unless it is a plain decode row of a
+        request that allows speculation; at most what it can still emit minus the token the
+        verify step adds, and no position past max_model_len."""
+        params = seq.request.params
+        if not params.speculative or seq.num_uncomputed_tokens != 1 or seq.request.needs_fork:
+            return 0
+        if seq.num_output_tokens < params.min_tokens:
+            return 0  # the sampler bans end-of-sequence ids there; verify rows do not
+        remaining = params.max_tokens - seq.num_output_tokens - 1
+        return min(
+            self.config.num_speculative_tokens, remaining, self.max_model_len - seq.num_tokens
+        )
