@@ -118,6 +118,12 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.block_manager)
         spec = config.speculative_config
+        if spec is not None and spec.method == "self_draft":
+            if spec.num_draft_layers > mc.num_hidden_layers:
+                raise EngineError(
+                    f"num_draft_layers={spec.num_draft_layers} exceeds the model's "
+                    f"{mc.num_hidden_layers} layers; use at most that many."
+                )
         self.spec = (
             None if spec is None else SpeculativeDecoder(spec, max_model_len=self.max_model_len)
         )
@@ -203,6 +209,8 @@ class LLMEngine:
             try:
                 with torch.inference_mode():
                     self._copy_blocks(batch.block_copies)
+                    if drafted:
+                        self._fill_drafts([s for s in batch.seqs if s.num_lookahead_tokens])
                     items = list(zip(batch.seqs, batch.num_new_tokens, strict=True))
                     outputs += self._run(items)
             finally:
@@ -210,6 +218,7 @@ class LLMEngine:
         finally:
             for seq in drafted:
                 seq.draft_token_ids = []
+                seq.num_lookahead_tokens = 0
         self._num_steps += 1
         return outputs
 
@@ -258,6 +267,55 @@ class LLMEngine:
         self._count_tokens(executed)
         return outputs
 
+    def _fill_drafts(self, seqs: list[Sequence]) -> None:
+        """Draft into the scheduled slots. A drafter that fails costs its speedup, never an
+        output: verification is lossless whatever the drafts, so they become copies of the
+        last token."""
+        assert self.spec is not None
+        try:
+            self.spec.fill_drafts(seqs, self._draft_next_tokens)
+        except Exception:
+            logger.warning("the draft model failed; drafting the last token", exc_info=True)
+            for seq in seqs:
+                seq.draft_token_ids = [seq.token_ids[-1]] * seq.num_lookahead_tokens
+
+    def _draft_next_tokens(
+        self, seqs: list[Sequence], token_ids: list[int], positions: list[int]
+    ) -> list[int]:
+        """The self-speculative draft: the target's first `num_draft_layers` layers, final
+        norm and head, one decode row per sequence. It writes its layers' KV at `positions`,
+        slots the step's verify forward then rewrites with the same tokens."""
+        assert self.spec is not None
+        num_layers = self.spec.config.num_draft_layers
+        order = sorted(range(len(seqs)), key=positions.__getitem__)  # decode rows by position
+        meta = self._metadata(
+            [positions[i] for i in order], [1] * len(order), [seqs[i].block_table for i in order]
+        )
+        ids = self._index([token_ids[i] for i in order])
+        pos = self._index([positions[i] for i in order])
+        hidden = self.model(ids, pos, meta, self.kv_caches[:num_layers], num_layers=num_layers)
+        drafted = self.model.compute_logits(hidden).float().argmax(dim=-1).tolist()
+        result = [0] * len(seqs)
+        for row, i in enumerate(order):
+            result[i] = drafted[row]
+        return result
+
+    def _metadata(
+        self, starts: list[int], num_new_tokens: list[int], block_tables: list[list[int]]
+    ):
+        mc = self.model_config
+        return build_attention_metadata(
+            start_positions=starts,
+            num_new_tokens=num_new_tokens,
+            block_tables=block_tables,
+            block_size=self.config.block_size,
+            num_queries_per_kv=mc.num_attention_heads // mc.num_key_value_heads,
+            num_kv_heads=mc.num_key_value_heads,
+            num_pool_blocks=self.block_manager.num_blocks,
+            device=self.device,
+            dtype=self.dtype,
+        )
+
     def _execute_requests(
         self, items: list[tuple[Sequence, int]], requests: list[Request]
     ) -> _Executed:
@@ -295,18 +353,7 @@ class LLMEngine:
             if start + n == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
-        meta = build_attention_metadata(
-            start_positions=starts,
-            num_new_tokens=num_new_tokens,
-            block_tables=[seq.block_table for seq, _ in items],
-            block_size=self.config.block_size,
-            num_queries_per_kv=self.model_config.num_attention_heads
-            // self.model_config.num_key_value_heads,
-            num_kv_heads=self.model_config.num_key_value_heads,
-            num_pool_blocks=self.block_manager.num_blocks,
-            device=self.device,
-            dtype=self.dtype,
-        )
+        meta = self._metadata(starts, num_new_tokens, [seq.block_table for seq, _ in items])
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]

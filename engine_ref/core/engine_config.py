@@ -27,7 +27,7 @@ _DTYPES = {
 }
 
 
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "self_draft")
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,11 @@ class SpeculativeConfig:
 
     `method` "ngram" drafts by prompt lookup: the longest suffix of the sequence, between
     `prompt_lookup_min` and `prompt_lookup_max` tokens, found earlier in it proposes the up to
-    `num_speculative_tokens` tokens that followed it. The target verifies a draft in one
-    forward; outputs are distributed exactly as without speculation (see spec_decode/).
+    `num_speculative_tokens` tokens that followed it. `method` "self_draft" (an engine_ref
+    extension) drafts with the target's own first `num_draft_layers` layers, its final norm
+    and head, greedily, one token at a time; its KV for those layers is the target's, so it
+    needs no memory of its own. The target verifies a draft in one forward; outputs are
+    distributed exactly as without speculation (see spec_decode/).
     Off-switches: no sequence drafts in a step that starts with at least
     `disable_by_batch_size` running sequences (vLLM's name; None: never), and a sequence
     whose recent acceptance rate (accepted / drafted tokens, a moving average over its verify
@@ -53,6 +56,7 @@ class SpeculativeConfig:
     disable_by_batch_size: int | None = 8
     disable_below_acceptance_rate: float = 0.1
     pause_steps: int = 16
+    num_draft_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -75,6 +79,13 @@ class SpeculativeConfig:
             raise EngineConfigError(f"disable_below_acceptance_rate must be in [0, 1], got {rate}.")
         object.__setattr__(self, "disable_below_acceptance_rate", rate)
         object.__setattr__(self, "pause_steps", _integer("pause_steps", self.pause_steps, low=0))
+        if self.method == "self_draft":
+            if self.num_draft_layers is None:
+                raise EngineConfigError("method self_draft needs num_draft_layers (1 or more).")
+            layers = _integer("num_draft_layers", self.num_draft_layers, low=1)
+            object.__setattr__(self, "num_draft_layers", layers)
+        elif self.num_draft_layers is not None:
+            raise EngineConfigError("num_draft_layers applies to method self_draft only.")
 
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:

@@ -102,7 +102,7 @@ class Scheduler:
         while pending and budget > 0:
             seq = pending.pop()
             num_new = min(seq.num_uncomputed_tokens, budget)
-            if seq.draft_token_ids:
+            if seq.num_lookahead_tokens:
                 num_new += self._fit_drafts(seq, num_new, budget, len(pending))
             while not bm.can_append(seq, num_new):
                 # Preempt the least important sequence not yet scheduled (maybe seq itself).
@@ -151,17 +151,18 @@ class Scheduler:
         return batch
 
     def _fit_drafts(self, seq: Sequence, num_new: int, budget: int, num_pending: int) -> int:
-        """How many of `seq`'s drafted tokens join its row (the rest are dropped): drafts take
-        budget and blocks only when every running sequence not yet scheduled keeps one token
-        and one block, so speculation never preempts or delays another sequence."""
+        """How many of `seq`'s draft slots join its row (`num_lookahead_tokens` is cut to
+        that): drafts take budget and blocks only when every running sequence not yet
+        scheduled keeps one token and one block, so speculation never preempts or delays
+        another running sequence."""
         spare = budget - num_new - num_pending
-        num_draft = max(0, min(len(seq.draft_token_ids), spare))
+        num_draft = max(0, min(seq.num_lookahead_tokens, spare))
         bm = self.block_manager
         if num_draft and bm.blocks_needed(seq, num_new + num_draft) + num_pending > len(
             bm.free_blocks
         ):
             num_draft = 0
-        del seq.draft_token_ids[num_draft:]
+        seq.num_lookahead_tokens = num_draft
         return num_draft
 
     def _count_prefix_lookup(self, seq: Sequence, cached: int) -> None:

@@ -3,11 +3,15 @@ forward (`verify`), the engine commits what was accepted and rolls back the rest
 
 `SpeculativeDecoder` owns the policy around a proposer: which sequences draft this step (per
 request, within the remaining length, not while an off-switch holds), and the counters that
-`/metrics` reports. The engine's step asks it for drafts before scheduling, so the drafted
-tokens count against the step's token budget like any other row.
+`/metrics` reports. The engine's step asks it for draft slots before scheduling, so drafted
+tokens count against the step's token budget like any other row; n-gram drafts are known by
+then, model drafts are made after scheduling (`fill_drafts`), in the slots the scheduler
+granted, because a model drafter writes KV there.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from engine_ref.core.engine_config import SpeculativeConfig
 from engine_ref.core.sequence import Sequence
@@ -16,6 +20,8 @@ from engine_ref.core.spec_decode.verification import Chain, Verified, verify
 from engine_ref.core.stats import SpecDecodeStats
 
 __all__ = ["Chain", "SpeculativeDecoder", "Verified", "propose_ngram", "verify"]
+
+DraftForward = Callable[[list[Sequence], list[int], list[int]], list[int]]
 
 # Weight of the latest verify step in a sequence's moving acceptance rate.
 _ACCEPTANCE_EWMA_WEIGHT = 0.3
@@ -34,8 +40,9 @@ class SpeculativeDecoder:
         self.num_paused_proposals = 0
 
     def propose(self, running: list[Sequence]) -> list[Sequence]:
-        """Set `draft_token_ids` of the running sequences that draft this step; returns them
-        (the engine clears their drafts when the step ends)."""
+        """Set `num_lookahead_tokens` (and, for n-gram, `draft_token_ids`) of the running
+        sequences that draft this step; returns them (the engine clears both when the step
+        ends)."""
         cap = self.config.disable_by_batch_size
         if cap is not None and len(running) >= cap:
             self.num_steps_off_by_batch_size += 1
@@ -49,16 +56,38 @@ class SpeculativeDecoder:
                 seq.spec_pause_steps -= 1
                 self.num_paused_proposals += 1
                 continue
-            draft = propose_ngram(
-                seq.token_ids,
-                min_n=self.config.prompt_lookup_min,
-                max_n=self.config.prompt_lookup_max,
-                num_tokens=num_tokens,
-            )
-            if draft:
+            if self.config.method == "ngram":
+                draft = propose_ngram(
+                    seq.token_ids,
+                    min_n=self.config.prompt_lookup_min,
+                    max_n=self.config.prompt_lookup_max,
+                    num_tokens=num_tokens,
+                )
+                if not draft:
+                    continue
                 seq.draft_token_ids = draft
-                drafted.append(seq)
+                num_tokens = len(draft)
+            seq.num_lookahead_tokens = num_tokens
+            drafted.append(seq)
         return drafted
+
+    def fill_drafts(self, seqs: list[Sequence], next_tokens: DraftForward) -> None:
+        """After scheduling, for the scheduled `seqs` with draft slots: cut n-gram drafts to
+        the slots granted, or draft greedily with `next_tokens`, one position per call for
+        every sequence still drafting. `next_tokens(seqs, token_ids, positions)` returns each
+        sequence's argmax next token after `token_ids` at `positions`."""
+        if self.config.method == "ngram":
+            for seq in seqs:
+                del seq.draft_token_ids[seq.num_lookahead_tokens :]
+            return
+        for seq in seqs:
+            seq.draft_token_ids = []
+        for j in range(max((s.num_lookahead_tokens for s in seqs), default=0)):
+            rows = [s for s in seqs if s.num_lookahead_tokens > j]
+            inputs = [s.draft_token_ids[-1] if j else s.token_ids[-1] for s in rows]
+            positions = [s.num_tokens - 1 + j for s in rows]
+            for seq, token in zip(rows, next_tokens(rows, inputs, positions), strict=True):
+                seq.draft_token_ids.append(token)
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         """Count one committed verify step of `seq`; pause its drafting when its moving

@@ -1,0 +1,156 @@
+"""Speculative decoding on and off, side by side in one process, on SmolLM2-135M-Instruct.
+
+Scenarios (greedy, one engine per mode built from the same loaded weights):
+- `single`: single-request decode on a repetition-heavy prompt set (chat prompts asking to
+  repeat, or lightly edit, a given text), one request at a time; output tokens / s over the
+  set, plus acceptance rate and mean accepted length.
+- `batch32`: the same prompts as 32 concurrent requests, speculation configured with its
+  automatic off-switch (`disable_by_batch_size`, default 8).
+
+Each round runs "off" then "on" (alternating order every round), `--rounds` times (at least
+3); the table gives medians and the on / off ratio. Both modes must produce identical
+outputs (checked every round).
+
+    nice python benchmarks/spec_decode.py                         # both scenarios, 3 rounds
+    nice python benchmarks/spec_decode.py --scenarios single --rounds 5 --max-tokens 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine_ref import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from engine_ref.core.engine_config import SpeculativeConfig  # noqa: E402
+from engine_ref.loading.weights import load_model  # noqa: E402
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. It was a bright cold day in April, and the "
+    "clocks were striking thirteen. The fox ran into the forest and hid under a large oak.",
+    "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n\n\n"
+    "def sub(a, b):\n    return a - b\n",
+    "Dear team, the meeting on Monday is moved to Tuesday at 10 am in room 4B. Please bring "
+    "your quarterly reports and the budget figures for the next year.",
+    "Water boils at 100 degrees Celsius at sea level. At higher altitudes the air pressure is "
+    "lower, so water boils at a lower temperature, which makes cooking take longer.",
+]
+INSTRUCTIONS = [
+    "Repeat the following text exactly, word for word:\n\n{}",
+    "Copy this text, replacing every full stop with an exclamation mark:\n\n{}",
+]
+
+
+def prompts(tokenizer) -> list[list[int]]:
+    out = []
+    for instruction in INSTRUCTIONS:
+        for text in TEXTS:
+            messages = [{"role": "user", "content": instruction.format(text)}]
+            out.append(tokenizer.encode(tokenizer.apply_chat_template(messages)))
+    return out
+
+
+def run(engine: LLMEngine, batch: list[list[int]], max_tokens: int, concurrent: bool) -> dict:
+    """Decode `batch` (all at once, or one request after another); returns output tokens,
+    seconds and the tokens of each request."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    outputs: dict[str, list[int]] = {}
+    t0 = time.perf_counter()
+    groups = [batch] if concurrent else [[p] for p in batch]
+    n = 0
+    for group in groups:
+        for prompt in group:
+            rid = f"r{n}"
+            n += 1
+            outputs[rid] = []
+            engine.add_request(rid, prompt, params)
+        while engine.has_unfinished():
+            for out in engine.step():
+                outputs[out.request_id] += out.outputs[0].new_token_ids
+    seconds = time.perf_counter() - t0
+    return {"tokens": sum(map(len, outputs.values())), "seconds": seconds, "outputs": outputs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenarios", default="single,batch32")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if args.rounds < 3:
+        parser.error("--rounds must be at least 3 (medians of alternating runs).")
+    loaded = load_model("smollm2-135m", dtype="float32")
+    spec = SpeculativeConfig(
+        method="ngram",
+        num_speculative_tokens=args.num_speculative_tokens,
+        prompt_lookup_max=4,
+        prompt_lookup_min=2,
+    )
+    base = dict(model="smollm2-135m", dtype="float32", device="cpu", num_threads=args.threads,
+                kv_cache_memory_bytes=1 << 30)  # fmt: skip
+    engines = {
+        "off": LLMEngine(EngineConfig(**base), loaded=loaded),
+        "on": LLMEngine(EngineConfig(**base, speculative_config=spec), loaded=loaded),
+    }
+    prompt_set = prompts(loaded.tokenizer)
+    scenarios = {
+        "single": (prompt_set, False),
+        "batch32": ((prompt_set * 4)[:32], True),
+    }
+    rows = []
+    for name in args.scenarios.split(","):
+        batch, concurrent = scenarios[name]
+        rates: dict[str, list[float]] = {"off": [], "on": []}
+        spec_before = engines["on"].stats().spec_decode
+        for r in range(args.rounds):
+            order = ("off", "on") if r % 2 == 0 else ("on", "off")
+            results = {mode: run(engines[mode], batch, args.max_tokens, concurrent)
+                       for mode in order}  # fmt: skip
+            same = list(results["on"]["outputs"].values()) == list(
+                results["off"]["outputs"].values()
+            )
+            if not same:
+                print(f"warning: {name} round {r}: outputs differ between on and off")
+            for mode in order:
+                rates[mode].append(results[mode]["tokens"] / results[mode]["seconds"])
+        spec_after = engines["on"].stats().spec_decode
+        drafts = spec_after.num_drafts - spec_before.num_drafts
+        draft_tokens = spec_after.num_draft_tokens - spec_before.num_draft_tokens
+        accepted = spec_after.num_accepted_tokens - spec_before.num_accepted_tokens
+        off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+        rows.append(
+            {
+                "scenario": name,
+                "requests": len(batch),
+                "off_tok_s": off,
+                "on_tok_s": on,
+                "ratio": on / off,
+                "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+                "mean_accepted_length": 1 + accepted / drafts if drafts else 0.0,
+                "rounds_off": rates["off"],
+                "rounds_on": rates["on"],
+            }
+        )
+    header = f"{'scenario':<10}{'reqs':>5}{'off tok/s':>11}{'on tok/s':>10}{'on/off':>8}"
+    print(header + f"{'accept':>8}{'mean len':>10}")
+    for row in rows:
+        print(
+            f"{row['scenario']:<10}{row['requests']:>5}{row['off_tok_s']:>11.1f}"
+            f"{row['on_tok_s']:>10.1f}{row['ratio']:>7.2f}x{row['acceptance_rate']:>8.2f}"
+            f"{row['mean_accepted_length']:>10.2f}"
+        )
+    print(f"medians of {args.rounds} alternating rounds; max_tokens {args.max_tokens}, greedy")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
