@@ -6,6 +6,8 @@ Scenarios (greedy, one engine per mode built from the same loaded weights):
   set, plus acceptance rate and mean accepted length.
 - `batch32`: the same prompts as 32 concurrent requests, speculation configured with its
   automatic off-switch (`disable_by_batch_size`, default 8).
+- `self_chat`: the built-in `chat` workload's first prompts, one at a time, with the
+  self-speculative draft (the target's first `--self-draft-layers` layers) instead of n-gram.
 
 Each round runs "off" then "on" (alternating order every round), `--rounds` times (at least
 3); the table gives medians and the on / off ratio. Both modes must produce identical
@@ -78,7 +80,9 @@ def run(engine: LLMEngine, batch: list[list[int]], max_tokens: int, concurrent: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scenarios", default="single,batch32")
+    parser.add_argument("--scenarios", default="single,batch32,self_chat")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--self-draft-layers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -96,18 +100,35 @@ def main() -> None:
     )
     base = dict(model="smollm2-135m", dtype="float32", device="cpu", num_threads=args.threads,
                 kv_cache_memory_bytes=1 << 30)  # fmt: skip
-    engines = {
-        "off": LLMEngine(EngineConfig(**base), loaded=loaded),
-        "on": LLMEngine(EngineConfig(**base, speculative_config=spec), loaded=loaded),
-    }
-    prompt_set = prompts(loaded.tokenizer)
+    self_draft = SpeculativeConfig(
+        method="self_draft",
+        num_speculative_tokens=args.num_speculative_tokens,
+        num_draft_layers=args.self_draft_layers,
+    )
+    off = LLMEngine(EngineConfig(**base), loaded=loaded)
+    ngram = LLMEngine(EngineConfig(**base, speculative_config=spec), loaded=loaded)
+    prompt_set = prompts(loaded.tokenizer)[: args.num_prompts]
     scenarios = {
-        "single": (prompt_set, False),
-        "batch32": ((prompt_set * 4)[:32], True),
+        "single": (prompt_set, False, ngram),
+        "batch32": ((prompt_set * 32)[:32], True, ngram),
     }
+    if "self_chat" in args.scenarios:
+        from workloads.options import WorkloadOptions
+        from workloads.registry import resolve_workload
+
+        chat = resolve_workload(
+            "chat",
+            options=WorkloadOptions(num_requests=args.num_prompts),
+            tokenizer=loaded.tokenizer,
+            use_cache=False,
+        )
+        chat_prompts = [list(p)[:256] for p in chat.table.column("prompt_token_ids").to_pylist()]
+        self_engine = LLMEngine(EngineConfig(**base, speculative_config=self_draft), loaded=loaded)
+        scenarios["self_chat"] = (chat_prompts, False, self_engine)
     rows = []
     for name in args.scenarios.split(","):
-        batch, concurrent = scenarios[name]
+        batch, concurrent, on_engine = scenarios[name]
+        engines = {"off": off, "on": on_engine}
         rates: dict[str, list[float]] = {"off": [], "on": []}
         spec_before = engines["on"].stats().spec_decode
         for r in range(args.rounds):

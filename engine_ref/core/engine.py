@@ -68,7 +68,12 @@ class LLMEngine:
     the prefix-cache hash (tests force collisions with it)."""
 
     def __init__(
-        self, config: EngineConfig, *, loaded: Any = None, hash_fn: HashFn = default_hash
+        self,
+        config: EngineConfig,
+        *,
+        loaded: Any = None,
+        hash_fn: HashFn = default_hash,
+        draft_loaded: Any = None,
     ) -> None:
         self.config = config
         self.device = config.torch_device()
@@ -127,6 +132,10 @@ class LLMEngine:
         self.spec = (
             None if spec is None else SpeculativeDecoder(spec, max_model_len=self.max_model_len)
         )
+        self.draft_model: LlamaModel | None = None
+        self.draft_kv_caches: list[torch.Tensor] = []
+        if spec is not None and spec.method == "draft_model":
+            self._load_draft(spec.model, draft_loaded, num_blocks)
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -279,31 +288,77 @@ class LLMEngine:
             for seq in seqs:
                 seq.draft_token_ids = [seq.token_ids[-1]] * seq.num_lookahead_tokens
 
+    def _load_draft(self, name: str, loaded: Any, num_blocks: int) -> None:
+        """The draft model of method draft_model, with KV pools of `num_blocks` blocks."""
+        if loaded is None:
+            from engine_ref.loading.weights import load_model
+
+            loaded = load_model(name, dtype=self.dtype)
+        dc = loaded.config
+        if (
+            loaded.tokenizer.name != self.tokenizer.name
+            or dc.vocab_size != self.model_config.vocab_size
+        ):
+            raise EngineError(
+                f"The draft model {name!r} does not share the target's tokenizer "
+                f"({loaded.tokenizer.name!r}, {dc.vocab_size} tokens, against "
+                f"{self.tokenizer.name!r}, {self.model_config.vocab_size}); use a draft model "
+                "of the same family."
+            )
+        self.draft_config = dc
+        self.draft_model = LlamaModel.from_state_dict(
+            dc, loaded.state_dict, dtype=self.dtype, device=self.device,
+            max_positions=self.max_model_len,
+        )  # fmt: skip
+        shape = kv_pool_shape(
+            num_blocks, self.config.block_size, dc.num_key_value_heads, dc.head_dim
+        )
+        self.draft_kv_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            for _ in range(dc.num_hidden_layers)
+        ]
+
     def _draft_next_tokens(
         self, seqs: list[Sequence], token_ids: list[int], positions: list[int]
     ) -> list[int]:
-        """The self-speculative draft: the target's first `num_draft_layers` layers, final
-        norm and head, one decode row per sequence. It writes its layers' KV at `positions`,
-        slots the step's verify forward then rewrites with the same tokens."""
+        """One greedy draft position, one decode row per sequence: the draft model, or the
+        self-speculative draft (the target's first `num_draft_layers` layers, final norm and
+        head). It writes its KV at `positions`: for the self draft, slots the step's verify
+        forward then rewrites with the same tokens; for the draft model, its own pools, which
+        `_execute` rewrites the same way."""
         assert self.spec is not None
-        num_layers = self.spec.config.num_draft_layers
+        if self.draft_model is not None:
+            model, caches, mc, num_layers = (
+                self.draft_model, self.draft_kv_caches, self.draft_config, None
+            )  # fmt: skip
+        else:
+            num_layers = self.spec.config.num_draft_layers
+            model, caches, mc = self.model, self.kv_caches[:num_layers], self.model_config
         order = sorted(range(len(seqs)), key=positions.__getitem__)  # decode rows by position
         meta = self._metadata(
-            [positions[i] for i in order], [1] * len(order), [seqs[i].block_table for i in order]
+            [positions[i] for i in order],
+            [1] * len(order),
+            [seqs[i].block_table for i in order],
+            mc,
         )
         ids = self._index([token_ids[i] for i in order])
         pos = self._index([positions[i] for i in order])
-        hidden = self.model(ids, pos, meta, self.kv_caches[:num_layers], num_layers=num_layers)
-        drafted = self.model.compute_logits(hidden).float().argmax(dim=-1).tolist()
+        hidden = model(ids, pos, meta, caches, num_layers=num_layers)
+        drafted = model.compute_logits(hidden).float().argmax(dim=-1).tolist()
         result = [0] * len(seqs)
         for row, i in enumerate(order):
             result[i] = drafted[row]
         return result
 
     def _metadata(
-        self, starts: list[int], num_new_tokens: list[int], block_tables: list[list[int]]
+        self,
+        starts: list[int],
+        num_new_tokens: list[int],
+        block_tables: list[list[int]],
+        mc: Any = None,
     ):
-        mc = self.model_config
+        """Attention metadata for the target (or the model config `mc`'s heads)."""
+        mc = mc or self.model_config
         return build_attention_metadata(
             start_positions=starts,
             num_new_tokens=num_new_tokens,
@@ -357,6 +412,10 @@ class LLMEngine:
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]
+        if self.draft_model is not None:  # keep the draft's KV of every computed position
+            tables = [seq.block_table for seq, _ in items]
+            draft_meta = self._metadata(starts, num_new_tokens, tables, self.draft_config)
+            self.draft_model(ids, pos, draft_meta, self.draft_kv_caches)
         executed = _Executed(items, num_prompt_rows)
         if not sampling_seqs and not chains:  # prefill chunks that end inside their prompts
             return executed

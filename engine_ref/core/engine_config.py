@@ -27,7 +27,7 @@ _DTYPES = {
 }
 
 
-SPECULATIVE_METHODS = ("ngram", "self_draft")
+SPECULATIVE_METHODS = ("ngram", "self_draft", "draft_model")
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,12 @@ class SpeculativeConfig:
     `num_speculative_tokens` tokens that followed it. `method` "self_draft" (an engine_ref
     extension) drafts with the target's own first `num_draft_layers` layers, its final norm
     and head, greedily, one token at a time; its KV for those layers is the target's, so it
-    needs no memory of its own. The target verifies a draft in one forward; outputs are
-    distributed exactly as without speculation (see spec_decode/).
+    needs no memory of its own. `method` "draft_model" drafts greedily with the smaller
+    model named by `model` (vLLM's key), which must share the target's tokenizer; it keeps
+    its own KV pools (as many blocks as the target's, beyond `kv_cache_memory_bytes`) under
+    the same block tables, and runs on every step's rows so its KV stays in step. The
+    target verifies a draft in one forward; outputs are distributed exactly as without
+    speculation (see spec_decode/).
     Off-switches: no sequence drafts in a step that starts with at least
     `disable_by_batch_size` running sequences (vLLM's name; None: never), and a sequence
     whose recent acceptance rate (accepted / drafted tokens, a moving average over its verify
@@ -57,6 +61,7 @@ class SpeculativeConfig:
     disable_below_acceptance_rate: float = 0.1
     pause_steps: int = 16
     num_draft_layers: int | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -86,6 +91,11 @@ class SpeculativeConfig:
             object.__setattr__(self, "num_draft_layers", layers)
         elif self.num_draft_layers is not None:
             raise EngineConfigError("num_draft_layers applies to method self_draft only.")
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model:
+                raise EngineConfigError("method draft_model needs model (the draft model's name).")
+        elif self.model is not None:
+            raise EngineConfigError("model applies to method draft_model only.")
 
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:

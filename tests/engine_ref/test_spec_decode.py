@@ -5,6 +5,9 @@ budget, the per-request switch, the off-switches and the counters."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pytest
 import torch
 from test_engine import drain
@@ -12,6 +15,8 @@ from test_engine import drain
 from engine_ref import EngineConfig, EngineConfigError, EngineError, LLMEngine, SamplingParams
 from engine_ref.core.engine_config import SpeculativeConfig
 from engine_ref.core.spec_decode import propose_ngram
+from engine_ref.loading.tiny_random import tiny_random_state_dict
+from engine_ref.loading.weights import LoadedModel, load_model
 from workloads.options import WorkloadOptions
 from workloads.registry import resolve_workload
 
@@ -20,14 +25,31 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 # The target's first 2 of tiny-random's 4 layers as the draft.
 SELF_DRAFT = {"method": "self_draft", "num_draft_layers": 2, "num_speculative_tokens": 3,
               "disable_by_batch_size": None, "disable_below_acceptance_rate": 0.0}  # fmt: skip
-PROPOSERS = [pytest.param(NGRAM, id="ngram"), pytest.param(SELF_DRAFT, id="self-draft")]
+# A 2-layer model of other random weights under tiny-random's tokenizer as the draft model.
+DRAFT_MODEL = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": 3,
+               "disable_by_batch_size": None, "disable_below_acceptance_rate": 0.0}  # fmt: skip
+PROPOSERS = [
+    pytest.param(NGRAM, id="ngram"),
+    pytest.param(SELF_DRAFT, id="self-draft"),
+    pytest.param(DRAFT_MODEL, id="draft-model"),
+]
 
 
-def make(tiny_model, spec: dict | None = NGRAM, **overrides) -> LLMEngine:
+@functools.cache
+def tiny_draft(layers: int = 2, seed: int = 999) -> LoadedModel:
+    target = load_model("tiny-random", dtype="float32")
+    config = dataclasses.replace(target.config, num_hidden_layers=layers)
+    state_dict = tiny_random_state_dict(config, seed=seed)
+    return LoadedModel(config, state_dict, target.tokenizer, {"name": "tiny-draft"})
+
+
+def make(tiny_model, spec: dict | None = NGRAM, draft=None, **overrides) -> LLMEngine:
     options = dict(model="tiny-random", dtype="float32", device="cpu", num_blocks=256,
                    num_threads=1, speculative_config=spec)  # fmt: skip
     options.update(overrides)
-    return LLMEngine(EngineConfig(**options), loaded=tiny_model)
+    if spec is not None and spec["method"] == "draft_model" and draft is None:
+        draft = tiny_draft()
+    return LLMEngine(EngineConfig(**options), loaded=tiny_model, draft_loaded=draft)
 
 
 def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> dict:
@@ -141,6 +163,28 @@ def test_a_full_depth_self_draft_is_the_target(tiny_model, repeat_prompts):
     stats = engine.stats().spec_decode
     assert stats.num_draft_tokens > 50
     assert stats.num_accepted_tokens == stats.num_draft_tokens
+
+
+def test_the_target_as_its_own_draft_model_is_always_accepted(tiny_model, repeat_prompts):
+    """The draft's KV follows the target's through prefills, prefix hits and rollbacks: a
+    draft model equal to the target then drafts exactly the target's greedy tokens."""
+    engine = make(tiny_model, spec=DRAFT_MODEL, draft=tiny_model)
+    params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    plain = run(make(tiny_model, spec=None), repeat_prompts, params)
+    assert run(engine, repeat_prompts, params) == plain
+    assert run(engine, repeat_prompts, params) == plain  # again, from the prefix cache
+    stats = engine.stats().spec_decode
+    assert engine.stats().prefix_cache_hit_tokens > 0
+    assert stats.num_draft_tokens > 50
+    assert stats.num_accepted_tokens == stats.num_draft_tokens
+
+
+def test_a_draft_model_with_another_tokenizer_is_one_sentence(tiny_model):
+    other = tiny_draft()
+    bigger = dataclasses.replace(other.config, vocab_size=other.config.vocab_size + 1)
+    draft = LoadedModel(bigger, tiny_random_state_dict(bigger), other.tokenizer, {})
+    with pytest.raises(EngineError, match="does not share the target's tokenizer"):
+        make(tiny_model, spec=DRAFT_MODEL, draft=draft)
 
 
 def test_a_failing_drafter_costs_speed_not_outputs(tiny_model, repeat_prompts, monkeypatch):
@@ -359,6 +403,8 @@ def test_counters_match_the_emitted_tokens(tiny_model, repeat_prompts):
         ('{"method": "self_draft"}', "method self_draft needs num_draft_layers"),
         ('{"method": "self_draft", "num_draft_layers": 0}', "num_draft_layers must be at least 1"),
         ('{"num_draft_layers": 2}', "num_draft_layers applies to method self_draft only"),
+        ('{"method": "draft_model"}', "method draft_model needs model"),
+        ('{"model": "tiny-random"}', "model applies to method draft_model only"),
     ],
 )
 def test_bad_speculative_config_is_one_sentence(text, message):
