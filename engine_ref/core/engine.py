@@ -36,7 +36,7 @@ from engine_ref.core.outputs import CompletionOutput, RequestOutput
 from engine_ref.core.sampler import SampleRow, sample
 from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
-from engine_ref.core.spec_decode import Chain, SpeculativeDecoder, Verified, verify
+from engine_ref.core.spec_decode import Chain, DraftTree, SpeculativeDecoder, Verified, verify
 from engine_ref.core.stats import EngineStats
 
 __all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
@@ -227,6 +227,7 @@ class LLMEngine:
         finally:
             for seq in drafted:
                 seq.draft_token_ids = []
+                seq.draft_parents = None
                 seq.num_lookahead_tokens = 0
         self._num_steps += 1
         return outputs
@@ -356,6 +357,7 @@ class LLMEngine:
         num_new_tokens: list[int],
         block_tables: list[list[int]],
         mc: Any = None,
+        tree_masks: dict[int, torch.Tensor] | None = None,
     ):
         """Attention metadata for the target (or the model config `mc`'s heads)."""
         mc = mc or self.model_config
@@ -369,6 +371,7 @@ class LLMEngine:
             num_pool_blocks=self.block_manager.num_blocks,
             device=self.device,
             dtype=self.dtype,
+            tree_masks=tree_masks,
         )
 
     def _execute_requests(
@@ -388,8 +391,9 @@ class LLMEngine:
         sampling_seqs: list[Sequence] = []
         spec_rows: list[int] = []
         chains: list[tuple[Sequence, Chain]] = []
+        tree_masks: dict[int, torch.Tensor] = {}
         num_prompt_rows = 0
-        for seq, n in items:
+        for item_index, (seq, n) in enumerate(items):
             start = seq.num_computed_tokens
             starts.append(start)
             num_new_tokens.append(n)
@@ -398,8 +402,16 @@ class LLMEngine:
                 assert len(seq.draft_token_ids) == n - 1
                 spec_rows += range(len(input_ids), len(input_ids) + n)
                 input_ids += [seq.token_ids[start], *seq.draft_token_ids]
-                positions += range(start, start + n)
-                chains.append((seq, Chain(list(seq.draft_token_ids), self._sample_row(seq))))
+                parents = seq.draft_parents
+                if parents is None:
+                    positions += range(start, start + n)
+                else:  # a token tree: nodes at their depth's position, in consecutive slots
+                    tree = DraftTree(seq.draft_token_ids, parents)
+                    positions += [start, *(start + d for d in tree.depths)]
+                    tree_masks[item_index] = torch.tensor(tree.ancestry_mask())
+                    parents = list(parents)
+                chain = Chain(list(seq.draft_token_ids), self._sample_row(seq), parents=parents)
+                chains.append((seq, chain))
                 continue
             input_ids += seq.token_ids[start : start + n]
             positions += range(start, start + n)
@@ -408,7 +420,8 @@ class LLMEngine:
             if start + n == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
-        meta = self._metadata(starts, num_new_tokens, [seq.block_table for seq, _ in items])
+        tables = [seq.block_table for seq, _ in items]
+        meta = self._metadata(starts, num_new_tokens, tables, tree_masks=tree_masks)
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]
@@ -560,7 +573,10 @@ class LLMEngine:
             texts.append(self._update_text_and_finish(seq, token))
             if seq.finish_reason is not None:
                 break
-        seq.num_computed_tokens = start + 1 + min(verified.num_accepted, len(tokens))
+        num_kept = min(verified.num_accepted, len(tokens))
+        if chain.parents is not None:
+            self._move_accepted_kv(seq, start, verified.path[:num_kept])
+        seq.num_computed_tokens = start + 1 + num_kept
         self.block_manager.register_full_blocks(seq)
         self.block_manager.trim(seq, seq.num_tokens)
         assert self.spec is not None
@@ -575,6 +591,25 @@ class LLMEngine:
             seq.num_output_tokens,
             logprobs if verified.logprobs is not None else None,
         )
+
+    def _move_accepted_kv(self, seq: Sequence, start: int, path: list[int]) -> None:
+        """A token tree's accepted path: node i's KV was written at slot start + 1 + i; the
+        sequence needs its j-th accepted token's at start + 1 + j (j <= i, so no move
+        overwrites a source still to be read)."""
+        moves = [(start + 1 + node, start + 1 + j) for j, node in enumerate(path) if node != j]
+        if not moves:
+            return
+        bs = self.config.block_size
+        table = seq.block_table
+
+        def slot(pos: int) -> int:
+            return table[pos // bs] * bs + pos % bs
+
+        src = self._index([slot(s) for s, _ in moves])
+        dst = self._index([slot(d) for _, d in moves])
+        for pool in self.kv_caches:
+            flat = pool.view(pool.shape[0], -1, pool.shape[-1])  # [2 * kvh, slots, hd]
+            flat.index_copy_(1, dst, flat.index_select(1, src))
 
     def _fail(self, request: Request, exc: Exception) -> RequestOutput:
         """Finish every sequence of `request` with finish_reason "error" and free its blocks."""

@@ -49,7 +49,10 @@ class SpeculativeConfig:
     `disable_by_batch_size` running sequences (vLLM's name; None: never), and a sequence
     whose recent acceptance rate (accepted / drafted tokens, a moving average over its verify
     steps) falls below `disable_below_acceptance_rate` pauses drafting for
-    `pause_steps` steps (engine_ref extensions): a drafted token costs about
+    `pause_steps` steps (engine_ref extensions). `num_tree_branches` > 1 (n-gram only, an
+    engine_ref extension) drafts a token tree of that many continuations within the same
+    `num_speculative_tokens` budget, verified in one forward under a tree attention mask.
+    A drafted token costs about
     `disable_below_acceptance_rate` of a decode step here, so a lower rate loses time.
     """
 
@@ -62,6 +65,7 @@ class SpeculativeConfig:
     pause_steps: int = 16
     num_draft_layers: int | None = None
     model: str | None = None
+    num_tree_branches: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -91,6 +95,10 @@ class SpeculativeConfig:
             object.__setattr__(self, "num_draft_layers", layers)
         elif self.num_draft_layers is not None:
             raise EngineConfigError("num_draft_layers applies to method self_draft only.")
+        branches = _integer("num_tree_branches", self.num_tree_branches, low=1)
+        object.__setattr__(self, "num_tree_branches", branches)
+        if branches > 1 and self.method != "ngram":
+            raise EngineConfigError("num_tree_branches above 1 applies to method ngram only.")
         if self.method == "draft_model":
             if not isinstance(self.model, str) or not self.model:
                 raise EngineConfigError("method draft_model needs model (the draft model's name).")

@@ -42,6 +42,7 @@ class Sequence:
     # verify steps, and steps left before it drafts again.
     num_lookahead_tokens: int = 0
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_parents: list[int | None] | None = None  # a token tree's (see DraftTree); None: chain
     spec_acceptance: float = 1.0
     spec_pause_steps: int = 0
 

@@ -14,7 +14,7 @@ from test_engine import drain
 
 from engine_ref import EngineConfig, EngineConfigError, EngineError, LLMEngine, SamplingParams
 from engine_ref.core.engine_config import SpeculativeConfig
-from engine_ref.core.spec_decode import propose_ngram
+from engine_ref.core.spec_decode import DraftTree, propose_ngram, propose_ngram_tree
 from engine_ref.loading.tiny_random import tiny_random_state_dict
 from engine_ref.loading.weights import LoadedModel, load_model
 from workloads.options import WorkloadOptions
@@ -28,8 +28,11 @@ SELF_DRAFT = {"method": "self_draft", "num_draft_layers": 2, "num_speculative_to
 # A 2-layer model of other random weights under tiny-random's tokenizer as the draft model.
 DRAFT_MODEL = {"method": "draft_model", "model": "tiny-draft", "num_speculative_tokens": 3,
                "disable_by_batch_size": None, "disable_below_acceptance_rate": 0.0}  # fmt: skip
+# Token trees of up to 3 n-gram continuations within the same 4-token budget.
+NGRAM_TREE = {**NGRAM, "num_tree_branches": 3}
 PROPOSERS = [
     pytest.param(NGRAM, id="ngram"),
+    pytest.param(NGRAM_TREE, id="ngram-tree"),
     pytest.param(SELF_DRAFT, id="self-draft"),
     pytest.param(DRAFT_MODEL, id="draft-model"),
 ]
@@ -91,6 +94,61 @@ def repeat_prompts(tiny_model) -> list[list[int]]:
 )
 def test_ngram_lookup(tokens, min_n, max_n, k, expected):
     assert propose_ngram(tokens, min_n=min_n, max_n=max_n, num_tokens=k) == expected
+
+
+@pytest.mark.parametrize(
+    ("tokens", "k", "branches", "expected_tokens", "expected_parents"),
+    [
+        ([1, 2, 3], 4, 3, None, None),  # no match
+        # One continuation only: the chain.
+        ([1, 2, 3, 1, 2], 4, 3, [3, 1, 2], [None, 0, 1]),
+        # "1 2" was followed by "3 7 1 2" (latest full), "4 5 1 2" and "3 9 1 2": 3 is shared,
+        # depth 1 gets 7 and 5 before the budget of 4 runs out (9 is cut).
+        ([1, 2, 3, 9, 1, 2, 4, 5, 1, 2, 3, 7, 1, 2], 4, 3, [3, 7, 4, 5], [None, 0, None, 2]),
+        # branches 1 is the chain.
+        ([1, 2, 3, 9, 1, 2, 4, 5, 1, 2, 3, 7, 1, 2], 4, 1, [3, 7, 1, 2], [None, 0, 1, 2]),
+        # A budget of 2: the two branches' first tokens.
+        ([1, 2, 3, 9, 1, 2, 4, 5, 1, 2, 3, 7, 1, 2], 2, 3, [3, 4], [None, None]),
+    ],
+)
+def test_ngram_tree(tokens, k, branches, expected_tokens, expected_parents):
+    tree = propose_ngram_tree(tokens, min_n=1, max_n=2, num_tokens=k, num_branches=branches)
+    if expected_tokens is None:
+        assert tree is None
+    else:
+        assert (tree.token_ids, tree.parents) == (expected_tokens, expected_parents)
+
+
+def test_tree_depths_and_ancestry_mask_by_hand():
+    tree = DraftTree([3, 7, 4, 5], [None, 0, None, 2])
+    assert tree.depths == [1, 2, 1, 2]
+    t, f = True, False
+    assert tree.ancestry_mask() == [
+        [t, f, f, f, f],  # the last token
+        [t, t, f, f, f],  # 3
+        [t, t, t, f, f],  # 7 after 3
+        [t, f, f, t, f],  # 4
+        [t, f, f, t, t],  # 5 after 4
+    ]
+    assert tree.truncated(3) == DraftTree([3, 7, 4], [None, 0, None])
+
+
+def test_tree_paths_off_the_first_branch_move_their_kv(tiny_model, monkeypatch):
+    """Continuations that disagree: some accepted paths leave the first branch, and their KV
+    is moved to the positions' slots (outputs equal, as the rollback test checks the KV)."""
+    tok = tiny_model.tokenizer
+    prompt = tok.encode("a b c a b d a b e a b c a b d a b e a b")
+    params = SamplingParams(max_tokens=40, temperature=1.5, seed=4, ignore_eos=True)
+    engine = make(tiny_model, spec=NGRAM_TREE)
+    moved = []
+    original = engine._move_accepted_kv
+    monkeypatch.setattr(
+        engine,
+        "_move_accepted_kv",
+        lambda seq, start, path: (moved.append(path), original(seq, start, path)),
+    )
+    assert run(engine, [prompt], params) == run(make(tiny_model, spec=None), [prompt], params)
+    assert any(path != list(range(len(path))) for path in moved)
 
 
 def test_ngram_lookup_on_a_long_context():
@@ -405,6 +463,11 @@ def test_counters_match_the_emitted_tokens(tiny_model, repeat_prompts):
         ('{"num_draft_layers": 2}', "num_draft_layers applies to method self_draft only"),
         ('{"method": "draft_model"}', "method draft_model needs model"),
         ('{"model": "tiny-random"}', "model applies to method draft_model only"),
+        ('{"num_tree_branches": 0}', "num_tree_branches must be at least 1"),
+        (
+            '{"method": "self_draft", "num_draft_layers": 1, "num_tree_branches": 2}',
+            "num_tree_branches above 1 applies to method ngram only",
+        ),
     ],
 )
 def test_bad_speculative_config_is_one_sentence(text, message):

@@ -15,11 +15,19 @@ from collections.abc import Callable
 
 from engine_ref.core.engine_config import SpeculativeConfig
 from engine_ref.core.sequence import Sequence
-from engine_ref.core.spec_decode.ngram import propose_ngram
+from engine_ref.core.spec_decode.ngram import DraftTree, propose_ngram, propose_ngram_tree
 from engine_ref.core.spec_decode.verification import Chain, Verified, verify
 from engine_ref.core.stats import SpecDecodeStats
 
-__all__ = ["Chain", "SpeculativeDecoder", "Verified", "propose_ngram", "verify"]
+__all__ = [
+    "Chain",
+    "DraftTree",
+    "SpeculativeDecoder",
+    "Verified",
+    "propose_ngram",
+    "propose_ngram_tree",
+    "verify",
+]
 
 DraftForward = Callable[[list[Sequence], list[int], list[int]], list[int]]
 
@@ -56,7 +64,19 @@ class SpeculativeDecoder:
                 seq.spec_pause_steps -= 1
                 self.num_paused_proposals += 1
                 continue
-            if self.config.method == "ngram":
+            if self.config.method == "ngram" and self.config.num_tree_branches > 1:
+                tree = propose_ngram_tree(
+                    seq.token_ids,
+                    min_n=self.config.prompt_lookup_min,
+                    max_n=self.config.prompt_lookup_max,
+                    num_tokens=num_tokens,
+                    num_branches=self.config.num_tree_branches,
+                )
+                if tree is None:
+                    continue
+                seq.draft_token_ids, seq.draft_parents = tree.token_ids, tree.parents
+                num_tokens = len(tree.token_ids)
+            elif self.config.method == "ngram":
                 draft = propose_ngram(
                     seq.token_ids,
                     min_n=self.config.prompt_lookup_min,
@@ -79,6 +99,8 @@ class SpeculativeDecoder:
         if self.config.method == "ngram":
             for seq in seqs:
                 del seq.draft_token_ids[seq.num_lookahead_tokens :]
+                if seq.draft_parents is not None:  # parents come first: still a tree
+                    del seq.draft_parents[seq.num_lookahead_tokens :]
             return
         for seq in seqs:
             seq.draft_token_ids = []

@@ -18,10 +18,16 @@ j is the target's distribution p_j for the token after d_j (row 0: after the las
   with d removed and renormalised, which is max(0, p - q) normalised. Each emitted token
   consumes exactly one race, in order, so a seeded request draws the same noise as without
   speculation and gives the same output whatever the drafts were.
+- Token trees (point drafts whose nodes may branch; row 1 + i scores node i, under a tree
+  attention mask) are walked from the last token: the target's token at the current row
+  (argmax, or the race's winner) is accepted when a child node holds it, and the walk moves
+  there; otherwise it is emitted. The longest path the target agrees with wins; the emitted
+  tokens are the same target samples as for a chain.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -33,22 +39,30 @@ from engine_ref.core.sampler import SampleRow, filtered_probs, token_logprobs
 class Chain:
     """One sequence's draft to verify: `draft_token_ids` (k >= 0 tokens), its sampling row,
     and `draft_probs` [k, V], the filtered draft distributions q the tokens were sampled from,
-    or None for point drafts (q one-hot at each drafted token)."""
+    or None for point drafts (q one-hot at each drafted token). `parents` makes the draft a
+    token tree (see `DraftTree`); None is a chain. Trees take point drafts only."""
 
     draft_token_ids: list[int]
     row: SampleRow
     draft_probs: torch.Tensor | None = None
+    parents: list[int | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parents is not None and self.draft_probs is not None:
+            raise ValueError("token trees take point drafts only")
 
 
 @dataclass(frozen=True)
 class Verified:
     """What a chain emits: its accepted drafts, then one token more (the target's correction
     at the first rejection, or the bonus token). `logprobs` as the sampler gives them, one
-    entry per emitted token, or None."""
+    entry per emitted token, or None. `path`: the accepted draft nodes, in order (for a chain
+    0, 1, ..., num_accepted - 1)."""
 
     token_ids: list[int]
     num_accepted: int
     logprobs: list[dict[int, float]] | None = None
+    path: list[int] | None = None
 
 
 def verify(
@@ -77,7 +91,8 @@ def verify(
     at = 0
     for i in greedy:
         k = len(chains[i].draft_token_ids)
-        results[i] = _verify_greedy(chains[i].draft_token_ids, argmax[at : at + k + 1])
+        rows_argmax = argmax[at : at + k + 1]
+        results[i] = _walk(chains[i], rows_argmax.__getitem__)
         at += k + 1
     at = 0
     for i in sampled:
@@ -91,9 +106,10 @@ def verify(
         assert result is not None
         if chain.row.params.logprobs is not None:
             emitted = result.token_ids
-            rows_logits = logits[offsets[i] : offsets[i] + len(emitted)]
+            rows = [offsets[i]] + [offsets[i] + 1 + node for node in result.path or []]
+            rows_logits = logits.index_select(0, _index(rows[: len(emitted)], logits))
             lps = token_logprobs(rows_logits, [chain.row] * len(emitted), emitted)
-            result = Verified(result.token_ids, result.num_accepted, lps)  # type: ignore[arg-type]
+            result = Verified(result.token_ids, result.num_accepted, lps, result.path)  # type: ignore[arg-type]
         out.append(result)
     return out
 
@@ -113,31 +129,45 @@ def race(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int((probs / noise).argmax())
 
 
-def _verify_greedy(draft: list[int], argmax: list[int]) -> Verified:
-    accepted = 0
-    while accepted < len(draft) and draft[accepted] == argmax[accepted]:
-        accepted += 1
-    return Verified(draft[:accepted] + [argmax[accepted]], accepted)
+def _walk(chain: Chain, target_token: Callable[[int], int]) -> Verified:
+    """Point drafts: from the last token (row 0), take the target's token at the current row
+    (`target_token(row)`, called once per emitted token, in order); a child node holding it
+    is accepted and its row (1 + node) is next, else the token is emitted and the walk ends."""
+    draft = chain.draft_token_ids
+    parents = chain.parents
+    if parents is None:
+        parents = [None, *range(len(draft) - 1)] if draft else []
+    children: dict[int | None, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    node: int | None = None
+    path: list[int] = []
+    while True:
+        token = target_token(0 if node is None else node + 1)
+        child = next((c for c in children.get(node, ()) if draft[c] == token), None)
+        if child is None:
+            return Verified([draft[c] for c in path] + [token], len(path), path=path)
+        path.append(child)
+        node = child
 
 
 def _verify_sampled(
     chain: Chain, probs: torch.Tensor, generator: torch.Generator | None
 ) -> Verified:
     """probs [k + 1, V]: the target's filtered distributions for the chain's rows."""
+    if chain.draft_probs is None:
+        return _walk(chain, lambda row: race(probs[row], generator))
     draft = chain.draft_token_ids
     for j, token in enumerate(draft):
         p = probs[j]
-        if chain.draft_probs is None:
-            winner = race(p, generator)
-            if winner != token:
-                return Verified(draft[:j] + [winner], j)
-            continue
         q = chain.draft_probs[j]
         u = float(torch.rand((), generator=generator, device=p.device))
         if u * float(q[token]) < float(p[token]):  # u < p / q, q(token) > 0 as it was drawn
             continue
-        return Verified(draft[:j] + [race(residual_probs(p, q), generator)], j)
-    return Verified(draft + [race(probs[len(draft)], generator)], len(draft))
+        return Verified(draft[:j] + [race(residual_probs(p, q), generator)], j, path=[*range(j)])
+    return Verified(
+        draft + [race(probs[len(draft)], generator)], len(draft), path=[*range(len(draft))]
+    )
 
 
 def _index(rows: list[int], like: torch.Tensor) -> torch.Tensor:
