@@ -8,6 +8,8 @@ Scenarios (greedy, one engine per mode built from the same loaded weights):
   automatic off-switch (`disable_by_batch_size`, default 8).
 - `self_chat`: the built-in `chat` workload's first prompts, one at a time, with the
   self-speculative draft (the target's first `--self-draft-layers` layers) instead of n-gram.
+- `tree`: the `single` prompts with n-gram chain drafts as the baseline ("off") against
+  n-gram token trees of `--tree-branches` continuations ("on"), same token budget.
 
 Each round runs "off" then "on" (alternating order every round), `--rounds` times (at least
 3); the table gives medians and the on / off ratio. Both modes must produce identical
@@ -20,6 +22,7 @@ outputs (checked every round).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -80,9 +83,10 @@ def run(engine: LLMEngine, batch: list[list[int]], max_tokens: int, concurrent: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scenarios", default="single,batch32,self_chat")
+    parser.add_argument("--scenarios", default="single,batch32,self_chat,tree")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--self-draft-layers", type=int, default=10)
+    parser.add_argument("--tree-branches", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -109,9 +113,13 @@ def main() -> None:
     ngram = LLMEngine(EngineConfig(**base, speculative_config=spec), loaded=loaded)
     prompt_set = prompts(loaded.tokenizer)[: args.num_prompts]
     scenarios = {
-        "single": (prompt_set, False, ngram),
-        "batch32": ((prompt_set * 32)[:32], True, ngram),
+        "single": (prompt_set, False, off, ngram),
+        "batch32": ((prompt_set * 32)[:32], True, off, ngram),
     }
+    if "tree" in args.scenarios:
+        tree = dataclasses.replace(spec, num_tree_branches=args.tree_branches)
+        tree_engine = LLMEngine(EngineConfig(**base, speculative_config=tree), loaded=loaded)
+        scenarios["tree"] = (prompt_set, False, ngram, tree_engine)
     if "self_chat" in args.scenarios:
         from workloads.options import WorkloadOptions
         from workloads.registry import resolve_workload
@@ -124,11 +132,11 @@ def main() -> None:
         )
         chat_prompts = [list(p)[:256] for p in chat.table.column("prompt_token_ids").to_pylist()]
         self_engine = LLMEngine(EngineConfig(**base, speculative_config=self_draft), loaded=loaded)
-        scenarios["self_chat"] = (chat_prompts, False, self_engine)
+        scenarios["self_chat"] = (chat_prompts, False, off, self_engine)
     rows = []
     for name in args.scenarios.split(","):
-        batch, concurrent, on_engine = scenarios[name]
-        engines = {"off": off, "on": on_engine}
+        batch, concurrent, off_engine, on_engine = scenarios[name]
+        engines = {"off": off_engine, "on": on_engine}
         rates: dict[str, list[float]] = {"off": [], "on": []}
         spec_before = engines["on"].stats().spec_decode
         for r in range(args.rounds):
@@ -168,7 +176,8 @@ def main() -> None:
             f"{row['on_tok_s']:>10.1f}{row['ratio']:>7.2f}x{row['acceptance_rate']:>8.2f}"
             f"{row['mean_accepted_length']:>10.2f}"
         )
-    print(f"medians of {args.rounds} alternating rounds; max_tokens {args.max_tokens}, greedy")
+    print(f"medians of {args.rounds} alternating rounds; max_tokens {args.max_tokens}, greedy;")
+    print("accept / mean len: the 'on' engine's; tree: off = n-gram chains, on = n-gram trees")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

@@ -37,6 +37,7 @@ from engine_ref.core.sampler import SampleRow, sample
 from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
 from engine_ref.core.spec_decode import Chain, DraftTree, SpeculativeDecoder, Verified, verify
+from engine_ref.core.spec_decode.drafter import ModelDrafter, load_draft_model
 from engine_ref.core.stats import EngineStats
 
 __all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
@@ -132,10 +133,25 @@ class LLMEngine:
         self.spec = (
             None if spec is None else SpeculativeDecoder(spec, max_model_len=self.max_model_len)
         )
-        self.draft_model: LlamaModel | None = None
-        self.draft_kv_caches: list[torch.Tensor] = []
-        if spec is not None and spec.method == "draft_model":
-            self._load_draft(spec.model, draft_loaded, num_blocks)
+        self.drafter: ModelDrafter | None = None
+        if spec is not None and spec.method == "self_draft":
+            layers = spec.num_draft_layers
+            self.drafter = ModelDrafter(
+                self.model, self.kv_caches[:layers], mc, self._metadata, num_layers=layers
+            )
+        elif spec is not None and spec.method == "draft_model":
+            model, caches, draft_config = load_draft_model(
+                spec.model,
+                draft_loaded,
+                target_tokenizer=self.tokenizer,
+                target_vocab_size=mc.vocab_size,
+                num_blocks=num_blocks,
+                block_size=bs,
+                max_positions=self.max_model_len,
+                dtype=self.dtype,
+                device=self.device,
+            )
+            self.drafter = ModelDrafter(model, caches, draft_config, self._metadata, owns_kv=True)
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -283,73 +299,13 @@ class LLMEngine:
         last token."""
         assert self.spec is not None
         try:
-            self.spec.fill_drafts(seqs, self._draft_next_tokens)
+            assert self.drafter is not None or self.spec.config.method == "ngram"
+            next_tokens = self.drafter.next_tokens if self.drafter is not None else None
+            self.spec.fill_drafts(seqs, next_tokens)
         except Exception:
             logger.warning("the draft model failed; drafting the last token", exc_info=True)
             for seq in seqs:
                 seq.draft_token_ids = [seq.token_ids[-1]] * seq.num_lookahead_tokens
-
-    def _load_draft(self, name: str, loaded: Any, num_blocks: int) -> None:
-        """The draft model of method draft_model, with KV pools of `num_blocks` blocks."""
-        if loaded is None:
-            from engine_ref.loading.weights import load_model
-
-            loaded = load_model(name, dtype=self.dtype)
-        dc = loaded.config
-        if (
-            loaded.tokenizer.name != self.tokenizer.name
-            or dc.vocab_size != self.model_config.vocab_size
-        ):
-            raise EngineError(
-                f"The draft model {name!r} does not share the target's tokenizer "
-                f"({loaded.tokenizer.name!r}, {dc.vocab_size} tokens, against "
-                f"{self.tokenizer.name!r}, {self.model_config.vocab_size}); use a draft model "
-                "of the same family."
-            )
-        self.draft_config = dc
-        self.draft_model = LlamaModel.from_state_dict(
-            dc, loaded.state_dict, dtype=self.dtype, device=self.device,
-            max_positions=self.max_model_len,
-        )  # fmt: skip
-        shape = kv_pool_shape(
-            num_blocks, self.config.block_size, dc.num_key_value_heads, dc.head_dim
-        )
-        self.draft_kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
-            for _ in range(dc.num_hidden_layers)
-        ]
-
-    def _draft_next_tokens(
-        self, seqs: list[Sequence], token_ids: list[int], positions: list[int]
-    ) -> list[int]:
-        """One greedy draft position, one decode row per sequence: the draft model, or the
-        self-speculative draft (the target's first `num_draft_layers` layers, final norm and
-        head). It writes its KV at `positions`: for the self draft, slots the step's verify
-        forward then rewrites with the same tokens; for the draft model, its own pools, which
-        `_execute` rewrites the same way."""
-        assert self.spec is not None
-        if self.draft_model is not None:
-            model, caches, mc, num_layers = (
-                self.draft_model, self.draft_kv_caches, self.draft_config, None
-            )  # fmt: skip
-        else:
-            num_layers = self.spec.config.num_draft_layers
-            model, caches, mc = self.model, self.kv_caches[:num_layers], self.model_config
-        order = sorted(range(len(seqs)), key=positions.__getitem__)  # decode rows by position
-        meta = self._metadata(
-            [positions[i] for i in order],
-            [1] * len(order),
-            [seqs[i].block_table for i in order],
-            mc,
-        )
-        ids = self._index([token_ids[i] for i in order])
-        pos = self._index([positions[i] for i in order])
-        hidden = model(ids, pos, meta, caches, num_layers=num_layers)
-        drafted = model.compute_logits(hidden).float().argmax(dim=-1).tolist()
-        result = [0] * len(seqs)
-        for row, i in enumerate(order):
-            result[i] = drafted[row]
-        return result
 
     def _metadata(
         self,
@@ -425,10 +381,8 @@ class LLMEngine:
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]
-        if self.draft_model is not None:  # keep the draft's KV of every computed position
-            tables = [seq.block_table for seq, _ in items]
-            draft_meta = self._metadata(starts, num_new_tokens, tables, self.draft_config)
-            self.draft_model(ids, pos, draft_meta, self.draft_kv_caches)
+        if self.drafter is not None:  # a draft model keeps its KV of every computed position
+            self.drafter.follow(ids, pos, starts, num_new_tokens, tables)
         executed = _Executed(items, num_prompt_rows)
         if not sampling_seqs and not chains:  # prefill chunks that end inside their prompts
             return executed

@@ -251,7 +251,7 @@ def test_a_failing_drafter_costs_speed_not_outputs(tiny_model, repeat_prompts, m
     def broken(*args):
         raise RuntimeError("draft forward failed")
 
-    monkeypatch.setattr(engine, "_draft_next_tokens", broken)
+    monkeypatch.setattr(engine.drafter, "next_tokens", broken)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     assert run(engine, repeat_prompts, params) == run(make(tiny_model, spec=None),
                                                       repeat_prompts, params)  # fmt: skip

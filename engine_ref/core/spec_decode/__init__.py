@@ -91,7 +91,7 @@ class SpeculativeDecoder:
             drafted.append(seq)
         return drafted
 
-    def fill_drafts(self, seqs: list[Sequence], next_tokens: DraftForward) -> None:
+    def fill_drafts(self, seqs: list[Sequence], next_tokens: DraftForward | None) -> None:
         """After scheduling, for the scheduled `seqs` with draft slots: cut n-gram drafts to
         the slots granted, or draft greedily with `next_tokens`, one position per call for
         every sequence still drafting. `next_tokens(seqs, token_ids, positions)` returns each
@@ -102,6 +102,7 @@ class SpeculativeDecoder:
                 if seq.draft_parents is not None:  # parents come first: still a tree
                     del seq.draft_parents[seq.num_lookahead_tokens :]
             return
+        assert next_tokens is not None
         for seq in seqs:
             seq.draft_token_ids = []
         for j in range(max((s.num_lookahead_tokens for s in seqs), default=0)):
