@@ -45,8 +45,8 @@ class SpeculativeConfig:
     the same block tables, and runs on every step's rows so its KV stays in step. The
     target verifies a draft in one forward; outputs are distributed exactly as without
     speculation (see spec_decode/).
-    Off-switches: no sequence drafts in a step that starts with at least
-    `disable_by_batch_size` running sequences (vLLM's name; None: never), and a sequence
+    Off-switches: no sequence drafts in a step that starts with more than
+    `disable_by_batch_size` running sequences (vLLM's name and rule; None: never), and a sequence
     whose recent acceptance rate (accepted / drafted tokens, a moving average over its verify
     steps) falls below `disable_below_acceptance_rate` pauses drafting for
     `pause_steps` steps (engine_ref extensions). `num_tree_branches` > 1 (n-gram only, an

@@ -13,8 +13,8 @@ class SpecDecodeStats:
     `num_draft_tokens`: tokens drafted and verified; `num_accepted_tokens`: drafted tokens the
     target accepted (the correction or bonus token each verify step adds is not counted);
     `num_accepted_tokens_per_pos[i]`: drafts whose token i (0-based) was accepted.
-    `num_steps_off_by_batch_size`: steps in which no sequence drafted because the batch was at
-    or above `disable_by_batch_size`; `num_paused_proposals`: drafts skipped because the
+    `num_steps_off_by_batch_size`: steps in which no sequence drafted because the batch was
+    above `disable_by_batch_size`; `num_paused_proposals`: drafts skipped because the
     sequence's acceptance rate had fallen below the break-even rate.
     """
 

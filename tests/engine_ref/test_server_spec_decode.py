@@ -100,7 +100,10 @@ def test_no_spec_decode_metrics_without_speculation():
     ("value", "message"),
     [
         ("{not json", "--speculative-config is not valid JSON"),
-        ('{"method": "medusa"}', "Unknown speculative method 'medusa'; use one of ngram."),
+        (
+            '{"method": "medusa"}',
+            "Unknown speculative method 'medusa'; use one of ngram, self_draft, draft_model.",
+        ),
         ('{"num_speculative_tokens": -1}', "num_speculative_tokens must be at least 1"),
     ],
 )

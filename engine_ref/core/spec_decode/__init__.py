@@ -52,7 +52,7 @@ class SpeculativeDecoder:
         sequences that draft this step; returns them (the engine clears both when the step
         ends)."""
         cap = self.config.disable_by_batch_size
-        if cap is not None and len(running) >= cap:
+        if cap is not None and len(running) > cap:
             self.num_steps_off_by_batch_size += 1
             return []
         drafted = []
