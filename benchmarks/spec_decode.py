@@ -62,9 +62,12 @@ def prompts(tokenizer) -> list[list[int]]:
 
 def run(engine: LLMEngine, batch: list[list[int]], max_tokens: int, concurrent: bool) -> dict:
     """Decode `batch` (all at once, or one request after another); returns output tokens,
-    seconds and the tokens of each request."""
+    seconds, decode tokens and seconds (after each group's first step that emitted a token:
+    prefill excluded), and the tokens of each request."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     outputs: dict[str, list[int]] = {}
+    decode_tokens = 0
+    decode_s = 0.0
     t0 = time.perf_counter()
     groups = [batch] if concurrent else [[p] for p in batch]
     n = 0
@@ -74,11 +77,26 @@ def run(engine: LLMEngine, batch: list[list[int]], max_tokens: int, concurrent: 
             n += 1
             outputs[rid] = []
             engine.add_request(rid, prompt, params)
+        t_first = None
         while engine.has_unfinished():
+            emitted = 0
             for out in engine.step():
                 outputs[out.request_id] += out.outputs[0].new_token_ids
+                emitted += len(out.outputs[0].new_token_ids)
+            if t_first is None and emitted:
+                t_first = time.perf_counter()
+            elif t_first is not None:
+                decode_tokens += emitted
+        if t_first is not None:
+            decode_s += time.perf_counter() - t_first
     seconds = time.perf_counter() - t0
-    return {"tokens": sum(map(len, outputs.values())), "seconds": seconds, "outputs": outputs}
+    return {
+        "tokens": sum(map(len, outputs.values())),
+        "seconds": seconds,
+        "decode_tokens": decode_tokens,
+        "decode_s": decode_s,
+        "outputs": outputs,
+    }
 
 
 def main() -> None:
@@ -133,11 +151,14 @@ def main() -> None:
         chat_prompts = [list(p)[:256] for p in chat.table.column("prompt_token_ids").to_pylist()]
         self_engine = LLMEngine(EngineConfig(**base, speculative_config=self_draft), loaded=loaded)
         scenarios["self_chat"] = (chat_prompts, False, off, self_engine)
+    header = f"{'scenario':<10}{'reqs':>5}{'off tok/s':>11}{'on tok/s':>10}{'on/off':>8}"
+    print(header + f"{'accept':>8}{'mean len':>10}{'decode on/off':>15}", flush=True)
     rows = []
     for name in args.scenarios.split(","):
         batch, concurrent, off_engine, on_engine = scenarios[name]
         engines = {"off": off_engine, "on": on_engine}
         rates: dict[str, list[float]] = {"off": [], "on": []}
+        decode_rates: dict[str, list[float]] = {"off": [], "on": []}
         spec_before = engines["on"].stats().spec_decode
         for r in range(args.rounds):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
@@ -150,6 +171,8 @@ def main() -> None:
                 print(f"warning: {name} round {r}: outputs differ between on and off")
             for mode in order:
                 rates[mode].append(results[mode]["tokens"] / results[mode]["seconds"])
+                decode_s = results[mode]["decode_s"]
+                decode_rates[mode].append(results[mode]["decode_tokens"] / decode_s)
         spec_after = engines["on"].stats().spec_decode
         drafts = spec_after.num_drafts - spec_before.num_drafts
         draft_tokens = spec_after.num_draft_tokens - spec_before.num_draft_tokens
@@ -166,15 +189,18 @@ def main() -> None:
                 "mean_accepted_length": 1 + accepted / drafts if drafts else 0.0,
                 "rounds_off": rates["off"],
                 "rounds_on": rates["on"],
+                "decode_ratio": statistics.median(decode_rates["on"])
+                / statistics.median(decode_rates["off"]),
+                "decode_rounds_off": decode_rates["off"],
+                "decode_rounds_on": decode_rates["on"],
             }
         )
-    header = f"{'scenario':<10}{'reqs':>5}{'off tok/s':>11}{'on tok/s':>10}{'on/off':>8}"
-    print(header + f"{'accept':>8}{'mean len':>10}")
-    for row in rows:
+        row = rows[-1]
         print(
             f"{row['scenario']:<10}{row['requests']:>5}{row['off_tok_s']:>11.1f}"
             f"{row['on_tok_s']:>10.1f}{row['ratio']:>7.2f}x{row['acceptance_rate']:>8.2f}"
-            f"{row['mean_accepted_length']:>10.2f}"
+            f"{row['mean_accepted_length']:>10.2f}{row['decode_ratio']:>14.2f}x",
+            flush=True,
         )
     print(f"medians of {args.rounds} alternating rounds; max_tokens {args.max_tokens}, greedy;")
     print("accept / mean len: the 'on' engine's; tree: off = n-gram chains, on = n-gram trees")
