@@ -89,12 +89,16 @@ def build_attention_metadata(
     num_pool_blocks: int,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
+    tree_masks: dict[int, torch.Tensor] | None = None,
 ) -> AttentionMetadata:
     """Metadata for one step over pools of `num_pool_blocks` blocks. Sequence i contributes
     `num_new_tokens[i]` rows at positions `start_positions[i]`, `start_positions[i] + 1`, ...;
     its KV lives in `block_tables[i]`, which must cover every position up to the last new one.
     Sequences with one new token must come before those with more (decode rows first); decode
-    rows sorted by position group best. Masks are additive in `dtype`."""
+    rows sorted by position group best. Masks are additive in `dtype`. `tree_masks[i]`, a
+    bool [n, n] for sequence i's n > 1 new rows, replaces the causal mask among them (row r
+    attends to row c where it is true; every row still sees all earlier positions): a token
+    tree's rows attend to their ancestors only, while their KV lands in consecutive slots."""
     num_decode = 0
     while num_decode < len(num_new_tokens) and num_new_tokens[num_decode] == 1:
         num_decode += 1
@@ -148,6 +152,9 @@ def build_attention_metadata(
         query_pos = starts[:, None] + offsets[None, :]  # [Bp, Qmax]
         keys = torch.arange(span)
         mask = keys[None, None, :] <= query_pos[:, :, None]  # [Bp, Qmax, Lp]
+        for i, allowed in (tree_masks or {}).items():
+            b, start, n = i - num_decode, start_positions[i], num_new_tokens[i]
+            mask[b, :n, start : start + n] &= allowed
         # Padded query rows attend to key 0 only, so no row is fully masked (SDPA would NaN).
         mask = torch.where(valid[:, :, None], mask, keys[None, None, :] == 0)
         g = num_queries_per_kv

@@ -178,6 +178,16 @@ class BlockManager:
             self.block_tokens[block] = tokens
             self.key_to_block.setdefault(key, block)
 
+    def trim(self, seq: Sequence, num_positions: int) -> None:
+        """Free the blocks of `seq` past those covering its first `num_positions` positions
+        (a speculative step's rejected tail: never registered, as they hold no computed
+        token). Deferred while a step is in flight, like every free."""
+        keep = -(-num_positions // self.block_size)
+        assert keep * self.block_size >= seq.num_computed_tokens
+        for block in reversed(seq.block_table[keep:]):
+            self._decref(block)
+        del seq.block_table[keep:]
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; blocks reaching zero become free (deferred while a
         step is in flight). Tail blocks go first so a shared prefix stays cached longest."""

@@ -37,6 +37,8 @@ from engine_ref.core.quant import QuantizationError, weight_bytes_by_kind
 from engine_ref.core.sampler import SampleRow, sample
 from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
+from engine_ref.core.spec_decode import Chain, DraftTree, SpeculativeDecoder, Verified, verify
+from engine_ref.core.spec_decode.drafter import ModelDrafter, load_draft_model
 from engine_ref.core.stats import EngineStats
 
 __all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
@@ -56,6 +58,10 @@ class _Executed:
     samples: list[tuple[Sequence, int, torch.Generator | None]] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    # Speculative rows: (sequence, its verified draft); `num_spec_tokens` counts the tokens
+    # the commit appended from them (a stop can cut a verify step's tokens short).
+    verified: list[tuple[Sequence, Chain, Verified]] = field(default_factory=list)
+    num_spec_tokens: int = 0
 
 
 class LLMEngine:
@@ -64,7 +70,12 @@ class LLMEngine:
     the prefix-cache hash (tests force collisions with it)."""
 
     def __init__(
-        self, config: EngineConfig, *, loaded: Any = None, hash_fn: HashFn = default_hash
+        self,
+        config: EngineConfig,
+        *,
+        loaded: Any = None,
+        hash_fn: HashFn = default_hash,
+        draft_loaded: Any = None,
     ) -> None:
         self.config = config
         self.device = config.torch_device()
@@ -124,6 +135,35 @@ class LLMEngine:
             hash_fn=hash_fn,
         )
         self.scheduler = Scheduler(config, self.block_manager)
+        spec = config.speculative_config
+        if spec is not None and spec.method == "self_draft":
+            if spec.num_draft_layers > mc.num_hidden_layers:
+                raise EngineError(
+                    f"num_draft_layers={spec.num_draft_layers} exceeds the model's "
+                    f"{mc.num_hidden_layers} layers; use at most that many."
+                )
+        self.spec = (
+            None if spec is None else SpeculativeDecoder(spec, max_model_len=self.max_model_len)
+        )
+        self.drafter: ModelDrafter | None = None
+        if spec is not None and spec.method == "self_draft":
+            layers = spec.num_draft_layers
+            self.drafter = ModelDrafter(
+                self.model, self.kv_caches[:layers], mc, self._metadata, num_layers=layers
+            )
+        elif spec is not None and spec.method == "draft_model":
+            model, caches, draft_config = load_draft_model(
+                spec.model,
+                draft_loaded,
+                target_tokenizer=self.tokenizer,
+                target_vocab_size=mc.vocab_size,
+                num_blocks=num_blocks,
+                block_size=bs,
+                max_positions=self.max_model_len,
+                dtype=self.dtype,
+                device=self.device,
+            )
+            self.drafter = ModelDrafter(model, caches, draft_config, self._metadata, owns_kv=True)
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         self.eos_token_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -196,16 +236,27 @@ class LLMEngine:
         """Run one scheduler iteration; returns outputs of the requests that progressed, and
         of those that finished by abort or failed (finish_reason "error")."""
         outputs, self._pending_outputs = self._pending_outputs, []
-        batch = self.scheduler.schedule()
-        if batch.is_empty:
-            return outputs
-        self.block_manager.begin_step()
+        # Drafts first, so the scheduler counts them against the step's token budget.
+        drafted = self.spec.propose(self.scheduler.running) if self.spec is not None else []
         try:
-            with torch.inference_mode():
-                self._copy_blocks(batch.block_copies)
-                outputs += self._run(list(zip(batch.seqs, batch.num_new_tokens, strict=True)))
+            batch = self.scheduler.schedule()
+            if batch.is_empty:
+                return outputs
+            self.block_manager.begin_step()
+            try:
+                with torch.inference_mode():
+                    self._copy_blocks(batch.block_copies)
+                    if drafted:
+                        self._fill_drafts([s for s in batch.seqs if s.num_lookahead_tokens])
+                    items = list(zip(batch.seqs, batch.num_new_tokens, strict=True))
+                    outputs += self._run(items)
+            finally:
+                self.block_manager.end_step()
         finally:
-            self.block_manager.end_step()
+            for seq in drafted:
+                seq.draft_token_ids = []
+                seq.draft_parents = None
+                seq.num_lookahead_tokens = 0
         self._num_steps += 1
         return outputs
 
@@ -235,6 +286,7 @@ class LLMEngine:
             prefix_cache_preempted_query_tokens=self.scheduler.preempted_prefix_query_tokens,
             prefix_cache_preempted_hit_tokens=self.scheduler.preempted_prefix_hit_tokens,
             weight_bytes_by_kind=dict(self.weight_bytes_by_kind),
+            spec_decode=None if self.spec is None else self.spec.stats(),
         )
 
     # -- one step -----------------------------------------------------------------------------
@@ -254,6 +306,43 @@ class LLMEngine:
         self._count_tokens(executed)
         return outputs
 
+    def _fill_drafts(self, seqs: list[Sequence]) -> None:
+        """Draft into the scheduled slots. A drafter that fails costs its speedup, never an
+        output: verification is lossless whatever the drafts, so they become copies of the
+        last token."""
+        assert self.spec is not None
+        try:
+            assert self.drafter is not None or self.spec.config.method == "ngram"
+            next_tokens = self.drafter.next_tokens if self.drafter is not None else None
+            self.spec.fill_drafts(seqs, next_tokens)
+        except Exception:
+            logger.warning("the draft model failed; drafting the last token", exc_info=True)
+            for seq in seqs:
+                seq.draft_token_ids = [seq.token_ids[-1]] * seq.num_lookahead_tokens
+
+    def _metadata(
+        self,
+        starts: list[int],
+        num_new_tokens: list[int],
+        block_tables: list[list[int]],
+        mc: Any = None,
+        tree_masks: dict[int, torch.Tensor] | None = None,
+    ):
+        """Attention metadata for the target (or the model config `mc`'s heads)."""
+        mc = mc or self.model_config
+        return build_attention_metadata(
+            start_positions=starts,
+            num_new_tokens=num_new_tokens,
+            block_tables=block_tables,
+            block_size=self.config.block_size,
+            num_queries_per_kv=mc.num_attention_heads // mc.num_key_value_heads,
+            num_kv_heads=mc.num_key_value_heads,
+            num_pool_blocks=self.block_manager.num_blocks,
+            device=self.device,
+            dtype=self.dtype,
+            tree_masks=tree_masks,
+        )
+
     def _execute_requests(
         self, items: list[tuple[Sequence, int]], requests: list[Request]
     ) -> _Executed:
@@ -269,11 +358,30 @@ class LLMEngine:
         num_new_tokens: list[int] = []
         sample_rows: list[int] = []
         sampling_seqs: list[Sequence] = []
+        spec_rows: list[int] = []
+        chains: list[tuple[Sequence, Chain]] = []
+        tree_masks: dict[int, torch.Tensor] = {}
         num_prompt_rows = 0
-        for seq, n in items:
+        for item_index, (seq, n) in enumerate(items):
             start = seq.num_computed_tokens
             starts.append(start)
             num_new_tokens.append(n)
+            if seq.draft_token_ids and n > 1 and start == seq.num_tokens - 1:
+                # A verify row: the last token, then the drafts; every row's logits count.
+                assert len(seq.draft_token_ids) == n - 1
+                spec_rows += range(len(input_ids), len(input_ids) + n)
+                input_ids += [seq.token_ids[start], *seq.draft_token_ids]
+                parents = seq.draft_parents
+                if parents is None:
+                    positions += range(start, start + n)
+                else:  # a token tree: nodes at their depth's position, in consecutive slots
+                    tree = DraftTree(seq.draft_token_ids, parents)
+                    positions += [start, *(start + d for d in tree.depths)]
+                    tree_masks[item_index] = torch.tensor(tree.ancestry_mask())
+                    parents = list(parents)
+                chain = Chain(list(seq.draft_token_ids), self._sample_row(seq), parents=parents)
+                chains.append((seq, chain))
+                continue
             input_ids += seq.token_ids[start : start + n]
             positions += range(start, start + n)
             if start < seq.num_prompt_tokens or n > 1:
@@ -281,23 +389,15 @@ class LLMEngine:
             if start + n == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sampling_seqs.append(seq)
-        meta = build_attention_metadata(
-            start_positions=starts,
-            num_new_tokens=num_new_tokens,
-            block_tables=[seq.block_table for seq, _ in items],
-            block_size=self.config.block_size,
-            num_queries_per_kv=self.model_config.num_attention_heads
-            // self.model_config.num_key_value_heads,
-            num_kv_heads=self.model_config.num_key_value_heads,
-            num_pool_blocks=self.block_manager.num_blocks,
-            device=self.device,
-            dtype=self.dtype,
-        )
+        tables = [seq.block_table for seq, _ in items]
+        meta = self._metadata(starts, num_new_tokens, tables, tree_masks=tree_masks)
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]
+        if self.drafter is not None:  # a draft model keeps its KV of every computed position
+            self.drafter.follow(ids, pos, starts, num_new_tokens, tables)
         executed = _Executed(items, num_prompt_rows)
-        if not sampling_seqs:  # prefill chunks that end inside their prompts
+        if not sampling_seqs and not chains:  # prefill chunks that end inside their prompts
             return executed
 
         # A request with n > 1 forks when its prompt is done: its children sample from the
@@ -315,19 +415,28 @@ class LLMEngine:
                     executed.samples.append((seq, index, generator))
                     rows.append(replace(row, generator=generator))
                     logits_rows.append(r)
-        if len(sample_rows) < len(input_ids):
-            hidden = hidden.index_select(0, self._index(sample_rows))
-        logits = self.model.compute_logits(hidden)  # [N, V]
+        wanted_rows = sample_rows + spec_rows
+        if len(wanted_rows) < len(input_ids):
+            hidden = hidden.index_select(0, self._index(wanted_rows))
+        all_logits = self.model.compute_logits(hidden)  # [N + S, V]
+        logits, spec_logits = all_logits[: len(sample_rows)], all_logits[len(sample_rows) :]
         if len(logits_rows) != len(sample_rows):
             logits = logits.index_select(0, self._index(logits_rows))
-        saved = [(g, g.get_state()) for g in (r.generator for r in rows) if g is not None]
+        generators = [r.generator for r in rows] + [c.row.generator for _, c in chains]
+        saved = [(g, g.get_state()) for g in generators if g is not None]
         try:
-            result = sample(logits, rows, self.generator)
+            if rows:
+                result = sample(logits, rows, self.generator)
+                executed.token_ids, executed.logprobs = result.token_ids, result.logprobs
+            if chains:
+                verified = verify(spec_logits, [c for _, c in chains], self.generator)
+                executed.verified = [
+                    (seq, chain, v) for (seq, chain), v in zip(chains, verified, strict=True)
+                ]
         except Exception:
             for generator, state in saved:  # a retry must draw what this attempt drew
                 generator.set_state(state)
             raise
-        executed.token_ids, executed.logprobs = result.token_ids, result.logprobs
         return executed
 
     def _commit(
@@ -336,7 +445,10 @@ class LLMEngine:
         """Advance computed counts, register full blocks, fork, append the sampled tokens. A
         request whose token cannot be appended (its detokenisation raised, say) joins
         `failures` instead of returning an output."""
+        verifying = {seq for seq, _, _ in executed.verified}
         for seq, n in executed.items:
+            if seq in verifying:
+                continue  # its computed count depends on what was accepted
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
         # Fork before any token is appended: children copy the parent's tokens so far.
@@ -357,6 +469,19 @@ class LLMEngine:
                 failed.add(request)
                 by_request.pop(request, None)
                 continue
+            by_request.setdefault(request, []).append(completion)
+        for seq, chain, verified in executed.verified:
+            request = seq.request
+            if failed and request in failed:
+                continue
+            try:
+                completion = self._commit_verified(seq, chain, verified)
+            except Exception as exc:
+                failures.append((request, exc))
+                failed.add(request)
+                by_request.pop(request, None)
+                continue
+            executed.num_spec_tokens += len(completion.new_token_ids)
             by_request.setdefault(request, []).append(completion)
         outputs = []
         for request, completions in by_request.items():
@@ -393,6 +518,66 @@ class LLMEngine:
             None if lp is None else [lp],
         )
 
+    def _commit_verified(self, seq: Sequence, chain: Chain, verified: Verified) -> CompletionOutput:
+        """Commit a verify step: append its tokens one by one (detokenised, stop-checked) up
+        to the first that finishes the sequence, then roll back what was rejected. Computed
+        tokens become the last token plus the accepted drafts that were appended; the KV the
+        verify forward wrote past them is garbage the next step overwrites, and the blocks
+        holding only such positions are freed. Blocks are registered in the prefix cache from
+        computed tokens only, so a rejected token never enters it."""
+        start = seq.num_computed_tokens
+        tokens: list[int] = []
+        texts: list[str] = []
+        logprobs: list[dict[int, float]] = []
+        for j, token in enumerate(verified.token_ids):
+            lp = None if verified.logprobs is None else verified.logprobs[j]
+            seq.token_ids.append(token)
+            if lp is not None:
+                seq.logprobs = seq.logprobs or []
+                seq.logprobs.append(lp)
+                logprobs.append(lp)
+            tokens.append(token)
+            texts.append(self._update_text_and_finish(seq, token))
+            if seq.finish_reason is not None:
+                break
+        num_kept = min(verified.num_accepted, len(tokens))
+        if chain.parents is not None:
+            self._move_accepted_kv(seq, start, verified.path[:num_kept])
+        seq.num_computed_tokens = start + 1 + num_kept
+        self.block_manager.register_full_blocks(seq)
+        self.block_manager.trim(seq, seq.num_tokens)
+        assert self.spec is not None
+        self.spec.record(seq, len(chain.draft_token_ids), verified.num_accepted)
+        if seq.finish_reason is not None:
+            self.scheduler.remove(seq)  # blocks freed when the step ends
+        return CompletionOutput(
+            seq.index,
+            tokens,
+            "".join(texts),
+            seq.finish_reason,
+            seq.num_output_tokens,
+            logprobs if verified.logprobs is not None else None,
+        )
+
+    def _move_accepted_kv(self, seq: Sequence, start: int, path: list[int]) -> None:
+        """A token tree's accepted path: node i's KV was written at slot start + 1 + i; the
+        sequence needs its j-th accepted token's at start + 1 + j (j <= i, so no move
+        overwrites a source still to be read)."""
+        moves = [(start + 1 + node, start + 1 + j) for j, node in enumerate(path) if node != j]
+        if not moves:
+            return
+        bs = self.config.block_size
+        table = seq.block_table
+
+        def slot(pos: int) -> int:
+            return table[pos // bs] * bs + pos % bs
+
+        src = self._index([slot(s) for s, _ in moves])
+        dst = self._index([slot(d) for _, d in moves])
+        for pool in self.kv_caches:
+            flat = pool.view(pool.shape[0], -1, pool.shape[-1])  # [2 * kvh, slots, hd]
+            flat.index_copy_(1, dst, flat.index_select(1, src))
+
     def _fail(self, request: Request, exc: Exception) -> RequestOutput:
         """Finish every sequence of `request` with finish_reason "error" and free its blocks."""
         detail = (str(exc).strip().splitlines() or [""])[0]
@@ -420,7 +605,9 @@ class LLMEngine:
         kind = "mixed" if num_prompt_rows and num_prompt_rows < num_rows else None
         kind = kind or ("prefill" if num_prompt_rows else "decode")
         self._prompt_tokens[kind] += num_prompt_rows
-        self._generation_tokens[kind] += sum(len(run.token_ids) for run in executed)
+        self._generation_tokens[kind] += sum(
+            len(run.token_ids) + run.num_spec_tokens for run in executed
+        )
 
     def _update_text_and_finish(self, seq: Sequence, token: int) -> str:
         """Detokenise the new token, decide whether the sequence is done, and return the text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import numbers
 import os
@@ -27,6 +29,103 @@ _DTYPES = {
 }
 
 
+SPECULATIVE_METHODS = ("ngram", "self_draft", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, named as in vLLM's `--speculative-config` JSON.
+
+    `method` "ngram" drafts by prompt lookup: the longest suffix of the sequence, between
+    `prompt_lookup_min` and `prompt_lookup_max` tokens, found earlier in it proposes the up to
+    `num_speculative_tokens` tokens that followed it. `method` "self_draft" (an engine_ref
+    extension) drafts with the target's own first `num_draft_layers` layers, its final norm
+    and head, greedily, one token at a time; its KV for those layers is the target's, so it
+    needs no memory of its own. `method` "draft_model" drafts greedily with the smaller
+    model named by `model` (vLLM's key), which must share the target's tokenizer; it keeps
+    its own KV pools (as many blocks as the target's, beyond `kv_cache_memory_bytes`) under
+    the same block tables, and runs on every step's rows so its KV stays in step. The
+    target verifies a draft in one forward; outputs are distributed exactly as without
+    speculation (see spec_decode/).
+    Off-switches: no sequence drafts in a step that starts with more than
+    `disable_by_batch_size` running sequences (vLLM's name and rule; None: never), and a sequence
+    whose recent acceptance rate (accepted / drafted tokens, a moving average over its verify
+    steps) falls below `disable_below_acceptance_rate` pauses drafting for
+    `pause_steps` steps (engine_ref extensions). `num_tree_branches` > 1 (n-gram only, an
+    engine_ref extension) drafts a token tree of that many continuations within the same
+    `num_speculative_tokens` budget, verified in one forward under a tree attention mask.
+    A drafted token costs about
+    `disable_below_acceptance_rate` of a decode step here, so a lower rate loses time.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    disable_by_batch_size: int | None = 8
+    disable_below_acceptance_rate: float = 0.1
+    pause_steps: int = 16
+    num_draft_layers: int | None = None
+    model: str | None = None
+    num_tree_branches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise EngineConfigError(
+                f"Unknown speculative method {self.method!r}; use one of "
+                f"{', '.join(SPECULATIVE_METHODS)}."
+            )
+        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+            object.__setattr__(self, name, _integer(name, getattr(self, name), low=1))
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise EngineConfigError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                f"prompt_lookup_max ({self.prompt_lookup_max})."
+            )
+        if self.disable_by_batch_size is not None:
+            value = _integer("disable_by_batch_size", self.disable_by_batch_size, low=1)
+            object.__setattr__(self, "disable_by_batch_size", value)
+        rate = _number("disable_below_acceptance_rate", self.disable_below_acceptance_rate)
+        if not 0.0 <= rate <= 1.0:
+            raise EngineConfigError(f"disable_below_acceptance_rate must be in [0, 1], got {rate}.")
+        object.__setattr__(self, "disable_below_acceptance_rate", rate)
+        object.__setattr__(self, "pause_steps", _integer("pause_steps", self.pause_steps, low=0))
+        if self.method == "self_draft":
+            if self.num_draft_layers is None:
+                raise EngineConfigError("method self_draft needs num_draft_layers (1 or more).")
+            layers = _integer("num_draft_layers", self.num_draft_layers, low=1)
+            object.__setattr__(self, "num_draft_layers", layers)
+        elif self.num_draft_layers is not None:
+            raise EngineConfigError("num_draft_layers applies to method self_draft only.")
+        branches = _integer("num_tree_branches", self.num_tree_branches, low=1)
+        object.__setattr__(self, "num_tree_branches", branches)
+        if branches > 1 and self.method != "ngram":
+            raise EngineConfigError("num_tree_branches above 1 applies to method ngram only.")
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model:
+                raise EngineConfigError("method draft_model needs model (the draft model's name).")
+        elif self.model is not None:
+            raise EngineConfigError("model applies to method draft_model only.")
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        """Parse `--speculative-config` JSON (an object of this class's fields)."""
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise EngineConfigError(f"--speculative-config is not valid JSON: {exc.msg}.") from None
+        if not isinstance(fields, dict):
+            raise EngineConfigError("--speculative-config must be a JSON object.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise EngineConfigError(
+                f"Unknown speculative-config key {unknown[0]!r}; known keys: "
+                f"{', '.join(sorted(known))}."
+            )
+        return cls(**fields)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the reference engine runs one model.
@@ -41,6 +140,7 @@ class EngineConfig:
     every prefix-cache key, so caches of different model versions never match.
     `quantization` None runs the weights in `dtype`; "w4a16", "w8a8" or "w8a16" runs the
     projections as low-bit GEMMs (see `engine_ref.core.quant`; w8a8 and w8a16 on CPU only).
+    `speculative_config` None serves without speculative decoding.
     """
 
     model: str = "smollm2-135m"
@@ -60,12 +160,24 @@ class EngineConfig:
     seed: int = 0
     prefix_cache_salt: str = "engine_ref-v1"
     quantization: str | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
             raise EngineConfigError(
                 f"Unknown quantization {self.quantization!r}; use one of "
                 f"{', '.join(QUANTIZATION_MODES)}, or leave it unset for {self.dtype} weights."
+            )
+        spec = self.speculative_config
+        if isinstance(spec, str):
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.from_json(spec))
+        elif isinstance(spec, dict):
+            object.__setattr__(
+                self, "speculative_config", SpeculativeConfig.from_json(json.dumps(spec))
+            )
+        elif spec is not None and not isinstance(spec, SpeculativeConfig):
+            raise EngineConfigError(
+                f"speculative_config must be a SpeculativeConfig or JSON object, got {spec!r}."
             )
         if self.dtype not in _DTYPES and self.dtype != "auto":
             raise EngineConfigError(
@@ -144,7 +256,9 @@ class SamplingParams:
     None returns no logprobs; an int k (0 to `MAX_LOGPROBS`) returns the sampled token's
     logprob plus the top-k alternatives. `max_tokens` has no upper bound: generation also ends
     ("length") at the engine's max_model_len. `n` parallel samples share the prompt's KV blocks
-    (copy-on-write on divergence).
+    (copy-on-write on divergence). `speculative` False opts the request out of the engine's
+    speculative decoding (True uses it when the engine has it; outputs are the same either
+    way, only their speed differs).
     """
 
     n: int = 1
@@ -158,6 +272,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     min_tokens: int = 0
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         def set_(name: str, value: object) -> None:
@@ -184,6 +299,9 @@ class SamplingParams:
         if self.logprobs is not None:
             set_("logprobs", _integer("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS))
         set_("min_tokens", _integer("min_tokens", self.min_tokens, low=0))
+        if self.speculative not in (True, False):
+            raise EngineConfigError(f"speculative must be true or false, got {self.speculative!r}.")
+        set_("speculative", bool(self.speculative))
         if self.min_tokens > self.max_tokens:
             raise EngineConfigError("min_tokens must be between 0 and max_tokens.")
 

@@ -180,11 +180,15 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        num_layers: int | None = None,
     ) -> torch.Tensor:
-        """hidden [T, D] (before the final norm) for input_ids, positions [T]."""
+        """hidden [T, D] (before the final norm) for input_ids, positions [T], through the
+        first `num_layers` layers (all when None; a self-speculative draft runs fewer, with
+        as many KV caches)."""
         x = self.embed_tokens(input_ids)  # [T, D]
         cos, sin = self._rope_for(positions, x.dtype)  # [T, h + 2 kvh, hd]
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        layers = self.layers if num_layers is None else self.layers[:num_layers]
+        for layer, kv_cache in zip(layers, kv_caches, strict=True):
             x = layer(x, cos, sin, meta, kv_cache)
         return x
 

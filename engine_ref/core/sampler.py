@@ -53,20 +53,20 @@ def sample(
         token_ids = logits.argmax(dim=-1).tolist()
         if all(r.params.logprobs is None for r in rows):
             return SamplerOutput(token_ids, [None] * num_rows)
-        return SamplerOutput(token_ids, _logprobs(logits, rows, token_ids))
+        return SamplerOutput(token_ids, token_logprobs(logits, rows, token_ids))
     tokens = torch.empty(num_rows, dtype=torch.long, device=logits.device)
     if greedy:
         index = torch.tensor(greedy, device=logits.device, dtype=torch.long)
         tokens[index] = logits.index_select(0, index).argmax(dim=-1)
     random = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     index = torch.tensor(random, device=logits.device, dtype=torch.long)
-    probs = _filtered_probs(logits.index_select(0, index), [rows[i].params for i in random])
+    probs = filtered_probs(logits.index_select(0, index), [rows[i].params for i in random])
     tokens[index] = _exponential_race(probs, [rows[i].generator for i in random], generator)
     token_ids = tokens.tolist()
-    return SamplerOutput(token_ids, _logprobs(logits, rows, token_ids))
+    return SamplerOutput(token_ids, token_logprobs(logits, rows, token_ids))
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities [R, V] after temperature, top-k and top-p."""
     device = logits.device
     vocab = logits.shape[-1]
@@ -114,7 +114,7 @@ def _exponential_race(
     return (probs / noise).argmax(dim=-1)
 
 
-def _logprobs(
+def token_logprobs(
     logits: torch.Tensor, rows: list[SampleRow], token_ids: list[int]
 ) -> list[dict[int, float] | None]:
     """Per row asking for logprobs: the sampled token's and the top-k tokens' logprobs under

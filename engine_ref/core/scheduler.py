@@ -1,5 +1,6 @@
-"""Iteration-level scheduler: each step, running sequences first (one decode token each, or
-their next prefill chunk), then waiting sequences' prefill chunks fill the token budget.
+"""Iteration-level scheduler: each step, running sequences first (one decode token each, plus
+the tokens drafted for it when speculating, or their next prefill chunk), then waiting
+sequences' prefill chunks fill the token budget.
 When blocks run out, the least important running sequence is preempted by recompute (its blocks
 are freed; it returns to the waiting queue and later recomputes prompt and outputs, usually
 mostly from the prefix cache).
@@ -101,6 +102,8 @@ class Scheduler:
         while pending and budget > 0:
             seq = pending.pop()
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if seq.num_lookahead_tokens:
+                num_new += self._fit_drafts(seq, num_new, budget, len(pending))
             while not bm.can_append(seq, num_new):
                 # Preempt the least important sequence not yet scheduled (maybe seq itself).
                 victim = max([*pending, seq], key=self._key)
@@ -146,6 +149,21 @@ class Scheduler:
         batch.seqs = [s for s, _ in scheduled]
         batch.num_new_tokens = [n for _, n in scheduled]
         return batch
+
+    def _fit_drafts(self, seq: Sequence, num_new: int, budget: int, num_pending: int) -> int:
+        """How many of `seq`'s draft slots join its row (`num_lookahead_tokens` is cut to
+        that): drafts take budget and blocks only when every running sequence not yet
+        scheduled keeps one token and one block, so speculation never preempts or delays
+        another running sequence."""
+        spare = budget - num_new - num_pending
+        num_draft = max(0, min(seq.num_lookahead_tokens, spare))
+        bm = self.block_manager
+        if num_draft and bm.blocks_needed(seq, num_new + num_draft) + num_pending > len(
+            bm.free_blocks
+        ):
+            num_draft = 0
+        seq.num_lookahead_tokens = num_draft
+        return num_draft
 
     def _count_prefix_lookup(self, seq: Sequence, cached: int) -> None:
         if seq.num_preemptions:

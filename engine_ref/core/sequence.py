@@ -37,6 +37,14 @@ class Sequence:
     logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0
     num_emitted_chars: int = 0  # of detokenizer.text already returned to the caller
+    # Speculative decoding: the draft slots this step reserves (the scheduler may cut them),
+    # the drafted tokens (verified after the last token), the moving acceptance rate of its
+    # verify steps, and steps left before it drafts again.
+    num_lookahead_tokens: int = 0
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_parents: list[int | None] | None = None  # a token tree's (see DraftTree); None: chain
+    spec_acceptance: float = 1.0
+    spec_pause_steps: int = 0
 
     @property
     def num_tokens(self) -> int:

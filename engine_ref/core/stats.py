@@ -6,6 +6,38 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class SpecDecodeStats:
+    """Speculative decoding counters since start (vLLM's `spec_decode_*` metrics).
+
+    `num_drafts`: verify steps of one sequence with at least one drafted token;
+    `num_draft_tokens`: tokens drafted and verified; `num_accepted_tokens`: drafted tokens the
+    target accepted (the correction or bonus token each verify step adds is not counted);
+    `num_accepted_tokens_per_pos[i]`: drafts whose token i (0-based) was accepted.
+    `num_steps_off_by_batch_size`: steps in which no sequence drafted because the batch was
+    above `disable_by_batch_size`; `num_paused_proposals`: drafts skipped because the
+    sequence's acceptance rate had fallen below the break-even rate.
+    """
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_accepted_tokens_per_pos: tuple[int, ...]
+    num_steps_off_by_batch_size: int = 0
+    num_paused_proposals: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens, in [0, 1]; 0 before any draft."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verify step: 1 + accepted / drafts (vLLM's mean acceptance
+        length); 0 before any draft."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot taken by `LLMEngine.stats()`.
 
@@ -44,6 +76,7 @@ class EngineStats:
     prefix_cache_preempted_query_tokens: int = 0
     prefix_cache_preempted_hit_tokens: int = 0
     weight_bytes_by_kind: dict[str, int] | None = None
+    spec_decode: SpecDecodeStats | None = None  # None: the engine runs without speculation
 
     @property
     def prefix_cache_hit_rate(self) -> float:

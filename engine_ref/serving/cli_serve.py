@@ -3,7 +3,8 @@
 Engine options are generated from `EngineConfig`'s fields, so their defaults live in the
 dataclass alone: an option left unset is not passed, and the dataclass default applies.
 `enable_*` booleans become `--enable-x/--disable-x`; `*_bytes` sizes accept suffixes
-(`512MiB`, `2GB`); everything else keeps its field name with dashes. The server's own options
+(`512MiB`, `2GB`); a nested config (`--speculative-config`) is a JSON object, as in vLLM;
+everything else keeps its field name with dashes. The server's own options
 (`--api-key`, the limits) work the same way over `ServerConfig`: unset, its default applies.
 """
 
@@ -150,6 +151,10 @@ def _engine_options(command: Any) -> Any:
             rest = flag[len("enable-") :]
             decls = [f"--enable-{rest}/--disable-{rest}", f.name]
             option = click.option(*decls, default=None, help=help_text)
+        elif dataclasses.is_dataclass(base):  # speculative_config: JSON, as vLLM takes it
+            example = '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
+            help_text = f"EngineConfig.{f.name} as a JSON object, e.g. '{example}' (default: none)"
+            option = click.option(f"--{flag}", f.name, type=str, default=None, help=help_text)
         elif f.name.endswith("_bytes"):
             decls = [f"--{flag}", f"--{flag[: -len('-bytes')]}", f.name]
             option = click.option(*decls, type=ByteSize(), default=None, help=help_text)

@@ -22,6 +22,15 @@ outcomes are observed by the server as requests stream. All metrics live in the
 | `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort, error |
 | `vllm:request_rejected_total` (engine_ref extension) | counter | server: 429 answers |
 | `vllm:model_weight_bytes{layer_kind}` (engine_ref extension) | gauge | engine: weight bytes held |
+| `vllm:spec_decode_num_drafts_total`, `_num_draft_tokens_total`, `_num_accepted_tokens_total` | counter | engine, with speculative decoding |
+| `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` | counter | engine, as vLLM |
+| `vllm:spec_decode_acceptance_rate`, `_mean_accepted_length` (engine_ref extensions) | gauge | engine: since start |
+
+The spec_decode metrics appear only when the engine speculates (its stats carry
+`spec_decode`), as vLLM registers them only with a speculative config. vLLM computes the
+acceptance rate and mean acceptance length from the counters in its dashboards
+(accepted / draft tokens, 1 + accepted / drafts); the two gauges give those same values since
+start for a reader without PromQL.
 """
 
 from __future__ import annotations
@@ -128,6 +137,28 @@ _COUNTERS = (
     ("generation_tokens", "generation_tokens_total", "Tokens generated so far."),
 )
 
+_SPEC_COUNTERS = (
+    ("spec_decode_num_drafts", "num_drafts", "Verify steps of a sequence with drafted tokens."),
+    ("spec_decode_num_draft_tokens", "num_draft_tokens", "Draft tokens proposed and verified."),
+    (
+        "spec_decode_num_accepted_tokens",
+        "num_accepted_tokens",
+        "Draft tokens the target model accepted.",
+    ),
+)
+_SPEC_GAUGES = (
+    (
+        "spec_decode_acceptance_rate",
+        "acceptance_rate",
+        "Accepted / draft tokens since start (0 before any draft).",
+    ),
+    (
+        "spec_decode_mean_accepted_length",
+        "mean_accepted_length",
+        "Tokens emitted per verify step since start: 1 + accepted / drafts.",
+    ),
+)
+
 
 class _EngineStatsCollector(Collector):
     def __init__(self, model_name: str, get_stats: Any) -> None:
@@ -155,6 +186,28 @@ class _EngineStatsCollector(Collector):
             )
             for kind, num_bytes in weight_bytes.items():
                 family.add_metric([self._model_name, kind], float(num_bytes))
+            yield family
+        spec = getattr(stats, "spec_decode", None)
+        if spec is not None:
+            yield from self._spec_decode(spec)
+
+    def _spec_decode(self, spec: Any) -> Iterator[Metric]:
+        labels = ["model_name"]
+        for suffix, attribute, help_text in _SPEC_COUNTERS:
+            family = CounterMetricFamily(PREFIX + suffix, help_text, labels=labels)
+            family.add_metric([self._model_name], float(getattr(spec, attribute)))
+            yield family
+        family = CounterMetricFamily(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose token at this position (0-based) was accepted.",
+            labels=["model_name", "position"],
+        )
+        for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+            family.add_metric([self._model_name, str(position)], float(count))
+        yield family
+        for suffix, attribute, help_text in _SPEC_GAUGES:
+            family = GaugeMetricFamily(PREFIX + suffix, help_text, labels=labels)
+            family.add_metric([self._model_name], float(getattr(spec, attribute)))
             yield family
 
 

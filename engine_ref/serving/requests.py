@@ -9,7 +9,9 @@ of token ids, or a list of either) or `messages` (chat), `max_tokens` (chat also
 `stop_token_ids`, `ignore_eos`, `min_tokens`, `logprobs`, `top_logprobs` (chat), `priority`,
 `stream`, `stream_options.include_usage`, `return_token_ids` (vLLM extension: each choice
 and chunk carries the token ids it adds) and `cache_salt` (vLLM extension: requests share
-prefix-cache blocks only with requests of the same salt).
+prefix-cache blocks only with requests of the same salt) and `speculative` (engine_ref
+extension: false opts the request out of the server's `--speculative-config`; outputs are the
+same either way).
 
 Size limits come before the work they bound: a request's prompt text (all its prompts, or all
 its messages' contents) is counted against `max_prompt_chars` before it is rendered or
@@ -207,6 +209,7 @@ def _build(
         "ignore_eos": optional_bool(body, "ignore_eos"),
         "logprobs": logprobs,
         "min_tokens": min_tokens,
+        "speculative": optional_bool(body, "speculative"),
     }
     try:
         params = SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
