@@ -319,3 +319,37 @@ def test_a_tokenizer_json_file_is_a_tokenizer(tmp_path):
     ).encode("hello world")
     with pytest.raises(HarnessError, match="cannot load the tokenizer"):
         load_chosen(choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(tmp_path))))
+
+
+def test_engine_faults_act_on_a_managed_external_engine(tmp_path):
+    """kill-engine on a managed (fake) vLLM: SIGKILLed 1 s in and started again on its port;
+    every scheduled request has one outcome, none lost or invented, one restart recorded."""
+    plan = tmp_path / "kill.yaml"
+    plan.write_text("name: kill\nwindows:\n  - kind: kill_engine\n    at: 1s\n")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        bench,
+        ["run", "--model", "tiny-random", "--workload", "random", "--num-requests", "40",
+         "--input-len", "16", "--output-len", "16", "--request-rate", "10", "--timeout", "30",
+         "--out", str(out), "--quiet", "--target", "vllm", "--engine-command", FAKE_VLLM,
+         "--faults", str(plan)],
+    )  # fmt: skip
+    assert "Traceback" not in result.output, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["fault_plan"]["engine_restarts"] == 1
+    assert "error" not in manifest["fault_plan"]["windows"][0]
+    rows = pq.read_table(out / "requests.parquet").to_pylist()
+    assert len(rows) == 40 and len({r[RequestColumn.REQUEST_ID] for r in rows}) == 40
+    statuses = [r[RequestColumn.STATUS] for r in rows]
+    assert 0 < statuses.count("ok") < 40  # the kill cost some requests, the restart served more
+    ledger = json.loads((out / "summary.json").read_text())["ledger"]
+    assert (ledger["lost"], ledger["unexpected"]) == (0, 0), ledger
+
+
+def test_a_plan_with_engine_args_is_refused_for_an_external_engine(tmp_path):
+    result, out = _run(tmp_path, "--target", "vllm", "--engine-command", FAKE_VLLM,
+                       "--faults", "shrunken-kv")  # fmt: skip
+    assert isinstance(result.exception, HarnessError)  # `bench` prints it in one sentence
+    message = str(result.exception)
+    assert "--num-blocks 64, which only the reference engine understands" in message
+    assert message.endswith("against vllm.") and not out.exists()
