@@ -145,6 +145,13 @@ def _drop_none(**kwargs) -> dict:
     type=int,
     help="Stop the run (exit 3) after this many failed requests in a row.",
 )
+@click.option(
+    "--stop-on-saturation",
+    is_flag=True,
+    default=None,
+    help="Stop the run (exit 3) once TTFT and the requests in flight keep rising together: "
+    "the target cannot keep up (the card's over-saturation rule, judged live).",
+)
 @vllm_options
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
     """Drive a target with a workload, record every request and chunk, and summarise.

@@ -90,7 +90,8 @@ class RunConfig:
     startup_timeout_s: float = 600.0
     api_key: str | None = None
     max_error_rate: float | None = None  # stop once more than this fraction failed (0-1)
-    max_consecutive_errors: int | None = None  # stop after this many failures in a row
+    max_consecutive_errors: int | None = None
+    stop_on_saturation: bool = False  # stop once TTFT and in-flight rise together (exit 3)  # stop after this many failures in a row
     settle_s: float = 10.0  # how long to wait for the target to go idle after the run
     faults: str | None = None  # a fault plan: built-in name or YAML file (`bench faults list`)
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers on every request (`--header`)

@@ -2,7 +2,8 @@
 
 Exit codes: 0 the run completed (and met its SLO when `--slo` was given); 1 it completed but
 missed its SLO; 2 usage error (bad flags, files or target, before anything ran); 3 the run was
-stopped by its error limits (`--max-error-rate`, `--max-consecutive-errors`) or most of its
+stopped by its error limits (`--max-error-rate`, `--max-consecutive-errors`) or by
+`--stop-on-saturation`, or most of its
 requests failed (requests the client cancelled itself count for neither); 130 interrupted
 (Ctrl-C, SIGTERM).
 """

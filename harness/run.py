@@ -27,6 +27,7 @@ from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
 from harness.run_checks import output_checks, request_rows
 from harness.run_context import ErrorLimits, RunContext
+from harness.saturation_watch import Observers, SaturationWatch
 from harness.scraper import MetricsScraper
 from harness.server_state import read_gauges, settle
 from harness.targets import Target, launch_plan_for, preflight, target_for, target_info
@@ -425,8 +426,10 @@ async def _drive(
             if run.config.scrape_interval_s > 0:
                 session = await stack.enter_async_context(aiohttp.ClientSession())
                 scrape_task = asyncio.create_task(run.scraper.run(session, lambda: run.t0_ns))
+            watch = SaturationWatch(run.request_stop) if run.config.stop_on_saturation else None
+            observer = Observers(display, watch)
             with display or contextlib.nullcontext():
-                await run_load(transport, plan, run.on_result, display, start_callback=start)
+                await run_load(transport, plan, run.on_result, observer, start_callback=start)
     except asyncio.CancelledError:
         return stop_reason.get("reason") or run.stop_reason or "cancelled"
     finally:

@@ -84,9 +84,14 @@ class RunContext:
         if self.errors is not None and not raw.is_warmup and self.stop_reason is None:
             reason = self.errors.observe(raw)
             if reason is not None:
-                self.stop_reason = reason
-                if self.stop is not None:
-                    self.stop.cancel()
+                self.request_stop(reason)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the run early for `reason` (judged like the error limits: exit 3)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            if self.stop is not None:
+                self.stop.cancel()
 
     def flush(self) -> None:
         if self.recorder is not None:

@@ -71,16 +71,25 @@ def saturation_summary(rm: RequestMetrics) -> dict:
     order = np.argsort(np.where(has_sent, sent, np.inf), kind="stable")[: int(has_sent.sum())]
     in_flight = in_flight_at_send(rm.t_sent_ns, rm.t_done_ns)[order]
     ttft = np.where(rm.is_ok, rm.ttft_ms, np.nan)[order]
-    out = {"judged": False, "saturated": None, "sentence": None, "n": int(order.size),
-           "rule": RULE}  # fmt: skip
-    if order.size < MIN_REQUESTS or np.isnan(ttft).sum() > order.size - MIN_REQUESTS // 2:
+    return judge_saturation(ttft, in_flight)
+
+
+def judge_saturation(ttft_ms, in_flight) -> dict:
+    """The rule of the module docstring on sent requests in send order: `ttft_ms` (NaN where
+    a request has none) and `in_flight` (other requests in flight at its send). Used on the
+    recorded run by `saturation_summary` and live by `bench run --stop-on-saturation`."""
+    ttft = np.asarray(ttft_ms, float)
+    in_flight = np.asarray(in_flight, float)
+    n = int(ttft.size)
+    out = {"judged": False, "saturated": None, "sentence": None, "n": n, "rule": RULE}
+    if n < MIN_REQUESTS or np.isnan(ttft).sum() > n - MIN_REQUESTS // 2:
         out["sentence"] = "not judged: too few requests with a TTFT"
         return out
-    quarters = np.array_split(np.arange(order.size), 4)
+    quarters = np.array_split(np.arange(n), 4)
     first, last = quarters[0], quarters[-1]
     ttft_first, ttft_last = _median(ttft[first]), _median(ttft[last])
     flight_first, flight_last = _median(in_flight[first]), _median(in_flight[last])
-    position = np.arange(order.size, dtype=float)
+    position = np.arange(n, dtype=float)
     rho_ttft = rank_correlation(position, ttft)
     rho_flight = rank_correlation(position, in_flight)
     out.update(judged=ttft_first is not None and ttft_last is not None,
@@ -110,4 +119,4 @@ def saturation_summary(rm: RequestMetrics) -> dict:
     return out
 
 
-__all__ = ["rank_correlation", "saturation_summary"]
+__all__ = ["judge_saturation", "rank_correlation", "saturation_summary"]

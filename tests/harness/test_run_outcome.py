@@ -181,3 +181,23 @@ def test_the_ledger_reports_a_target_that_leaks_on_cancel(tmp_path):
             assert "6 running request(s) left" in " ".join(ledger["leak"]["reasons"])
         else:
             assert ledger["verdict"] == "ok"
+
+
+@pytest.mark.parametrize(("rate", "n", "stops"), [("100", 400, True), ("10", 60, False)])
+def test_stop_on_saturation_stops_a_run_whose_queue_only_grows(tmp_path, rate, n, stops):
+    """A mock with 2 slots (about 30 requests/s) offered 100 requests/s: TTFT and the requests
+    in flight rise together, so --stop-on-saturation stops the run (exit 3, the rest
+    not_sent); offered 10 requests/s it keeps up and the run completes."""
+    run = tmp_path / "run"
+    with MockProcess("--ttft-ms", "20", "--itl-ms", "5", "--max-concurrency", "2") as mock:
+        result = bench_run(mock.url, run, "--output-len", "8", "--num-requests", str(n),
+                           "--request-rate", rate, "--duration", "60", "--stop-on-saturation")  # fmt: skip
+    statuses = one_row_per_scheduled(run)
+    if stops:
+        assert result.returncode == 3, result.stdout + result.stderr
+        assert "The target cannot keep up" in result.stderr
+        assert "stopped by --stop-on-saturation" in result.stderr
+        assert statuses.get("not_sent", 0) > 0
+    else:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "cannot keep up" not in result.stderr and statuses == {"ok": n}
