@@ -17,6 +17,7 @@ nothing for this.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections import defaultdict
@@ -456,32 +457,31 @@ class LLMEngine:
             seq if index == seq.index else self._fork(seq, index, generator)
             for seq, index, generator in executed.samples
         ]
+        # Sampled tokens first, then verified speculative chains; each a call that may fail
+        # for its request alone (`verified` marks the calls whose tokens were speculated).
+        jobs = [
+            (seq, False, functools.partial(self._append_token, seq, token, lp))
+            for seq, token, lp in zip(targets, executed.token_ids, executed.logprobs, strict=True)
+        ]
+        jobs += [
+            (seq, True, functools.partial(self._commit_verified, seq, chain, verified))
+            for seq, chain, verified in executed.verified
+        ]
         by_request: dict[Request, list[CompletionOutput]] = {}
         failed: set[Request] = set()
-        for seq, token, lp in zip(targets, executed.token_ids, executed.logprobs, strict=True):
+        for seq, speculated, job in jobs:
             request = seq.request
-            if failed and request in failed:
+            if request in failed:
                 continue
             try:
-                completion = self._append_token(seq, token, lp)
+                completion = job()
             except Exception as exc:
                 failures.append((request, exc))
                 failed.add(request)
                 by_request.pop(request, None)
                 continue
-            by_request.setdefault(request, []).append(completion)
-        for seq, chain, verified in executed.verified:
-            request = seq.request
-            if failed and request in failed:
-                continue
-            try:
-                completion = self._commit_verified(seq, chain, verified)
-            except Exception as exc:
-                failures.append((request, exc))
-                failed.add(request)
-                by_request.pop(request, None)
-                continue
-            executed.num_spec_tokens += len(completion.new_token_ids)
+            if speculated:
+                executed.num_spec_tokens += len(completion.new_token_ids)
             by_request.setdefault(request, []).append(completion)
         outputs = []
         for request, completions in by_request.items():
