@@ -130,6 +130,13 @@ def _drop_none(**kwargs) -> dict:
 )
 @click.option("--slo", help="SLO spec: built-in name (p99, interactive) or a YAML file.")
 @click.option("--no-stream", is_flag=True, help="Use non-streaming requests.")
+@click.option(
+    "--chunk-usage/--no-chunk-usage",
+    default=None,
+    help="Ask for the usage so far in every stream chunk (vLLM's "
+    "stream_options.continuous_usage_stats), so each chunk's tokens are the server's count. "
+    "Default: on for the reference engine and vLLM, off for other targets.",
+)
 @click.option("--quiet", is_flag=True, help="No progress bar or summary table (for CI).")
 @click.option(
     "--faults",

@@ -57,6 +57,7 @@ class ClientOptions:
     api_key: str | None = None
     headers: tuple[tuple[str, str], ...] = ()  # sent with every request, after Authorization
     extra_body: dict | None = None  # merged into every request body (`--extra-body`)
+    chunk_usage: bool = False  # ask for the usage so far in every chunk (continuous usage)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
@@ -82,6 +83,8 @@ def build_body(options: ClientOptions, spec: dict) -> bytes:
     if options.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
+        if options.chunk_usage:
+            body["stream_options"]["continuous_usage_stats"] = True
     if spec.get("ignore_eos"):
         body["ignore_eos"] = True
     for key in ("temperature", "top_p", "seed"):

@@ -56,6 +56,9 @@ class RunConfig:
       a reference-engine model name, GGUF path, HF directory or tokenizer.json (default: the
       model under test; see `harness.tokenizer_choice`).
     - `headers`: (name, value) pairs sent with every request; only the names are recorded.
+    - `chunk_usage`: ask for vLLM's `stream_options.continuous_usage_stats` (the usage so far
+      in every chunk), so each chunk's token count is the server's; None: on for the
+      reference engine and vLLM (which understand it), off for other targets.
     - `extra_body`: a JSON object merged into every request body (engine-specific sampling
       fields such as vLLM's `top_k`, `min_p`, `repetition_penalty`).
     - `target`: what to drive (`harness.engines`); `check_outputs` makes requests greedy and
@@ -67,6 +70,7 @@ class RunConfig:
     model: str | None = None
     endpoint: Endpoint | None = None  # None: the workload's own, else completions
     stream: bool = True
+    chunk_usage: bool | None = None  # the usage so far in every chunk; None: ref and vLLM only
     num_requests: int | None = None
     duration_s: float | None = None
     request_rate: float | None = None

@@ -64,6 +64,7 @@ class OutputChecks:
         usage_completion_tokens: int | None,
         token_chunks: int,
         streamed: bool,
+        client_tokens: int | None = None,
     ) -> CheckResult:
         """The checks of one ok request's output."""
         flags: list[OutputFlag] = []
@@ -77,9 +78,12 @@ class OutputChecks:
             # Fewer tokens than token-bearing events is impossible. Otherwise both counts of the
             # client must disagree: retokenising text is not always a round trip, and servers
             # may merge tokens into one event, but not both by much at once.
+            # `client_tokens` is what the chunks' own counts add up to (several per event under
+            # speculative decoding); without it, one per token-bearing event.
+            streamed_tokens = token_chunks if client_tokens is None else client_tokens
             too_few = streamed and usage_completion_tokens < token_chunks
             off_text = abs(retokenised - usage_completion_tokens) > slack
-            off_events = not streamed or abs(token_chunks - usage_completion_tokens) > slack
+            off_events = not streamed or abs(streamed_tokens - usage_completion_tokens) > slack
             if too_few or (off_text and off_events):
                 flags.append(OutputFlag.USAGE_MISMATCH)
         exact = first = agreement = None

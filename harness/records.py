@@ -28,6 +28,22 @@ def _rel(t_ns: int | None, t0_ns: int) -> int | None:
     return None if t_ns is None else t_ns - t0_ns
 
 
+def streamed_with_text(raw: RawResult, parsed: ParsedStream) -> bool:
+    """True for a streamed response that carried text."""
+    return raw.body is None and bool(parsed.text_parts)
+
+
+def _retokenise_chunks(parsed: ParsedStream, count_tokens: TokenCounter) -> None:
+    """Count each text event's tokens with the run's tokenizer (the server said neither its
+    usage so far nor token ids): each event's text on its own, at least one token."""
+    texts = iter(parsed.text_parts)
+    parsed.chunks = [
+        (t_ns, max(1, count_tokens(next(texts))) if n_chars else 0, n_chars)
+        for t_ns, _, n_chars in parsed.chunks
+    ]
+    parsed.chunk_tokens_source = TokenSource.TOKENIZER
+
+
 def to_rows(
     raw: RawResult, input_tokens: int | None, ctx: RecordContext
 ) -> tuple[RequestRecord, list[tuple]]:
@@ -50,6 +66,9 @@ def to_rows(
     elif raw.reads:  # failed mid-stream: keep what arrived
         parsed = parse_stream(raw.reads, chat=ctx.is_chat)
 
+    if parsed is not None and streamed_with_text(raw, parsed) and ctx.count_tokens is not None:
+        if parsed.chunk_tokens_source is TokenSource.CHUNK_COUNT:
+            _retokenise_chunks(parsed, ctx.count_tokens)
     # A non-streamed response arrives whole: no token was seen before the last byte, so the
     # first and last token times are unknown (TTFT, TPOT and ITL undefined), not t_done.
     streamed = raw.body is None
@@ -62,6 +81,8 @@ def to_rows(
         output_tokens, source = None, None
     elif usage_completion is not None:
         output_tokens, source = int(usage_completion), TokenSource.USAGE
+    elif parsed is not None and parsed.chunk_tokens_source is TokenSource.TOKEN_IDS:
+        output_tokens, source = client_tokens, TokenSource.TOKEN_IDS
     elif ctx.count_tokens is not None and text:
         output_tokens, source = ctx.count_tokens(text), TokenSource.TOKENIZER
     else:
@@ -80,9 +101,11 @@ def to_rows(
             output_tokens=output_tokens,
             usage_completion_tokens=usage_completion,
             token_chunks=len(token_times),
+            client_tokens=client_tokens,
             streamed=raw.body is None,
         )
     t0 = ctx.t0_ns
+    chunk_source = parsed.chunk_tokens_source if parsed and token_times else None
     record = RequestRecord(
         request_id=raw.request_id,
         t_scheduled_ns=_rel(raw.t_scheduled_ns, t0),
@@ -113,6 +136,7 @@ def to_rows(
         output_first_divergence=checked.first_divergence,
         output_agreement=checked.agreement,
         output_flags=checked.flags,
+        chunk_tokens_source=chunk_source,
     )
     rid = raw.request_id
     chunks = [(rid, t - t0, n, c) for t, n, c in parsed.chunks] if parsed else []

@@ -249,6 +249,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         api_key=config.api_key,
         headers=config.headers,
         extra_body=config.extra_body,
+        chunk_usage=_chunk_usage(config, target.get("engine")),
     )
     plan, input_tokens = _plan(config, workload, options)
     manifest = RunManifest(
@@ -339,6 +340,17 @@ def _record_outcome(run_dir: Path, verdict: Verdict) -> None:
     write_json_atomic(run_dir / "manifest.json", manifest.to_json())
 
 
+CHUNK_USAGE_ENGINES = ("engine_ref", "vllm")  # servers known to honour continuous_usage_stats
+
+
+def _chunk_usage(config: RunConfig, engine: str | None) -> bool:
+    """Whether to ask for the usage so far in every chunk: `--chunk-usage`, else on for the
+    engines known to honour it (others may reject an unknown stream option)."""
+    if config.chunk_usage is not None:
+        return config.chunk_usage
+    return engine in CHUNK_USAGE_ENGINES
+
+
 def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:
     rows = request_rows(config, workload)
     if not rows:
@@ -395,7 +407,7 @@ async def _drive(
     plan = run.plan
     max_connections = plan.concurrency or max(len(plan.payloads), len(plan.warmup), 1)
     flush_task = asyncio.create_task(flusher())
-    scrape_task = None
+    scrape_task = session = None
     display = (
         ProgressDisplay(len(plan.payloads), run.console)
         if (not run.quiet and run.console is not None)
@@ -430,6 +442,9 @@ async def _drive(
             observer = Observers(display, watch)
             with display or contextlib.nullcontext():
                 await run_load(transport, plan, run.on_result, observer, start_callback=start)
+            if scrape_task is not None and session is not None:
+                scrape_task.cancel()
+                await run.scraper.scrape_once(session, lambda: run.t0_ns)
     except asyncio.CancelledError:
         return stop_reason.get("reason") or run.stop_reason or "cancelled"
     finally:

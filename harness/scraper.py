@@ -41,24 +41,31 @@ class MetricsScraper:
 
     async def run(self, session: aiohttp.ClientSession, t0_ns_getter) -> None:
         """Scrape until cancelled; stops for good on the first non-Prometheus answer."""
-        while True:
-            t_ns = time.perf_counter_ns()
-            try:
-                async with session.get(
-                    self.metrics_url, timeout=aiohttp.ClientTimeout(total=5)
-                ) as resp:
-                    text = await resp.text() if resp.status == 200 else None
-                rows = parse_metrics(text) if text else None
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                rows = None
-            if rows is None and self.available is None:
-                self.available = False
-                return
-            if rows:
-                self.available = True
-                t0 = t0_ns_getter() or t_ns
-                self.rows.extend((t_ns - t0, name, labels, value) for name, labels, value in rows)
+        while await self.scrape_once(session, t0_ns_getter):
             await asyncio.sleep(self.interval_s)
+
+    async def scrape_once(self, session: aiohttp.ClientSession, t0_ns_getter) -> bool:
+        """One sample of every metric; False once the target proved to have no /metrics.
+        The run takes one last sample when its load is done, so counters cover all of it."""
+        if self.available is False:
+            return False
+        t_ns = time.perf_counter_ns()
+        try:
+            async with session.get(
+                self.metrics_url, timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
+                text = await resp.text() if resp.status == 200 else None
+            rows = parse_metrics(text) if text else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            rows = None
+        if rows is None and self.available is None:
+            self.available = False
+            return False
+        if rows:
+            self.available = True
+            t0 = t0_ns_getter() or t_ns
+            self.rows.extend((t_ns - t0, name, labels, value) for name, labels, value in rows)
+        return True
 
     def write(self, run_dir: Path) -> int:
         """Write `server_metrics.parquet` when anything was scraped; returns the row count."""

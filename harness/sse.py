@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from slo.runrecord import ErrorClass
+from slo.runrecord import ErrorClass, TokenSource
 
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 DONE = b"[DONE]"
@@ -22,9 +22,14 @@ DONE = b"[DONE]"
 class ParsedStream:
     """What one OpenAI-style SSE stream said, with a timestamp per data event.
 
-    `chunks` holds one `(t_ns, n_tokens, n_chars)` per data event other than `[DONE]`; an event
-    that carries text counts as one token (OpenAI-compatible servers send one detokenised step
-    per event), role-only and usage-only events count zero.
+    `chunks` holds one `(t_ns, n_tokens, n_chars)` per data event other than `[DONE]`. A
+    text-bearing event's tokens are counted from the tokens themselves where the server says
+    them, never from the event count alone: the growth of the usage so far that each event
+    carries (vLLM's `stream_options.continuous_usage_stats`), else the length of the choice's
+    `token_ids` (vLLM's `return_token_ids`); `chunk_tokens_source` says which. Only when
+    neither is there does a text event count one token (`CHUNK_COUNT`; `harness.records` then
+    retokenises each event's text where it has a tokenizer); a text event counts at least one
+    token either way. Role-only and usage-only events count zero.
     """
 
     chunks: list[tuple[int, int, int]] = field(default_factory=list)
@@ -35,6 +40,7 @@ class ParsedStream:
     saw_done: bool = False
     error_class: ErrorClass | None = None
     error_message: str | None = None
+    chunk_tokens_source: TokenSource | None = None  # None: no text-bearing event
 
     @property
     def text(self) -> str:
@@ -98,7 +104,9 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     objects = _decode_all([payload for _, payload in events])
     if isinstance(objects, str):
         return _fail(out, ErrorClass.MALFORMED_JSON, objects)
-    chunks, parts = out.chunks, out.text_parts
+    parts = out.text_parts
+    # (t_ns, n_chars, usage so far or None, len(token_ids) or None) per event; n_chars 0: no text
+    rows: list[tuple[int, int, int | None, int | None]] = []
     for (t_ns, _), obj in zip(events, objects, strict=True):
         if type(obj) is not dict:
             return _fail(out, ErrorClass.MALFORMED_JSON, "an event is JSON but not an object")
@@ -109,7 +117,7 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             out.usage = obj["usage"]
         if out.response_id is None and type(obj.get("id")) is str:
             out.response_id = obj["id"]
-        text = None
+        text = token_ids = None
         if choices:
             choice = choices[0] if type(choices) is list else None
             if type(choice) is not dict:
@@ -121,6 +129,7 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
                 text = delta.get("content") if type(delta) is dict else None
             else:
                 text = choice.get("text")
+            token_ids = choice.get("token_ids")
             if choice.get("finish_reason"):
                 out.finish_reason = choice["finish_reason"]
         elif choices is not None and type(choices) is not list:
@@ -131,9 +140,15 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             if type(text) is not str:
                 return _fail(out, ErrorClass.MALFORMED_JSON, "an event's text is not a string")
             parts.append(text)
-            chunks.append((t_ns, 1, len(text)))
-        else:
-            chunks.append((t_ns, 0, 0))
+        usage = obj.get("usage")
+        completion = usage.get("completion_tokens") if type(usage) is dict else None
+        rows.append((
+            t_ns,
+            len(text) if text else 0,
+            completion if type(completion) is int else None,
+            len(token_ids) if type(token_ids) is list else None,
+        ))  # fmt: skip
+    out.chunks, out.chunk_tokens_source = _count_chunk_tokens(rows)
     if problem is not None:
         return _fail(out, ErrorClass.MALFORMED_SSE, problem)
     if trailing.strip():
@@ -141,6 +156,39 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     if not out.saw_done:
         return _fail(out, ErrorClass.INCOMPLETE_STREAM, "the stream ended before [DONE]")
     return out
+
+
+def _count_chunk_tokens(
+    rows: list[tuple[int, int, int | None, int | None]],
+) -> tuple[list[tuple[int, int, int]], TokenSource | None]:
+    """`(t_ns, n_tokens, n_chars)` per event, and what counted the tokens (None: no text).
+
+    The usage so far is used only when every text event carries it (a server that puts its
+    one final usage on the last text event would otherwise credit that event with every
+    token); the growth since the previous event that said it is that event's count, so tokens
+    without text (an EOS on the finishing event) land on no text event. Else `token_ids` when
+    every text event has them, else one per text event. A text event counts at least one.
+    """
+    text_rows = [row for row in rows if row[1]]
+    if not text_rows:
+        return [(t_ns, 0, 0) for t_ns, *_ in rows], None
+    if all(row[2] is not None for row in text_rows):
+        source = TokenSource.USAGE
+    elif all(row[3] is not None for row in text_rows):
+        source = TokenSource.TOKEN_IDS
+    else:
+        source = TokenSource.CHUNK_COUNT
+    chunks = []
+    so_far = 0
+    for t_ns, n_chars, completion, n_ids in rows:
+        if source is TokenSource.USAGE and completion is not None:
+            n_tokens, so_far = completion - so_far, completion
+        elif source is TokenSource.TOKEN_IDS:
+            n_tokens = n_ids or 0
+        else:
+            n_tokens = 1
+        chunks.append((t_ns, max(n_tokens, 1) if n_chars else 0, n_chars))
+    return chunks, source
 
 
 def _decode_all(payloads: list[bytes]) -> list | str:

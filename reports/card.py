@@ -12,6 +12,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
+from slo.runrecord import TokenSource
+
 CARD_SCHEMA_VERSION = 1
 VERDICTS = ("pass", "fail", "inconclusive")
 HEADLINES = ("pass", "fail", "inconclusive", "no_slo")
@@ -203,6 +205,7 @@ class Card:
     saturation: dict | None = None  # slo's over-saturation check
     server_metrics: dict | None = None  # slo's summary of the target's /metrics
     correctness: dict | None = None  # slo's output-correctness summary (None: not checked)
+    chunking: dict | None = None  # slo's tokens per token-bearing chunk, and what counted them
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -220,9 +223,37 @@ class Card:
         """`to_dict()` as indented JSON text (UTF-8, trailing newline)."""
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
+    def chunking_sentence(self) -> str | None:
+        """One sentence on how TPOT (per token) and ITL (per chunk) relate in this run: the
+        tokens each token-bearing chunk carried and what counted them; None without chunks."""
+        block = self.chunking or {}
+        dist = block.get("tokens_per_chunk") or {}
+        mean = dist.get("mean")
+        if mean is None:
+            return None
+        source = block.get("source")
+        by = f"; counted by {CHUNK_SOURCE_WORDS.get(source, source)}" if source else ""
+        head = (
+            f"TPOT is per token, ITL per chunk; chunks carried {mean:.2f} tokens on average "
+            f"(p50 {dist['p50']:g}, max {dist['max']:g}{by})"
+        )
+        if mean < 1.05:
+            return head + ", so the two measure the same steps."
+        return (
+            head + f", so ITL is about {mean:.1f}x TPOT (speculative decoding or batched writes)."
+        )
+
     def latency_row(self, metric: str) -> LatencyRow | None:
         """The latency row for `metric` (ttft, tpot, itl, e2e), or None."""
         return next((row for row in self.latency if row.metric == metric), None)
+
+
+CHUNK_SOURCE_WORDS = {
+    TokenSource.USAGE.value: "the usage so far in each chunk",
+    TokenSource.TOKEN_IDS.value: "each chunk's token ids",
+    TokenSource.TOKENIZER.value: "the run's tokenizer on each chunk's text",
+    TokenSource.CHUNK_COUNT.value: "one per chunk: the server said neither usage nor token ids",
+}
 
 
 def round_floats(value, decimals: int):

@@ -41,7 +41,7 @@ _RC = {
 METRIC_TITLES = {
     "ttft": "Time to first token",
     "tpot": "Time per output token",
-    "itl": "Inter-token latency",
+    "itl": "Inter-token latency (per chunk)",
     "e2e": "End-to-end latency",
 }
 

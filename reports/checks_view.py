@@ -56,6 +56,13 @@ def server_metrics_rows(block: dict | None) -> list[tuple[str, str, str]]:
     rows.append(("prefix-cache hit rate", _pct(block.get("prefix_cache_hit_rate")), ""))
     if block.get("spec_decode_acceptance") is not None:
         rows.append(("spec-decode acceptance", _pct(block["spec_decode_acceptance"]), ""))
+    if block.get("spec_decode_mean_accepted_length") is not None:
+        drafts = (block.get("counters") or {}).get("spec_decode_drafts")
+        rows.append((
+            "spec-decode tokens per verify step",
+            _num(block["spec_decode_mean_accepted_length"]),
+            f"{_num(drafts, 0)} drafts",
+        ))  # fmt: skip
     return rows
 
 

@@ -178,6 +178,8 @@ def card_renderable(card: Card) -> RenderableType:
         parts.append(slo_table(card.slo_verdicts, card.slo_name))
     parts.append(throughput_table(card.throughput, card.goodput))
     parts.append(latency_table(card.latency))
+    if card.chunking_sentence():
+        parts.append(Text(card.chunking_sentence(), style="dim"))
     counts = {kind: getattr(card.failures, kind) for kind in OUTCOME_KINDS}
     parts.append(outcomes_table(counts, card.failures.total))
     for name, message in card.failures.first_message_by_error_class.items():

@@ -100,6 +100,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% endfor %}
 </table>
 
+{% if card.chunking_sentence() %}<p class="sub">{{ card.chunking_sentence() }}</p>{% endif %}
 {% for name, why in card.undefined_metrics.items() if name in LATENCY_METRICS %}<p class="sub">{{ name | upper }}: {{ why }}.</p>{% endfor %}
 
 <h2>Conventions side by side</h2>

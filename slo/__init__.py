@@ -11,15 +11,17 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
 - `window_s`: first send to last done; `throughput`: `request_per_s` (ok requests),
   `attempted_request_per_s` (all), `input_tokens_per_s`, `output_tokens_per_s`,
   `total_tokens_per_s` (tokens of ok requests).
-- `latency_ms`: `ttft`, `tpot`, `itl` (pooled chunk gaps), `e2e`, `itl_request_mean`,
+- `latency_ms`: `ttft`, `tpot` (per token), `itl` (per chunk: pooled chunk gaps), `e2e`, `itl_request_mean`,
   `itl_max` (longest stall per request), each `{mean, p50, p90, p95, p99, max, n}` over
   ok requests (linear-interpolated percentiles); ttft, tpot, itl and e2e add
   `ci: {p50, p90, p99}` -> [low, high] seeded bootstrap intervals (None under two values)
   at `ci_confidence` (0.95).
 - `dispatch_lag_ms`: `{p50, p99, max, n}`; `client_bound` (p99 lag > bound) and
   `client_bound_threshold_ms`.
-- `output_tokens_source` (a `slo.runrecord.TokenSource` value: `usage`, `tokenizer` or
-  `chunk_count`; `mixed`; or None) and `output_tokens_source_counts`; `run_complete` (manifest `complete`).
+- `output_tokens_source` (a `slo.runrecord.TokenSource` value: `usage`, `token_ids`,
+  `tokenizer` or `chunk_count`; `mixed`; or None) and `output_tokens_source_counts`; `run_complete` (manifest `complete`).
+- `chunking`: tokens per token-bearing chunk and what counted them, the link between TPOT
+  and ITL under speculative decoding; see `slo.summary.chunking_summary`.
 - `little_law`: see `slo.consistency.littles_law`.
 - `slices`: `{input_tokens, output_tokens, in_flight[, time]}` lists, see `slo.slices.slices_summary`.
 - `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`).

@@ -24,6 +24,7 @@ COUNTERS = (
     ("preemptions", ("vllm:num_preemptions_total", "vllm:num_preemptions")),
     ("prefix_cache_queries", ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")),
     ("prefix_cache_hits", ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")),
+    ("spec_decode_drafts", ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts")),
     (
         "spec_decode_draft_tokens",
         ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens"),
@@ -76,12 +77,15 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 def server_metrics_summary(table: pa.Table) -> dict:
     """`{available, reason, samples, gauges, counters, prefix_cache_hit_rate,
-    spec_decode_acceptance, series}` of a `server_metrics.parquet` table.
+    spec_decode_acceptance, spec_decode_mean_accepted_length, series}` of a
+    `server_metrics.parquet` table.
 
     `gauges[key]` is `{mean, max, last}` (None for a metric the target does not export);
     `counters[key]` the increase over the run; `prefix_cache_hit_rate` is hits / queries (both
     in tokens, as vLLM counts them) and `spec_decode_acceptance` accepted / draft tokens (None
-    when the counters are absent or did not move); `series[key]` is `[[t_s, value], ...]` for
+    when the counters are absent or did not move), `spec_decode_mean_accepted_length` the tokens
+    each verify step emitted, 1 + accepted / drafts (vLLM's "mean acceptance length"; None
+    likewise); `series[key]` is `[[t_s, value], ...]` for
     each gauge, at most MAX_SERIES_POINTS points, `t_s` from the run's start.
     """
     if table.num_rows == 0:
@@ -114,5 +118,11 @@ def server_metrics_summary(table: pa.Table) -> dict:
         "spec_decode_acceptance": _ratio(
             counters["spec_decode_accepted_tokens"], counters["spec_decode_draft_tokens"]
         ),
+        "spec_decode_mean_accepted_length": _mean_accepted_length(counters),
         "series": series,
     }
+
+
+def _mean_accepted_length(counters: dict) -> float | None:
+    per_draft = _ratio(counters["spec_decode_accepted_tokens"], counters["spec_decode_drafts"])
+    return None if per_draft is None else 1.0 + per_draft

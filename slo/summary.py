@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from slo import metrics
 from slo.consistency import littles_law
@@ -18,6 +20,7 @@ from slo.prompt_tokens import prompt_token_check
 from slo.recovery import recovery_summary
 from slo.runrecord import (
     SUMMARY_SCHEMA_VERSION,
+    ChunkColumn,
     Endpoint,
     RequestColumn,
     RunManifest,
@@ -38,9 +41,14 @@ DEFAULT_CI_CONFIDENCE = 0.95
 
 DEFINITIONS = {
     "ttft": "send to first token-bearing chunk, per ok request (ms)",
-    "tpot": "(t_last_token - t_first_token) / (output_tokens - 1), per ok request with >= 2 "
-    "output tokens (ms)",
-    "itl": "gaps between consecutive token-bearing chunks of ok requests, pooled (ms)",
+    "tpot": "per token: (t_last_token - t_first_token) / (output_tokens - 1), per ok request "
+    "with >= 2 output tokens (ms); the same however many tokens each chunk carries",
+    "itl": "per chunk: gaps between consecutive token-bearing chunks of ok requests, pooled "
+    "(ms); a chunk carrying k tokens (speculative decoding, batched writes) is one gap, so "
+    "ITL is about k x TPOT where chunks carry k tokens",
+    "tokens_per_chunk": "tokens per token-bearing chunk of ok requests, counted from the tokens "
+    "(`chunk_tokens_source`: the usage so far in each chunk, its token ids, or the run's "
+    "tokenizer on its text; one per chunk only when none of these is there)",
     "itl_request_mean": "mean chunk gap per ok request (ms)",
     "itl_max": "longest chunk gap (stall) per ok request (ms)",
     "e2e": "send to done, per ok request (ms)",
@@ -182,6 +190,31 @@ def core_summary(
     }
 
 
+def chunking_summary(requests: pa.Table, chunks: pa.Table, rm: RequestMetrics) -> dict:
+    """`{tokens_per_chunk: distribution, source, source_counts}` over the token-bearing chunks
+    of ok requests: how many tokens each streamed chunk carried (1.0 everywhere without
+    speculative decoding or batched writes), and what counted them (`TokenSource` values per
+    request; `mixed` when they differ, None when no request had a token-bearing chunk)."""
+    ok_ids = pa.array(np.asarray(rm.request_id, dtype=object)[rm.is_ok].tolist(), pa.string())
+    n_tokens = np.empty(0)
+    if chunks.num_rows and len(ok_ids):
+        ok_chunks = chunks.filter(pc.is_in(chunks[ChunkColumn.REQUEST_ID], value_set=ok_ids))
+        n_tokens = np.asarray(ok_chunks[ChunkColumn.N_TOKENS].to_numpy(zero_copy_only=False), float)
+        n_tokens = n_tokens[n_tokens > 0]
+    counts: dict[str, int] = {}
+    if RequestColumn.CHUNK_TOKENS_SOURCE.value in requests.column_names:  # older runs lack it
+        ok_rows = requests.filter(pc.is_in(requests[RequestColumn.REQUEST_ID], value_set=ok_ids))
+        for source in ok_rows[RequestColumn.CHUNK_TOKENS_SOURCE].to_pylist():
+            if source is not None:
+                counts[source] = counts.get(source, 0) + 1
+    label = (next(iter(counts)) if len(counts) == 1 else "mixed") if counts else None
+    return {
+        "tokens_per_chunk": metrics.distribution(n_tokens),
+        "source": label,
+        "source_counts": dict(sorted(counts.items())),
+    }
+
+
 def _resolve_spec(slo_spec, manifest: RunManifest | None) -> SLOSpec | None:
     if slo_spec is not None:
         return as_spec(slo_spec)
@@ -235,6 +268,7 @@ def summarize_tables(
         else None
     )
     summary.update(checks_summary(tables))
+    summary["chunking"] = chunking_summary(tables.requests, tables.chunks, rm)
     summary["slo"] = None
     summary["goodput"] = None
     if spec is not None:

@@ -165,9 +165,14 @@ class GenerationRun:
         )
 
     def usage(self) -> dict[str, Any]:
+        """The usage so far: the engine's prompt counts once every request finished, before
+        that (continuous usage) the prompts' lengths, which is what they will say."""
         completion_tokens = sum(c.num_output_tokens for c in self.choices)
         cached = self.cached_tokens if self.with_prompt_details else None
-        return usage_body(self.prompt_tokens, completion_tokens, cached_tokens=cached)
+        prompt_tokens = (
+            sum(len(p) for p in self.gen.prompts) if self.unfinished else self.prompt_tokens
+        )
+        return usage_body(prompt_tokens, completion_tokens, cached_tokens=cached)
 
     async def collect(self) -> dict[str, Any]:
         """The complete body once every engine request finished; ApiError 500 when the engine
@@ -219,9 +224,10 @@ class GenerationRun:
             yield self.endpoint.usage_chunk(*header, self.usage())
 
     def _with_usage_field(self, chunk: dict[str, Any]) -> dict[str, Any]:
-        # With include_usage, OpenAI sends `"usage": null` on every chunk but the last.
+        # With include_usage, OpenAI sends `"usage": null` on every chunk but the last; with
+        # vLLM's continuous_usage_stats every chunk carries the usage so far.
         if self.gen.include_usage:
-            chunk["usage"] = None
+            chunk["usage"] = self.usage() if self.gen.continuous_usage else None
         return chunk
 
 

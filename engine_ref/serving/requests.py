@@ -7,7 +7,9 @@ are ignored, as OpenAI-compatible servers do): `model`, `prompt` (completions: a
 of token ids, or a list of either) or `messages` (chat), `max_tokens` (chat also
 `max_completion_tokens`), `n`, `temperature`, `top_p`, `top_k`, `seed`, `stop`,
 `stop_token_ids`, `ignore_eos`, `min_tokens`, `logprobs`, `top_logprobs` (chat), `priority`,
-`stream`, `stream_options.include_usage`, `return_token_ids` (vLLM extension: each choice
+`stream`, `stream_options.include_usage` (and vLLM's `stream_options.continuous_usage_stats`:
+every chunk then carries the cumulative usage so far, so a client can count the tokens each
+chunk adds), `return_token_ids` (vLLM extension: each choice
 and chunk carries the token ids it adds) and `cache_salt` (vLLM extension: requests share
 prefix-cache blocks only with requests of the same salt) and `speculative` (engine_ref
 extension: false opts the request out of the server's `--speculative-config`; outputs are the
@@ -63,6 +65,7 @@ class GenerationRequest:
     priority: int
     return_token_ids: bool
     cache_salt: str | None = None
+    continuous_usage: bool = False  # every chunk carries the usage so far (with include_usage)
 
     @property
     def num_choices(self) -> int:
@@ -217,11 +220,13 @@ def _build(
         raise ApiError(400, str(exc)) from None
     stream = bool(optional_bool(body, "stream"))
     options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous_usage = False
     if options is not None:
         if not isinstance(options, dict):
             raise ApiError(400, "stream_options must be an object.", param="stream_options")
         include_usage = bool(optional_bool(options, "include_usage"))
+        continuous = optional_bool(options, "continuous_usage_stats")
+        continuous_usage = include_usage and bool(continuous)
     return GenerationRequest(
         model=served_model,
         prompts=prompts,
@@ -231,6 +236,7 @@ def _build(
         priority=optional_int(body, "priority") or 0,
         return_token_ids=bool(optional_bool(body, "return_token_ids")),
         cache_salt=optional_string(body, "cache_salt", max_chars=MAX_CACHE_SALT_CHARS),
+        continuous_usage=continuous_usage,
     )
 
 

@@ -56,11 +56,14 @@ MEANINGS = {
     RequestColumn.OUTPUT_FIRST_DIVERGENCE: "index of the first token that differs from the reference; null: none",
     RequestColumn.OUTPUT_AGREEMENT: "tokens equal at the same position / the longer of the two outputs",
     RequestColumn.OUTPUT_FLAGS: "output flags (below), comma-separated; null: none",
+    RequestColumn.CHUNK_TOKENS_SOURCE: "a token source (below): what counted each chunk's "
+    "`n_tokens`; null: no token-bearing chunk",
 }
 CHUNK_MEANINGS = {
     ChunkColumn.REQUEST_ID: "the request the event belongs to",
     ChunkColumn.T_NS: "arrival of the socket read that completed the event",
-    ChunkColumn.N_TOKENS: "tokens in the event; 0 for role- or usage-only events",
+    ChunkColumn.N_TOKENS: "tokens in the event, counted as the request's `chunk_tokens_source` "
+    "says; 0 for role- or usage-only events",
     ChunkColumn.N_CHARS: "characters of text in the event",
 }
 SCHEDULE_MEANINGS = {
@@ -99,7 +102,9 @@ ERROR_CLASS_MEANINGS = {
     ErrorClass.CLIENT_ERROR: "any other client-side failure",
 }
 TOKEN_SOURCE_MEANINGS = {
-    TokenSource.USAGE: "the server's `usage.completion_tokens`",
+    TokenSource.USAGE: "the server's `usage.completion_tokens` (per chunk: the difference of the "
+    "usage so far that each chunk carries, vLLM's `stream_options.continuous_usage_stats`)",
+    TokenSource.TOKEN_IDS: "the token ids each chunk carries (vLLM's `return_token_ids`)",
     TokenSource.TOKENIZER: "the output text retokenised with the run's tokenizer (no usage)",
     TokenSource.CHUNK_COUNT: "the number of token-bearing chunks (no usage, no text)",
 }

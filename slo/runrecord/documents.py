@@ -126,6 +126,7 @@ class RunSummary:
     streamed: bool | None = None  # None: a summary written before the field
     undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
     saturation: dict | None = None
+    chunking: dict | None = None  # tokens per token-bearing chunk, and what counted them
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

@@ -42,9 +42,10 @@ class ErrorClass(StrEnum):
 
 
 class TokenSource(StrEnum):
-    """Where a request's `output_tokens` figure came from."""
+    """Where a request's `output_tokens` figure, or its chunks' token counts, came from."""
 
-    USAGE = "usage"  # the server's `usage.completion_tokens`
+    USAGE = "usage"  # the server's `usage.completion_tokens` (per chunk: the usage so far)
+    TOKEN_IDS = "token_ids"  # the token ids each chunk carries (vLLM's `return_token_ids`)
     TOKENIZER = "tokenizer"  # the output text retokenised with the run's tokenizer
     CHUNK_COUNT = "chunk_count"  # the number of token-bearing chunks
 

@@ -50,6 +50,7 @@ class RequestColumn(StrEnum):
     OUTPUT_FIRST_DIVERGENCE = "output_first_divergence"  # first differing token index; null: none
     OUTPUT_AGREEMENT = "output_agreement"  # equal tokens by position / the longer output's length
     OUTPUT_FLAGS = "output_flags"  # comma-separated OutputFlag values, or null
+    CHUNK_TOKENS_SOURCE = "chunk_tokens_source"  # a TokenSource: what counted each chunk's tokens
 
 
 class ChunkColumn(StrEnum):
@@ -57,7 +58,7 @@ class ChunkColumn(StrEnum):
 
     REQUEST_ID = "request_id"
     T_NS = "t_ns"
-    N_TOKENS = "n_tokens"  # tokens in the event; 0 for role- or usage-only events
+    N_TOKENS = "n_tokens"  # tokens in the event (see chunk_tokens_source); 0: role/usage only
     N_CHARS = "n_chars"
 
 
@@ -113,6 +114,7 @@ _REQUEST_TYPES = {
     _C.OUTPUT_FIRST_DIVERGENCE: pa.int32(),
     _C.OUTPUT_AGREEMENT: pa.float64(),
     _C.OUTPUT_FLAGS: pa.string(),
+    _C.CHUNK_TOKENS_SOURCE: pa.string(),
 }
 REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
 
@@ -180,6 +182,7 @@ class RequestRecord:
     output_first_divergence: int | None = None
     output_agreement: float | None = None
     output_flags: str | None = None
+    chunk_tokens_source: TokenSource | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""
@@ -224,6 +227,11 @@ _ENUM_FIELDS = (
         _NAMES.index(RequestColumn.OUTPUT_TOKENS_SOURCE),
         TokenSource,
         RequestColumn.OUTPUT_TOKENS_SOURCE.value,
+    ),
+    (
+        _NAMES.index(RequestColumn.CHUNK_TOKENS_SOURCE),
+        TokenSource,
+        RequestColumn.CHUNK_TOKENS_SOURCE.value,
     ),
 )
 

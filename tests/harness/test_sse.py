@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.sse import parse_body, parse_stream, split_events
+from slo.runrecord import TokenSource
 
 
 def _completion(text: str, finish: str | None = None) -> bytes:
@@ -105,3 +108,58 @@ def test_non_streamed_bodies():
     assert (ok.text, ok.finish_reason, ok.usage["completion_tokens"]) == ("Paris", "stop", 2)
     assert parse_body(b"<html>", chat=False).error_class == "malformed_json"
     assert parse_body(b'{"choices": []}', chat=False).error_class == "malformed_json"
+
+
+def _event(text: str | None, *, so_far: int | None = None, ids: int | None = None, finish=None):
+    choice: dict = {"index": 0, "text": text, "finish_reason": finish}
+    if ids is not None:
+        choice["token_ids"] = list(range(ids))
+    obj: dict = {"choices": [choice]}
+    if so_far is not None:
+        obj["usage"] = {"prompt_tokens": 3, "completion_tokens": so_far, "total_tokens": 3 + so_far}
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _final_usage(n: int) -> bytes:
+    usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+    return b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize(
+    ("events", "n_tokens", "source"),
+    [
+        # vLLM's continuous usage: each event's count is the growth of the usage so far.
+        ([_event("a", so_far=1), _event("bcd", so_far=4), _event("e", so_far=5), _final_usage(5)],
+         [1, 3, 1, 0], TokenSource.USAGE),
+        # a token without text (EOS on the finishing event) lands on no text event
+        ([_event("a", so_far=2), _event("", so_far=3, finish="stop"), _final_usage(3)],
+         [2, 0, 0], TokenSource.USAGE),
+        # return_token_ids: the ids each event carries
+        ([_event("ab", ids=2), _event("c", ids=1), _event("d", ids=5)], [2, 1, 5],
+         TokenSource.TOKEN_IDS),
+        # usage only on the last text event (a one-off total): not a per-event count
+        ([_event("a"), _event("b"), _event("c", so_far=9, finish="length")], [1, 1, 1],
+         TokenSource.CHUNK_COUNT),
+        # usage on some text events but not all: not trusted either
+        ([_event("a", so_far=1), _event("b"), _event("c", so_far=7)], [1, 1, 1],
+         TokenSource.CHUNK_COUNT),
+        # a text event counts at least one even where its count says 0 or less
+        ([_event("a", so_far=0), _event("b", so_far=2), _event("c", so_far=2)], [1, 2, 1],
+         TokenSource.USAGE),
+        ([_event("a", ids=0)], [1], TokenSource.TOKEN_IDS),
+        # nothing but an empty event: no source
+        ([_event("")], [0], None),
+    ],
+)  # fmt: skip
+def test_each_events_tokens_come_from_the_tokens(events, n_tokens, source):
+    out = parse_stream(_reads(b"".join(events) + DONE, [7]), chat=False)
+    assert out.error_class is None
+    assert [n for _, n, _ in out.chunks] == n_tokens
+    assert out.chunk_tokens_source is source
+
+
+def test_a_usage_that_is_not_an_object_is_ignored_for_counting():
+    blob = b'data: {"choices":[{"index":0,"text":"ab"}],"usage":"lots"}\n\n' + DONE
+    out = parse_stream(_reads(blob, [5]), chat=False)
+    assert out.error_class is None and [n for _, n, _ in out.chunks] == [1]
+    assert out.chunk_tokens_source is TokenSource.CHUNK_COUNT
