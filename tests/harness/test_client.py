@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import socket
 
 import orjson
@@ -22,7 +23,9 @@ from harness.client import (
     build_body,
     send,
 )
+from harness.config import RunConfig
 from harness.mock_server import MockConfig, start_mock
+from harness.run import _chunk_usage
 from harness.sse import parse_stream
 from harness.transport import Transport
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
@@ -53,6 +56,36 @@ STREAM_TAIL = b',"stream":true,"stream_options":{"include_usage":true}'
 def test_build_body_per_endpoint(endpoint, stream, expected):
     options = ClientOptions(base_url="http://h/v1", model="m", endpoint=endpoint, stream=stream)
     assert build_body(options, SPEC) == expected
+
+
+@pytest.mark.parametrize(
+    ("chunk_usage", "stream", "options_field"),
+    [
+        (True, True, {"include_usage": True, "continuous_usage_stats": True}),
+        (False, True, {"include_usage": True}),
+        (True, False, None),  # not streamed: no stream options at all
+    ],
+)
+def test_build_body_asks_for_the_usage_so_far_in_every_chunk(chunk_usage, stream, options_field):
+    options = ClientOptions(
+        base_url="http://h/v1", model="m", stream=stream, chunk_usage=chunk_usage
+    )
+    assert json.loads(build_body(options, SPEC)).get("stream_options") == options_field
+
+
+@pytest.mark.parametrize(
+    ("flag", "engine", "expected"),
+    [
+        (None, "engine_ref", True),
+        (None, "vllm", True),
+        (None, "llamacpp", False),  # may reject a stream option it does not know
+        (None, None, False),  # a URL target that says nothing about itself
+        (True, None, True),
+        (False, "vllm", False),
+    ],
+)
+def test_chunk_usage_is_on_by_default_only_for_engines_that_honour_it(flag, engine, expected):
+    assert _chunk_usage(RunConfig(chunk_usage=flag), engine) is expected
 
 
 @pytest.mark.parametrize(
