@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.config import RunConfig
 from harness.errors import HarnessError
 from harness.run import load_tokenizer_for, run_benchmark
-from harness.targets import target_for
+from harness.targets import launch_plan_for, target_for
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,11 @@ def run_capacity_search(
         raise HarnessError(
             f"--out {out_dir} already holds files; choose an empty or new directory."
         )
-    tokenizer = load_tokenizer_for(config)
+    launch = launch_plan_for(config)  # a managed external engine's: its weights' tokenizer
+    tokenizer = load_tokenizer_for(config, launch)
     probes: list[dict] = []
 
-    with target_for(config) as target:
+    with target_for(config, plan=launch) as target:
 
         def probe(rate: float) -> ProbeResult:
             run_dir = out_dir / f"probe-{len(probes):02d}-{rate:.4g}rps"

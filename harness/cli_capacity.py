@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from harness.cli_options import target_and_workload_options
+from harness.cli_targets import one_target_options
 from harness.errors import HarnessError
 
 
@@ -17,6 +18,7 @@ from harness.errors import HarnessError
     help="SLO spec (built-in name or YAML file); its attainment target is searched for.",
 )
 @target_and_workload_options
+@one_target_options
 @click.option(
     "--start-rate",
     type=float,

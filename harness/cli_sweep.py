@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from harness.cli_options import target_and_workload_options
+from harness.cli_targets import one_target_options
 from harness.errors import HarnessError
 
 EXAMPLES = """
@@ -20,6 +21,7 @@ Examples:
 
 @click.command(epilog=EXAMPLES)
 @target_and_workload_options
+@one_target_options
 @click.option(
     "--request-rate", "rates", help="Comma list of request rates (requests/s; inf allowed)."
 )

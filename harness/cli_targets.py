@@ -4,22 +4,11 @@ from __future__ import annotations
 
 import click
 
-_OPTIONS = (
-    click.option(
-        "--target",
-        "targets",
-        multiple=True,
-        help="What to drive: ref (the reference engine, started for you), vllm or llamacpp "
-        "(started from their command templates), or url:http://HOST:PORT/v1. Repeat it to "
-        "compare targets on the same workload.",
-    ),
-    click.option(
-        "--repeat",
-        type=int,
-        default=1,
-        show_default=True,
-        help="Run each target this many times, interleaved (A B B A ...), into one comparative card.",
-    ),
+_TARGET_HELP = (
+    "What to drive: ref (the reference engine, started for you), vllm or llamacpp (started "
+    "from their command templates), or url:http://HOST:PORT/v1."
+)
+_LAUNCH = (
     click.option(
         "--engine-command",
         "engine_commands",
@@ -39,6 +28,22 @@ _OPTIONS = (
         type=float,
         help="Seconds a managed server has to answer before the run gives up.",
     ),
+)
+_OPTIONS = (
+    click.option(
+        "--target",
+        "targets",
+        multiple=True,
+        help=_TARGET_HELP + " Repeat it to compare targets on the same workload.",
+    ),
+    click.option(
+        "--repeat",
+        type=int,
+        default=1,
+        show_default=True,
+        help="Run each target this many times, interleaved (A B B A ...), into one comparative card.",
+    ),
+    *_LAUNCH,
     click.option(
         "--check-outputs",
         is_flag=True,
@@ -73,5 +78,13 @@ def run_comparative_command(
 def target_options(command):
     """Add the target and output-check options to a command."""
     for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+def one_target_options(command):
+    """`--target` (one: `bench sweep` and `bench capacity` start it once for every run) and
+    the managed engines' launch options."""
+    for option in reversed((click.option("--target", help=_TARGET_HELP), *_LAUNCH)):
         command = option(command)
     return command

@@ -1,6 +1,7 @@
 """Comparative runs: the same workload against several targets, repeated, interleaved across
 repetitions (A B, B A, A B, ...) so slow drift of the machine cancels instead of favouring
-whichever target ran first. One run directory per target and repetition, under one parent,
+whichever target ran first. Every run starts its managed target afresh: a server kept across
+repetitions would serve the later ones from the prefix cache the first one filled. One run directory per target and repetition, under one parent,
 and one comparative card (`comparison.json`, `comparison.html`, `comparison.md`)."""
 
 from __future__ import annotations

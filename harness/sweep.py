@@ -16,7 +16,7 @@ from harness.config import RunConfig
 from harness.errors import HarnessError
 from harness.recorder import prepare_run_dir
 from harness.run import load_tokenizer_for, removed_if_left_empty, run_benchmark
-from harness.targets import target_for
+from harness.targets import launch_plan_for, target_for
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -100,8 +100,9 @@ def _run_points(config: RunConfig, plan: SweepPlan, out_dir: Path, progress) -> 
     record = {"version": SWEEP_VERSION, "kind": plan.kind, "values": list(plan.values),
               "repeat": plan.repeat, "slo": config.slo, "started_at": _now(), "points": []}  # fmt: skip
     _write(out_dir, record)
-    tokenizer = load_tokenizer_for(config)
-    with target_for(config) as target:
+    launch = launch_plan_for(config)  # a managed external engine's: its weights' tokenizer
+    tokenizer = load_tokenizer_for(config, launch)
+    with target_for(config, plan=launch) as target:
         for name, value, rep in plan.points():
             change = {plan.kind: value, "out": out_dir / name}
             outcome = run_benchmark(dataclasses.replace(config, **change), target=target,

@@ -69,12 +69,14 @@ def target_info(base_url: str, api_key: str | None = None, headers=()) -> dict:
 
 @dataclass(frozen=True)
 class Target:
-    """What a run drives: its base URL, its manifest entry, and the server process when the
-    harness manages it (engine faults act on it)."""
+    """What a run drives: its base URL, its manifest entry, the server process when the
+    harness manages it (engine faults act on it), and a managed external engine's launch plan
+    (its weights say which tokenizer counts for it)."""
 
     base_url: str
     entry: dict
     server: ManagedServer | None = None
+    plan: LaunchPlan | None = None
 
 
 def launch_plan_for(config: RunConfig) -> LaunchPlan | None:
@@ -135,7 +137,7 @@ def target_for(
                 "serialises_requests": plan.spec.serialises_requests,
                 "server_log": str(server.log_path),
             }
-            yield Target(server.base_url, entry, server)
+            yield Target(server.base_url, entry, server, plan)
         return
     server_cfg = ManagedServerConfig(
         model=config.model or DEFAULT_MODEL,

@@ -353,3 +353,35 @@ def test_a_plan_with_engine_args_is_refused_for_an_external_engine(tmp_path):
     message = str(result.exception)
     assert "--num-blocks 64, which only the reference engine understands" in message
     assert message.endswith("against vllm.") and not out.exists()
+
+
+def test_sweep_and_capacity_take_a_managed_target_too(tmp_path):
+    """`--target vllm` on `bench sweep` and `bench capacity`: the (fake) engine is started once
+    for every run of each, and each run's manifest names it."""
+    common = ["--model", "tiny-random", "--workload", "random", "--num-requests", "4",
+              "--input-len", "16", "--output-len", "4", "--target", "vllm",
+              "--engine-command", FAKE_VLLM]  # fmt: skip
+    result = CliRunner().invoke(
+        bench, ["sweep", *common, "--concurrency", "2", "--out", str(tmp_path / "sweep")]
+    )
+    assert result.exit_code == 0, result.output
+    points = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["points"]
+    assert len(points) == 1
+    for point in points:
+        manifest = json.loads((tmp_path / "sweep" / point["run_dir"] / "manifest.json").read_text())
+        assert manifest["target"]["engine"] == "vllm"
+        # the tokenizer is the one of the weights the engine serves, as for `bench run`
+        assert manifest["target"]["tokenizer"]["how"] == "served by the managed vllm"
+    result = CliRunner().invoke(
+        bench,
+        ["capacity", *common, "--slo", "p99", "--start-rate", "50", "--max-iterations", "2",
+         "--out", str(tmp_path / "cap"), "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert len(record["probes"]) == 2
+    probe = tmp_path / "cap" / record["probes"][0]["run_dir"] / "manifest.json"
+    assert json.loads(probe.read_text())["target"]["engine"] == "vllm"
+    result = CliRunner().invoke(bench, ["capacity", "--slo", "p99", "--target", "nonesuch"])
+    assert isinstance(result.exception, HarnessError)  # `bench` prints it in one sentence
+    assert str(result.exception).startswith("unknown --target 'nonesuch'; use one of ref, vllm")
