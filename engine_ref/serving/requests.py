@@ -11,7 +11,8 @@ of token ids, or a list of either) or `messages` (chat), `max_tokens` (chat also
 and chunk carries the token ids it adds) and `cache_salt` (vLLM extension: requests share
 prefix-cache blocks only with requests of the same salt) and `speculative` (engine_ref
 extension: false opts the request out of the server's `--speculative-config`; outputs are the
-same either way).
+same either way), and the output constraints of `engine_ref.serving.guided` (`response_format`,
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`).
 
 Size limits come before the work they bound: a request's prompt text (all its prompts, or all
 its messages' contents) is counted against `max_prompt_chars` before it is rendered or
@@ -37,6 +38,7 @@ from engine_ref.serving.fields import (
     stop_strings,
     stop_token_ids,
 )
+from engine_ref.serving.guided import guided_decoding
 from engine_ref.serving.interface import EngineConfigError, SamplingParams, ServedTokenizer
 
 _MAX_N = 64
@@ -210,6 +212,7 @@ def _build(
         "logprobs": logprobs,
         "min_tokens": min_tokens,
         "speculative": optional_bool(body, "speculative"),
+        "guided": guided_decoding(body),
     }
     try:
         params = SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
