@@ -121,7 +121,7 @@ def test_grammar_state_after_rejected_drafts_equals_a_run_without_them(tiny_mode
     tok = engine.tokenizer
     for i, text in enumerate(PROMPTS):
         engine.add_request(str(i), tok.encode(text), guided_json(temperature=0))
-    backend = engine._grammar_backend
+    backend = GrammarBackend(tok, engine.model_config.vocab_size, tok.eos_token_ids)
     compared = rejecting_steps = 0
     while engine.has_unfinished():
         before = engine.stats().spec_decode
