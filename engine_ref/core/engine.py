@@ -2,9 +2,10 @@
 
 One `step()` = schedule -> copy-on-write block copies -> execute: one forward over the
 flattened batch (decode rows and prefill chunks together), logits for the rows that sample,
-sample -> commit: advance computed counts, enter full blocks into the prefix cache, fork,
-append tokens, detokenise, check stop conditions -> free finished sequences' blocks once the
-step is over.
+masked by each guided request's grammar (speculative rows by the grammar's state after the
+drafted tokens before them), sample -> commit: advance computed counts, enter full blocks
+into the prefix cache, fork, append tokens (advancing grammars by committed tokens only),
+detokenise, check stop conditions -> free finished sequences' blocks once the step is over.
 
 Execution commits nothing, so a step whose execution raises can be retried on part of its
 batch: the engine bisects the batch by request until the requests that fail on their own are
