@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
+from workloads.constraint import request_fields
 
 
 @dataclass(slots=True)
@@ -90,6 +91,8 @@ def build_body(options: ClientOptions, spec: dict) -> bytes:
     for key in ("temperature", "top_p", "seed"):
         if spec.get(key) is not None:
             body[key] = spec[key]
+    if spec.get("constraint"):
+        body.update(request_fields(spec["constraint"]))
     if options.extra_body:
         body.update(options.extra_body)
     return orjson.dumps(body)

@@ -1,7 +1,8 @@
 """The reference outputs behind the correctness oracle: each greedy request of a workload run
 alone (batch 1) on the reference engine, in-process, computed once per workload and cached
-beside the built workloads under `<cache>/oracle/`, keyed by the workload's sha256, the model,
-the endpoint, the harness version and the engine's dtype."""
+beside the built workloads under `<cache>/oracle/`, keyed by the workload's sha256, its output
+constraint (the reference decodes under it too), the model, the endpoint, the harness version
+and the engine's dtype."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ def prompt_ids(tokenizer, row: dict, endpoint: Endpoint) -> list[int]:
     return list(tokenizer.encode(text))
 
 
-def oracle_path(workload_sha256: str, model: str, endpoint: Endpoint) -> Path:
+def oracle_path(
+    workload_sha256: str, model: str, endpoint: Endpoint, constraint: dict | None = None
+) -> Path:
     import harness
     from engine_ref import EngineConfig
     from workloads.store import cache_dir, cache_key
@@ -43,6 +46,7 @@ def oracle_path(workload_sha256: str, model: str, endpoint: Endpoint) -> Path:
             "harness": harness.__version__,
             "dtype": str(EngineConfig(model=model).torch_dtype()),
             "format": ORACLE_FORMAT,
+            **({"constraint": constraint} if constraint is not None else {}),
         }
     )
     return cache_dir() / "oracle" / f"{workload_sha256[:16]}-{key[:16]}.json"
@@ -58,7 +62,7 @@ def reference_texts(
     greedy = [r for r in rows if is_greedy(r)]
     if not greedy:
         return {}
-    path = oracle_path(workload_sha256, model, endpoint)
+    path = oracle_path(workload_sha256, model, endpoint, greedy[0].get("constraint"))
     if path.is_file():
         try:
             cached = json.loads(path.read_text())
@@ -72,6 +76,23 @@ def reference_texts(
     tmp.write_text(json.dumps({"model": model, "endpoint": endpoint.value, "texts": texts}))
     os.replace(tmp, path)
     return texts
+
+
+def _guided(constraint: dict | None):
+    """The reference engine's form of a workload constraint (None: unconstrained)."""
+    if constraint is None:
+        return None
+    from engine_ref.core.grammar import GuidedDecoding
+    from workloads.constraint import constraint_kind
+
+    kind = constraint_kind(constraint)
+    if kind == "json_schema":
+        return GuidedDecoding.json_schema(constraint[kind])
+    if kind == "json_object":
+        return GuidedDecoding("json_object")
+    if kind == "choice":
+        return GuidedDecoding("choice", choices=tuple(constraint[kind]))
+    return GuidedDecoding(kind, constraint[kind])
 
 
 def _compute(rows: list[dict], *, model: str, endpoint: Endpoint) -> dict[str, str]:
@@ -89,6 +110,7 @@ def _compute(rows: list[dict], *, model: str, endpoint: Endpoint) -> dict[str, s
             max_tokens=int(row["max_output_tokens"]),
             temperature=0.0,
             ignore_eos=bool(row.get("ignore_eos")),
+            guided=_guided(row.get("constraint")),
         )
         ids = prompt_ids(engine.tokenizer, row, endpoint)
         engine.add_request(row["request_id"], ids, params)

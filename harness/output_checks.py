@@ -1,6 +1,8 @@
 """Per-request output checks, applied when a finished request is turned into its row: the
-reference-engine comparison (exact match, first diverging token, agreement) and the MLPerf
-TEST06-style flags (`ignore_eos` outputs cut short, usage that disagrees with what streamed).
+reference-engine comparison (exact match, first diverging token, agreement), the MLPerf
+TEST06-style flags (`ignore_eos` outputs cut short, usage that disagrees with what streamed)
+and the workload's output constraint (a JSON schema, regex or choice the output must hold to;
+an output cut short by max_tokens fails it too).
 
 Both outputs are compared as token ids of their text re-encoded by the run's tokenizer, so the
 comparison does not depend on how either side chunked or detokenised its stream.
@@ -10,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slo.correctness import compare_tokens
+from slo.correctness import WRONG_FLAGS, compare_tokens
 from slo.runrecord import OutputFlag
+from workloads.constraint import is_checkable, violation
 
 DEFAULT_DIVERGE_BEFORE = 32  # a greedy output differing within its first 32 tokens is wrong
 USAGE_TOLERANCE_TOKENS = 2
@@ -20,10 +23,12 @@ USAGE_TOLERANCE = 0.1
 
 @dataclass(frozen=True, slots=True)
 class Expectation:
-    """What a request asked for."""
+    """What a request asked for; `constraint` is the workload's output constraint (see
+    `workloads.constraint`), None without one."""
 
     max_tokens: int
     ignore_eos: bool
+    constraint: dict | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +91,12 @@ class OutputChecks:
             off_events = not streamed or abs(streamed_tokens - usage_completion_tokens) > slack
             if too_few or (off_text and off_events):
                 flags.append(OutputFlag.USAGE_MISMATCH)
+        constrained = expected is not None and expected.constraint is not None
+        constraint_ok = None
+        if constrained and is_checkable(expected.constraint):
+            constraint_ok = violation(expected.constraint, text) is None
+            if not constraint_ok:
+                flags.append(OutputFlag.CONSTRAINT_VIOLATED)
         exact = first = agreement = None
         reference = self.references.get(request_id)
         if reference is not None:
@@ -94,8 +105,9 @@ class OutputChecks:
                 flags.append(OutputFlag.FIRST_TOKEN_DIFFERS)
             if first is not None and first < self.diverge_before:
                 flags.append(OutputFlag.DIVERGED)
-        wrong = OutputFlag.DIVERGED in flags or OutputFlag.SHORT_IGNORE_EOS in flags
-        valid = False if wrong else (True if reference is not None else None)
+        wrong = bool(set(flags) & WRONG_FLAGS)
+        checked = reference is not None or constraint_ok is not None
+        valid = False if wrong else (True if checked else None)
         return CheckResult(
             valid=valid,
             exact=exact,

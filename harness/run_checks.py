@@ -11,12 +11,14 @@ from slo.runrecord import Endpoint
 
 
 def request_rows(config: RunConfig, workload) -> list[dict]:
-    """The workload's rows as sent: with `check_outputs`, rows without a temperature are greedy."""
+    """The workload's rows as sent: with `check_outputs`, rows without a temperature are greedy;
+    each row carries the workload's output `constraint` (None without one)."""
     rows = workload.table.to_pylist()
-    if config.check_outputs:
-        for row in rows:
-            if row.get("temperature") is None:
-                row["temperature"] = 0.0
+    constraint = workload.manifest.get("constraint")
+    for row in rows:
+        row["constraint"] = constraint
+        if config.check_outputs and row.get("temperature") is None:
+            row["temperature"] = 0.0
     return rows
 
 
@@ -36,13 +38,16 @@ def oracle_model(config: RunConfig) -> str:
 
 
 def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) -> OutputChecks:
-    """The run's output checks: TEST06-style flags always; with `check_outputs`, the
-    reference engine's batch-1 outputs for the greedy requests (cached per workload)."""
+    """The run's output checks: TEST06-style flags and the workload's output constraint
+    always; with `check_outputs`, the reference engine's batch-1 outputs for the greedy
+    requests (cached per workload)."""
     from harness.oracle import reference_texts
 
     rows = request_rows(config, workload)
     expectations = {
-        r["request_id"]: Expectation(int(r["max_output_tokens"]), bool(r.get("ignore_eos")))
+        r["request_id"]: Expectation(
+            int(r["max_output_tokens"]), bool(r.get("ignore_eos")), r.get("constraint")
+        )
         for r in rows
     }
     references = None

@@ -14,6 +14,10 @@ import pyarrow as pa
 
 from slo.runrecord import OutputFlag, RequestColumn, float_column, string_column
 
+# The flags that make an ok request's output wrong (`output_valid` false).
+WRONG_FLAGS = frozenset(
+    {OutputFlag.DIVERGED, OutputFlag.SHORT_IGNORE_EOS, OutputFlag.CONSTRAINT_VIOLATED}
+)
 # In-flight requests at send time (this one included), as bucket upper bounds.
 LOAD_EDGES = (1, 2, 4, 8, 16, 32, 64)
 

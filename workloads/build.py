@@ -450,6 +450,7 @@ class _Builder:
             "num_requests": n,
             "closed_loop_concurrency": closed,
             "duration_s": duration_s,
+            "constraint": data.get("constraint"),
             "parameters": {
                 "spec": self.data,
                 "overrides": opts.overrides(),

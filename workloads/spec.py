@@ -13,6 +13,8 @@ A spec is a mapping with these keys (see `builtin/*.yaml` for examples):
                            sharegpt {path, fallback, rules...}, trace {format, path, ...}
   arrivals                 {process: poisson|gamma|constant|all_at_once|ramp|stages|trace|closed_loop, ...}
   prefix                   optional shared prefixes {groups, prefix_len, assign}
+  constraint               optional output constraint of every request: one of json_schema,
+                           json_object, regex, choice, grammar (see workloads/constraint.py)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from workloads.constraint import check_constraint
 from workloads.schema import WorkloadError
 
 TOP_LEVEL_KEYS = {
@@ -39,6 +42,7 @@ TOP_LEVEL_KEYS = {
     "source",
     "arrivals",
     "prefix",
+    "constraint",
     "notes",
 }
 SOURCE_KINDS = {
@@ -188,6 +192,8 @@ def check_spec(data: Any, origin: str) -> None:
         _expect(source["kind"] == "trace", origin, "trace arrivals need a trace source.")
         extra = set(arrivals) - {"process", "speedup", "jitter_s"}
         _expect(not extra, origin, f"trace arrivals do not take {', '.join(sorted(extra))}.")
+    if data.get("constraint") is not None:
+        check_constraint(data["constraint"], origin)
     prefix = data.get("prefix")
     if prefix is not None:
         _expect(

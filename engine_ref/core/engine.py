@@ -2,9 +2,10 @@
 
 One `step()` = schedule -> copy-on-write block copies -> execute: one forward over the
 flattened batch (decode rows and prefill chunks together), logits for the rows that sample,
-sample -> commit: advance computed counts, enter full blocks into the prefix cache, fork,
-append tokens, detokenise, check stop conditions -> free finished sequences' blocks once the
-step is over.
+masked by each guided request's grammar (speculative rows by the grammar's state after the
+drafted tokens before them), sample -> commit: advance computed counts, enter full blocks
+into the prefix cache, fork, append tokens (advancing grammars by committed tokens only),
+detokenise, check stop conditions -> free finished sequences' blocks once the step is over.
 
 Execution commits nothing, so a step whose execution raises can be retried on part of its
 batch: the engine bisects the batch by request until the requests that fail on their own are
@@ -31,6 +32,7 @@ from engine_ref.core.attention import build_attention_metadata, kv_pool_shape
 from engine_ref.core.block_manager import BlockManager, HashFn, default_hash
 from engine_ref.core.detokenizer import IncrementalDetokenizer
 from engine_ref.core.engine_config import EngineConfig, SamplingParams
+from engine_ref.core.grammar import GrammarBackend, GrammarError, GrammarMatcher
 from engine_ref.core.isolation import isolate_failures
 from engine_ref.core.model import LlamaModel
 from engine_ref.core.outputs import CompletionOutput, RequestOutput
@@ -174,6 +176,7 @@ class LLMEngine:
         self._num_steps = 0
         self._prompt_tokens: dict[str, int] = defaultdict(int)
         self._generation_tokens: dict[str, int] = defaultdict(int)
+        self._grammar_backend: GrammarBackend | None = None  # built at the first guided request
 
     # -- public API ---------------------------------------------------------------------------
     def add_request(
@@ -203,11 +206,13 @@ class LLMEngine:
             vocab_size=self.model_config.vocab_size,
             max_num_seqs=self.config.max_num_seqs,
         )
+        grammar = self._grammar_matcher(params)
         request = Request(
             request_id, prompt, params, int(priority), next(self._arrivals), cache_salt=cache_salt
         )
         generator = self._seeded_generator(params, 0)
         seq = self._new_sequence(request, 0, list(prompt), generator)
+        seq.grammar = grammar
         self.scheduler.add(seq)  # may raise QueueFullError
         request.sequences.append(seq)
         self.requests[request_id] = request
@@ -420,6 +425,8 @@ class LLMEngine:
         if len(wanted_rows) < len(input_ids):
             hidden = hidden.index_select(0, self._index(wanted_rows))
         all_logits = self.model.compute_logits(hidden)  # [N + S, V]
+        if self._grammar_backend is not None:
+            all_logits = self._mask_logits(all_logits, sampling_seqs, chains)
         logits, spec_logits = all_logits[: len(sample_rows)], all_logits[len(sample_rows) :]
         if len(logits_rows) != len(sample_rows):
             logits = logits.index_select(0, self._index(logits_rows))
@@ -502,6 +509,8 @@ class LLMEngine:
     def _append_token(
         self, seq: Sequence, token: int, lp: dict[int, float] | None
     ) -> CompletionOutput:
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         seq.token_ids.append(token)
         if lp is not None:
             seq.logprobs = seq.logprobs or []
@@ -531,6 +540,8 @@ class LLMEngine:
         logprobs: list[dict[int, float]] = []
         for j, token in enumerate(verified.token_ids):
             lp = None if verified.logprobs is None else verified.logprobs[j]
+            if seq.grammar is not None:  # accepted tokens only: the rejected never get here
+                seq.grammar.accept(token)
             seq.token_ids.append(token)
             if lp is not None:
                 seq.logprobs = seq.logprobs or []
@@ -620,6 +631,8 @@ class LLMEngine:
             reason = "stop"
         elif token in self.eos_token_ids and not params.ignore_eos:
             reason = "stop"
+        elif seq.grammar is not None and seq.grammar.is_terminated:
+            reason = "stop"  # the grammar is complete (it accepted an end-of-sequence token)
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
         text = detok.text
@@ -669,6 +682,7 @@ class LLMEngine:
         request = parent.request
         request.is_forked = True
         child = self._new_sequence(request, index, list(parent.token_ids), generator)
+        child.grammar = None if parent.grammar is None else parent.grammar.fork()
         self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
         self.scheduler.running.append(child)
@@ -678,9 +692,56 @@ class LLMEngine:
     def _sample_row(self, seq: Sequence) -> SampleRow:
         params = seq.request.params
         banned: tuple[int, ...] = ()
-        if seq.num_output_tokens < params.min_tokens:
+        if seq.num_output_tokens < params.min_tokens and seq.grammar is None:
             banned = tuple(self.eos_token_ids | set(params.stop_token_ids))
         return SampleRow(params, seq.generator, banned)
+
+    def _grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:
+        """A matcher at the start of the request's grammar (None when unconstrained); raises
+        EngineError when the grammar cannot be compiled or the library is missing."""
+        if params.guided is None:
+            return None
+        try:
+            if self._grammar_backend is None:
+                self._grammar_backend = GrammarBackend(
+                    self.tokenizer, self.model_config.vocab_size, self.tokenizer.eos_token_ids
+                )
+            return self._grammar_backend.matcher(params.guided)
+        except GrammarError as exc:
+            raise EngineError(str(exc)) from None
+
+    def _mask_logits(
+        self,
+        logits: torch.Tensor,
+        sampling_seqs: list[Sequence],
+        chains: list[tuple[Sequence, Chain]],
+    ) -> torch.Tensor:
+        """The step's logits [N + S, V] (N sampling rows, then each chain's k + 1 rows) with
+        the tokens each constrained row's grammar disallows at -inf. A chain's row j is masked
+        by the grammar's state after its first j drafted tokens (`draft_masks` walks the
+        matcher through them and back); no matcher's state changes."""
+        backend = self._grammar_backend
+        assert backend is not None
+        rows: list[int] = []
+        bitmask: torch.Tensor | None = None
+        for r, seq in enumerate(sampling_seqs):
+            if seq.grammar is not None:
+                bitmask = backend.allocate(logits.shape[0]) if bitmask is None else bitmask
+                seq.grammar.fill(bitmask, r)
+                rows.append(r)
+        at = len(sampling_seqs)
+        for seq, chain in chains:
+            k = len(chain.draft_token_ids)
+            if seq.grammar is not None:
+                bitmask = backend.allocate(logits.shape[0]) if bitmask is None else bitmask
+                seq.grammar.draft_masks(bitmask, at, chain.draft_token_ids, chain.parents)
+                rows += range(at, at + k + 1)
+            at += k + 1
+        if bitmask is None:
+            return logits
+        logits = logits.float()  # the sampler computes in float32 anyway
+        backend.apply(logits, bitmask, rows)
+        return logits
 
     def _index(self, rows: list[int]) -> torch.Tensor:
         # dtype explicit: torch.tensor([]) is float32, which index_select rejects.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_ref.core.grammar import GuidedDecoding
 from engine_ref.core.quant import QUANTIZATION_MODES
 
 
@@ -258,7 +259,10 @@ class SamplingParams:
     ("length") at the engine's max_model_len. `n` parallel samples share the prompt's KV blocks
     (copy-on-write on divergence). `speculative` False opts the request out of the engine's
     speculative decoding (True uses it when the engine has it; outputs are the same either
-    way, only their speed differs).
+    way, only their speed differs). `guided` constrains the output to a grammar (see
+    `engine_ref.core.grammar`): each step samples only tokens the grammar allows, and the
+    output ends ("stop") when the grammar is complete and an end-of-sequence token is
+    sampled; the grammar, not `min_tokens`, then decides where the output may end.
     """
 
     n: int = 1
@@ -273,6 +277,7 @@ class SamplingParams:
     logprobs: int | None = None
     min_tokens: int = 0
     speculative: bool = True
+    guided: GuidedDecoding | None = None
 
     def __post_init__(self) -> None:
         def set_(name: str, value: object) -> None:
@@ -302,6 +307,8 @@ class SamplingParams:
         if self.speculative not in (True, False):
             raise EngineConfigError(f"speculative must be true or false, got {self.speculative!r}.")
         set_("speculative", bool(self.speculative))
+        if self.guided is not None and not isinstance(self.guided, GuidedDecoding):
+            raise EngineConfigError(f"guided must be a GuidedDecoding, got {self.guided!r}.")
         if self.min_tokens > self.max_tokens:
             raise EngineConfigError("min_tokens must be between 0 and max_tokens.")
 

@@ -9,6 +9,7 @@ import torch
 
 from engine_ref.core.detokenizer import IncrementalDetokenizer
 from engine_ref.core.engine_config import SamplingParams
+from engine_ref.core.grammar import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -45,6 +46,8 @@ class Sequence:
     draft_parents: list[int | None] | None = None  # a token tree's (see DraftTree); None: chain
     spec_acceptance: float = 1.0
     spec_pause_steps: int = 0
+    # Guided decoding: where the committed output tokens are in the request's grammar.
+    grammar: GrammarMatcher | None = None
 
     @property
     def num_tokens(self) -> int:

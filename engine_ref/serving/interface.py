@@ -32,6 +32,7 @@ from engine_ref.core.engine_config import (
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
 )
+from engine_ref.core.grammar import GrammarError, GuidedDecoding, check_guided
 
 __all__ = [
     "CompletionOutput",
@@ -39,6 +40,8 @@ __all__ = [
     "EngineConfigError",
     "EngineError",
     "EngineInterface",
+    "GrammarError",
+    "GuidedDecoding",
     "MAX_STOP_STRINGS",
     "MAX_STOP_STRING_CHARS",
     "MAX_STOP_TOKEN_IDS",
@@ -49,6 +52,7 @@ __all__ = [
     "ServedStats",
     "ServedTokenizer",
     "build_engine",
+    "check_guided",
 ]
 
 

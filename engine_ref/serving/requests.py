@@ -13,7 +13,8 @@ chunk adds), `return_token_ids` (vLLM extension: each choice
 and chunk carries the token ids it adds) and `cache_salt` (vLLM extension: requests share
 prefix-cache blocks only with requests of the same salt) and `speculative` (engine_ref
 extension: false opts the request out of the server's `--speculative-config`; outputs are the
-same either way).
+same either way), and the output constraints of `engine_ref.serving.guided` (`response_format`,
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`).
 
 Size limits come before the work they bound: a request's prompt text (all its prompts, or all
 its messages' contents) is counted against `max_prompt_chars` before it is rendered or
@@ -39,6 +40,7 @@ from engine_ref.serving.fields import (
     stop_strings,
     stop_token_ids,
 )
+from engine_ref.serving.guided import guided_decoding
 from engine_ref.serving.interface import EngineConfigError, SamplingParams, ServedTokenizer
 
 _MAX_N = 64
@@ -213,6 +215,7 @@ def _build(
         "logprobs": logprobs,
         "min_tokens": min_tokens,
         "speculative": optional_bool(body, "speculative"),
+        "guided": guided_decoding(body),
     }
     try:
         params = SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})

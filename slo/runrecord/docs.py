@@ -113,6 +113,7 @@ OUTPUT_FLAG_MEANINGS = {
     OutputFlag.SHORT_IGNORE_EOS: "`ignore_eos` asked, and fewer tokens than `max_tokens` came back",
     OutputFlag.FIRST_TOKEN_DIFFERS: "the first token differs from the reference engine's",
     OutputFlag.USAGE_MISMATCH: "`usage.completion_tokens` disagrees with the tokens streamed",
+    OutputFlag.CONSTRAINT_VIOLATED: "breaks the workload's output constraint (JSON schema, regex or choice; `wrong output`)",
 }
 ENDPOINT_MEANINGS = {
     Endpoint.COMPLETIONS: f"`{Endpoint.COMPLETIONS.path}`",

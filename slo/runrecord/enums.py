@@ -74,3 +74,4 @@ class OutputFlag(StrEnum):
     SHORT_IGNORE_EOS = "short_ignore_eos"  # ignore_eos asked, fewer tokens than max_tokens came
     FIRST_TOKEN_DIFFERS = "first_token_differs"  # the first token differs from the reference's
     USAGE_MISMATCH = "usage_mismatch"  # usage.completion_tokens disagrees with the tokens streamed
+    CONSTRAINT_VIOLATED = "constraint_violated"  # breaks the workload's schema, regex or choice

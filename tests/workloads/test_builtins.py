@@ -17,6 +17,7 @@ def test_builtin_names():
     assert builtin_names() == [
         "chat",
         "code",
+        "json",
         "long-context",
         "mixed",
         "random",
@@ -26,7 +27,8 @@ def test_builtin_names():
 
 
 @pytest.mark.parametrize(
-    "name", ["chat", "code", "long-context", "mixed", "random", "shared-prefix", "sharegpt"]
+    "name",
+    ["chat", "code", "json", "long-context", "mixed", "random", "shared-prefix", "sharegpt"],
 )
 def test_every_builtin_is_token_exact(name, tiny_tokenizer):
     w = _resolve(tiny_tokenizer, name, num_requests=6)
