@@ -363,4 +363,5 @@ def build_card(
         saturation=summary.get("saturation"),
         server_metrics=summary.get("server_metrics"),
         correctness=summary.get("correctness"),
+        sessions=summary.get("sessions"),
     )

@@ -203,6 +203,7 @@ class Card:
     saturation: dict | None = None  # slo's over-saturation check
     server_metrics: dict | None = None  # slo's summary of the target's /metrics
     correctness: dict | None = None  # slo's output-correctness summary (None: not checked)
+    sessions: dict | None = None  # slo's per-session metrics (None: not a multi-turn run)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ from workloads.schema import (
     WorkloadError,
     table_sha256,
 )
+from workloads.sessions import SessionColumns, session_rows
 from workloads.spec import WorkloadSpec
 from workloads.store import WorkloadWriter
 
@@ -213,7 +214,7 @@ class _Builder:
 
     def build(self) -> _Rows:
         opts, data, kind = self.opts, self.data, self.source["kind"]
-        if opts.dataset_path is not None and kind not in ("sharegpt", "trace"):
+        if opts.dataset_path is not None and kind not in ("sharegpt", "trace", "sessions"):
             raise WorkloadError(f"Workload {self.spec.name!r} reads no dataset; drop dataset_path.")
         duration_s = opts.duration_s if opts.duration_s is not None else data.get("duration_s")
         if opts.num_requests is not None:
@@ -251,6 +252,19 @@ class _Builder:
                 self.info["component_counts"] = {
                     names[k]: int((which == k).sum()) for k in range(len(names))
                 }
+            elif kind == "sessions":
+                ins, outs, prompts, sessions = session_rows(self, n)
+                self.info["arrivals"] = proc.describe() | {"of": "sessions"}
+                return _Rows(
+                    sessions.row_times(times),
+                    ins,
+                    outs,
+                    iter([(prompts, None)]),
+                    proc,
+                    duration_s,
+                    False,
+                    sessions,
+                )
             else:
                 ins, outs, prompts = self.sharegpt(n)
         self.info["arrivals"] = proc.describe() if proc is not None else self.info.get("arrivals")
@@ -471,9 +485,7 @@ class _Builder:
         times = rows.times
         columns = {
             "request_id": pa.array([f"req-{i:0{width}d}" for i in range(start, stop)], pa.string()),
-            "arrival_s": pa.nulls(n, pa.float64())
-            if times is None
-            else pa.array(np.asarray(times[start:stop], dtype=np.float64), pa.float64()),
+            "arrival_s": pa.nulls(n, pa.float64()) if times is None else _floats(times[start:stop]),
             "prompt": pa.array([p.text for p in prompts], pa.string()),
             "prompt_token_ids": ids_col,
             "input_tokens": pa.array(np.asarray(lengths, dtype=np.int32), pa.int32()),
@@ -485,11 +497,26 @@ class _Builder:
             "top_p": pa.array([top_p] * n, pa.float32()),
             "seed": pa.nulls(n, pa.int64()),
             "prefix_group": pa.array(groups if groups is not None else [None] * n, pa.string()),
-            "session_id": pa.nulls(n, pa.string()),
+            **self.session_columns(rows.sessions, start, stop),
             "priority": pa.nulls(n, pa.int32()),
             "deadline_s": pa.nulls(n, pa.float64()),
         }
         return pa.RecordBatch.from_arrays(list(columns.values()), schema=REQUEST_SCHEMA)
+
+    @staticmethod
+    def session_columns(sessions: SessionColumns | None, start: int, stop: int) -> dict:
+        n = stop - start
+        if sessions is None:
+            return {
+                "session_id": pa.nulls(n, pa.string()),
+                "turn_index": pa.nulls(n, pa.int32()),
+                "think_s": pa.nulls(n, pa.float64()),
+            }
+        return {
+            "session_id": pa.array(sessions.session_id[start:stop], pa.string()),
+            "turn_index": pa.array(sessions.turn_index[start:stop], pa.int32()),
+            "think_s": _floats(sessions.think_s[start:stop]),
+        }
 
     def batches(self, rows: _Rows) -> Iterator[pa.RecordBatch]:
         start = 0
@@ -513,11 +540,9 @@ class _Builder:
             "source": self.source_text
             or "synthetic: lengths from distributions, prompts from the bundled corpus",
             "endpoint": endpoint,
-            "prompt_format": "chat: prompt is the single user message; input_tokens counts its content, "
-            "not the chat template"
-            if endpoint == "chat"
-            else "completions: prompt text as sent",
+            "prompt_format": _prompt_format(endpoint, rows.sessions is not None),
             "num_requests": num_requests,
+            "num_sessions": len(rows.sessions.first_row) if rows.sessions is not None else None,
             "closed_loop_concurrency": rows.closed,
             "duration_s": rows.duration_s,
             "parameters": {
@@ -532,6 +557,25 @@ class _Builder:
         return _json_safe(manifest)
 
 
+def _floats(values: np.ndarray) -> pa.Array:
+    """float64 with NaN as null, the null slots zero (as a parquet round trip leaves them, so
+    the table's sha256 survives one)."""
+    values = np.asarray(values, dtype=np.float64)
+    missing = np.isnan(values)
+    return pa.array(np.where(missing, 0.0, values), pa.float64(), mask=missing)
+
+
+def _prompt_format(endpoint: str, sessions: bool) -> str:
+    if sessions:
+        return (
+            "sessions: prompt is the turn's new user message; the harness sends it after the "
+            "session's earlier turns and the engine's answers, and input_tokens counts it alone"
+        )
+    if endpoint == "chat":
+        return "chat: prompt is the single user message; input_tokens counts its content, not the chat template"
+    return "completions: prompt text as sent"
+
+
 @dataclass
 class _Rows:
     """What a build decided before its prompts exist: times, lengths, and the prompts (with
@@ -544,6 +588,7 @@ class _Rows:
     proc: arr.ArrivalProcess | None
     duration_s: float | None
     streamed: bool
+    sessions: SessionColumns | None = None
 
     @property
     def closed(self) -> int | None:

@@ -22,6 +22,8 @@ REQUEST_SCHEMA = pa.schema(
         pa.field("seed", pa.int64()),
         pa.field("prefix_group", pa.string()),
         pa.field("session_id", pa.string()),
+        pa.field("turn_index", pa.int32()),
+        pa.field("think_s", pa.float64()),
         pa.field("priority", pa.int32()),
         pa.field("deadline_s", pa.float64()),
     ]

@@ -126,6 +126,7 @@ class RunSummary:
     streamed: bool | None = None  # None: a summary written before the field
     undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
     saturation: dict | None = None
+    sessions: dict | None = None  # multi-turn runs: see `slo.sessions.sessions_summary`
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

@@ -19,6 +19,7 @@ def test_builtin_names():
         "code",
         "long-context",
         "mixed",
+        "multi-turn",
         "random",
         "shared-prefix",
         "sharegpt",
