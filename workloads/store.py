@@ -108,6 +108,12 @@ def read_parquet(path: Path) -> Workload:
         raise WorkloadError(f"{path} is not a built workload (no manifest in its metadata).")
     manifest = json.loads(meta[MANIFEST_KEY])
     table = table.replace_schema_metadata(None)
+    missing = [f.name for f in REQUEST_SCHEMA if f.name not in table.column_names]
+    if missing and manifest.get("format_version", 1) < 2:
+        raise WorkloadError(
+            f"{path} was built by an older bench (no {', '.join(missing)} column); rebuild it "
+            "with bench workload build."
+        )
     if not table.schema.equals(REQUEST_SCHEMA):
         try:
             table = table.cast(REQUEST_SCHEMA)
