@@ -53,9 +53,9 @@ class _SessionView:
     def __init__(self, session, on_headers, pacing: tuple[float, int] | None) -> None:
         self._session, self._on_headers, self._pacing = session, on_headers, pacing
 
-    def post(self, url: str, *, data: bytes) -> _Answer:
+    def post(self, url: str, *, data: bytes, headers: dict[str, str] | None = None) -> _Answer:
         extra = {"read_bufsize": self._pacing[1]} if self._pacing is not None else {}
-        request = self._session.post(url, data=data, **extra)
+        request = self._session.post(url, data=data, headers=headers, **extra)
         return _Answer(request, self._on_headers, self._pacing)
 
 

@@ -77,6 +77,11 @@ _SHARED = (
         help="Bearer token for the target (default: $OPENAI_API_KEY); never written to the run directory.",
     ),
     click.option(
+        "--session-header",
+        help="Multi-turn workloads: send each turn's session id in this HTTP header (session "
+        "affinity for a router), e.g. x-session-id.",
+    ),
+    click.option(
         "--server-arg",
         "server_args",
         multiple=True,

@@ -25,6 +25,7 @@ class RequestPayload:
     request_id: str
     body: bytes
     is_warmup: bool = False
+    headers: dict[str, str] | None = None  # this request's own headers (session affinity)
 
 
 @dataclass(slots=True)
@@ -76,6 +77,11 @@ class ClientOptions:
 
 def build_body(options: ClientOptions, spec: dict) -> bytes:
     """Encode one RequestSpec row (a dict) as the JSON body for the chosen endpoint."""
+    return orjson.dumps(body_fields(options, spec))
+
+
+def body_fields(options: ClientOptions, spec: dict) -> dict:
+    """The JSON body of one RequestSpec row (a dict) for the chosen endpoint, as a dict."""
     body: dict = {"model": options.model, "max_tokens": int(spec["max_output_tokens"])}
     if options.is_chat:
         body["messages"] = [{"role": "user", "content": spec["prompt"]}]
@@ -95,7 +101,7 @@ def build_body(options: ClientOptions, spec: dict) -> bytes:
         body.update(request_fields(spec["constraint"]))
     if options.extra_body:
         body.update(options.extra_body)
-    return orjson.dumps(body)
+    return body
 
 
 def auth_headers(api_key: str | None, extra=()) -> dict[str, str]:
@@ -156,7 +162,9 @@ async def send(
     try:
         async with asyncio.timeout(options.timeout_s):
             result.t_sent_ns = clock()
-            async with session.post(options.url, data=payload.body) as response:
+            async with session.post(
+                options.url, data=payload.body, headers=payload.headers
+            ) as response:
                 result.t_first_byte_ns = clock()
                 result.http_status = response.status
                 result.engine_request_id = response.headers.get("x-request-id")

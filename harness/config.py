@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -100,6 +101,7 @@ class RunConfig:
     faults: str | None = None  # a fault plan: built-in name or YAML file (`bench faults list`)
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers on every request (`--header`)
     extra_body: dict | None = None  # JSON fields merged into every request body (`--extra-body`)
+    session_header: str | None = None  # multi-turn: the HTTP header carrying each session id
     slice_duration_s: float | None = None  # fixed-width time slices on the card (s)
     target: str = "ref"  # ref | vllm | llamacpp | url:http://... (`url` wins when set)
     engine_commands: tuple[str, ...] = ()  # ENGINE=TEMPLATE overrides (harness.engines)
@@ -130,6 +132,12 @@ class RunConfig:
                 f"--max-error-rate must be at least 0 and below 1, got {self.max_error_rate!r}."
             )
         positive("max_consecutive_errors", self.max_consecutive_errors, integer=True)
+        if self.session_header is not None and not re.fullmatch(
+            r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", self.session_header
+        ):
+            raise HarnessError(
+                f"--session-header must be an HTTP header name (letters, digits, -), got {self.session_header!r}."
+            )
         if self.settle_s < 0:
             raise HarnessError(f"settle_s must be zero or more, got {self.settle_s!r}.")
         if self.warmup < 0:

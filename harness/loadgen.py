@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from harness.client import RawResult, RequestPayload
+from harness.sessions import SessionPlan, drive_sessions
 from harness.transport import Transport
 from slo.runrecord import RequestStatus
 
@@ -33,7 +34,9 @@ class LoadPlan:
     `arrival_s[i]` is request i's offset from the start of the measured phase; `None` means
     closed loop with `concurrency` users. `concurrency` caps in-flight requests in open loop.
     `duration_s` stops dispatching new requests after that many seconds. Warm-up requests are
-    sent first, all at once under the same cap, and are recorded as warm-up.
+    sent first, all at once under the same cap, and are recorded as warm-up. With `sessions`
+    (see `harness.sessions`) the turns are sent as their sessions say; `payloads` and
+    `arrival_s` (None for turns after the first) list them for the schedule and the ledger.
     """
 
     payloads: Sequence[RequestPayload]
@@ -41,9 +44,10 @@ class LoadPlan:
     concurrency: int | None = None
     duration_s: float | None = None
     warmup: Sequence[RequestPayload] = ()
+    sessions: SessionPlan | None = None  # multi-turn: `payloads` only name the turns
 
     def __post_init__(self) -> None:
-        if self.arrival_s is None and not self.concurrency:
+        if self.arrival_s is None and not self.concurrency and self.sessions is None:
             raise ValueError("a closed-loop plan needs a concurrency (number of users)")
         if self.arrival_s is not None and len(self.arrival_s) != len(self.payloads):
             raise ValueError("arrival_s and payloads differ in length")
@@ -91,7 +95,7 @@ async def run_load(
     t0: int | None = None
     finished = False
 
-    async def one(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> None:
+    async def one(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> RawResult:
         dispatched.add(payload.request_id)
         raw = RawResult(payload.request_id, payload.is_warmup, t_scheduled_ns)
         try:
@@ -104,11 +108,15 @@ async def run_load(
             on_result(raw)
             if observer is not None:
                 observer.on_done(raw)
+        return raw
 
-    def launch(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> None:
-        task = asyncio.create_task(one(payload, t_scheduled_ns, acquired))
+    def spawn(coro) -> None:
+        task = asyncio.create_task(coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    def launch(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> None:
+        spawn(one(payload, t_scheduled_ns, acquired))
 
     try:
         if plan.warmup:
@@ -125,7 +133,19 @@ async def run_load(
         if start_callback is not None:
             start_callback(t0)
         deadline_ns = t0 + int(plan.duration_s * 1e9) if plan.duration_s else None
-        if plan.arrival_s is not None:
+        if plan.sessions is not None:
+            outcome.num_scheduled, outcome.stopped_by_duration = await drive_sessions(
+                plan.sessions,
+                t0=t0,
+                deadline_ns=deadline_ns,
+                limit=limit,
+                users=plan.concurrency if plan.arrival_s is None else None,
+                send=one,
+                spawn=spawn,
+                dispatched=dispatched,
+                on_result=on_result,
+            )
+        elif plan.arrival_s is not None:
             outcome.num_scheduled, outcome.stopped_by_duration = await _open_loop(
                 plan, t0, deadline_ns, limit, launch
             )
@@ -133,7 +153,7 @@ async def run_load(
             outcome.num_scheduled, outcome.stopped_by_duration = await _closed_loop(
                 plan, t0, deadline_ns, transport, on_result, observer, dispatched
             )
-        if tasks:
+        while tasks:  # session tasks may spawn more (closed-loop users)
             await asyncio.gather(*list(tasks))
         finished = True
     finally:

@@ -26,6 +26,8 @@ class PromptTokenWatch:
 
     def observe(self, records: list[RequestRecord]) -> None:
         for r in records:
+            if r.turn_index:  # a later turn of a session: its prompt carries the history
+                continue
             if r.input_tokens is not None and r.usage_prompt_tokens is not None:
                 self.inputs.append(r.input_tokens)
                 self.usage.append(r.usage_prompt_tokens)

@@ -47,6 +47,7 @@ class RunRecorder:
     input_tokens: dict[str, int]
     manifest: RunManifest
     on_records: Callable[[list], None] | None = None  # sees each flush's measured rows
+    sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
     _pending: list[RawResult] = field(default_factory=list)
     writer: RunWriter = field(init=False)
 
@@ -68,7 +69,10 @@ class RunRecorder:
         pending, self._pending = self._pending, []
         records, warm_records, chunk_rows = [], [], []
         for raw in pending:
-            record, chunks = to_rows(raw, self.input_tokens.get(raw.request_id), self.context)
+            rid = raw.request_id
+            record, chunks = to_rows(
+                raw, self.input_tokens.get(rid), self.context, self.sessions.get(rid)
+            )
             if raw.is_warmup:
                 warm_records.append(record)
             else:

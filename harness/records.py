@@ -45,9 +45,13 @@ def _retokenise_chunks(parsed: ParsedStream, count_tokens: TokenCounter) -> None
 
 
 def to_rows(
-    raw: RawResult, input_tokens: int | None, ctx: RecordContext
+    raw: RawResult,
+    input_tokens: int | None,
+    ctx: RecordContext,
+    session: tuple[str, int] | None = None,
 ) -> tuple[RequestRecord, list[tuple]]:
-    """Build the request record and its chunk rows `(request_id, t_ns, n_tokens, n_chars)`."""
+    """Build the request record and its chunk rows `(request_id, t_ns, n_tokens, n_chars)`;
+    `session` is the request's (session id, turn index) in a multi-turn workload."""
     parsed: ParsedStream | None = None
     status, error_class, error_message = raw.status, raw.error_class, raw.error_message
     if status is None:
@@ -137,6 +141,9 @@ def to_rows(
         output_agreement=checked.agreement,
         output_flags=checked.flags,
         chunk_tokens_source=chunk_source,
+        usage_cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        session_id=session[0] if session else None,
+        turn_index=session[1] if session else None,
     )
     rid = raw.request_id
     chunks = [(rid, t - t0, n, c) for t, n, c in parsed.chunks] if parsed else []

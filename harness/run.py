@@ -30,6 +30,7 @@ from harness.run_context import ErrorLimits, RunContext
 from harness.saturation_watch import Observers, SaturationWatch
 from harness.scraper import MetricsScraper
 from harness.server_state import read_gauges, settle
+from harness.sessions import SessionPlan, sessions_from_rows
 from harness.targets import Target, launch_plan_for, preflight, target_for, target_info
 from harness.tokenizer_choice import (
     TokenizerChoice,
@@ -251,7 +252,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         extra_body=config.extra_body,
         chunk_usage=_chunk_usage(config, target.get("engine")),
     )
-    plan, input_tokens = _plan(config, workload, options)
+    plan, input_tokens = _plan(config, workload, options, inputs.tokenizer)
     manifest = RunManifest(
         harness_version=harness.__version__,
         git_sha=git_sha(),
@@ -280,6 +281,12 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         quiet=inputs.quiet,
     )
     run.errors = ErrorLimits(config.max_error_rate, config.max_consecutive_errors)
+    if plan.sessions is not None:
+        run.sessions = {
+            turn.request_id: (session.session_id, k)
+            for session in plan.sessions.sessions
+            for k, turn in enumerate(session.turns)
+        }
     run.checks = output_checks(config, workload, inputs.tokenizer, endpoint)
     run.watch = PromptTokenWatch(overhead, lambda sentence: warn(inputs.console, sentence))
     metrics_url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
@@ -351,7 +358,31 @@ def _chunk_usage(config: RunConfig, engine: str | None) -> bool:
     return engine in CHUNK_USAGE_ENGINES
 
 
-def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan, dict[str, int]]:
+def _session_plan(config, workload, options: ClientOptions, rows, warmup, tokenizer) -> LoadPlan:
+    """A multi-turn plan: the sessions, and every turn listed for the schedule (a later turn's
+    arrival is null: it waits for the turn before it)."""
+    if config.check_outputs:
+        raise HarnessError(
+            "--check-outputs compares single prompts with the reference engine; it does not "
+            "apply to multi-turn sessions, whose prompts depend on the answers."
+        )
+    sessions = SessionPlan(
+        sessions_from_rows(rows, options),
+        chat=options.is_chat,
+        session_header=config.session_header,
+        encode=getattr(tokenizer, "encode", None),
+    )
+    turns = [RequestPayload(r["request_id"], b"") for r in rows]
+    users = workload.closed_loop_concurrency
+    arrivals = None if users else [r["arrival_s"] for r in rows]
+    return LoadPlan(
+        turns, arrivals, users or config.concurrency, config.duration_s, warmup, sessions
+    )
+
+
+def _plan(
+    config: RunConfig, workload, options: ClientOptions, tokenizer=None
+) -> tuple[LoadPlan, dict[str, int]]:
     rows = request_rows(config, workload)
     if not rows:
         raise HarnessError("the workload has no requests; raise --num-requests or --duration.")
@@ -361,6 +392,8 @@ def _plan(config: RunConfig, workload, options: ClientOptions) -> tuple[LoadPlan
         for i in range(config.warmup)
     ]
     input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
+    if any(r.get("session_id") is not None for r in rows):
+        return _session_plan(config, workload, options, rows, warmup, tokenizer), input_tokens
     closed = workload.closed_loop_concurrency is not None or any(
         r["arrival_s"] is None for r in rows
     )

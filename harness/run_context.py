@@ -46,6 +46,7 @@ class RunContext:
     stop_reason: str | None = None
     checks: OutputChecks | None = None
     watch: PromptTokenWatch | None = None
+    sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
 
     @property
     def t0_ns(self) -> int | None:
@@ -65,6 +66,7 @@ class RunContext:
             self.input_tokens,
             self.manifest,
             on_records=self.watch.observe if self.watch is not None else None,
+            sessions=self.sessions,
         )
         plan = self.plan
         arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)

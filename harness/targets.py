@@ -141,7 +141,9 @@ def target_for(
         return
     server_cfg = ManagedServerConfig(
         model=config.model or DEFAULT_MODEL,
-        extra_args=(*config.server_args, *extra_args),
+        # usage.prompt_tokens_details.cached_tokens on every answer: the prefix-cache hits
+        # the run records per request (multi-turn sessions report their hit rate from it)
+        extra_args=("--enable-prompt-tokens-details", *config.server_args, *extra_args),
         startup_timeout_s=config.startup_timeout_s,
     )
     with managed_server(server_cfg, log_dir=log_dir) as server:

@@ -364,4 +364,5 @@ def build_card(
         server_metrics=summary.get("server_metrics"),
         correctness=summary.get("correctness"),
         chunking=summary.get("chunking"),
+        sessions=summary.get("sessions"),
     )

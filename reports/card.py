@@ -206,6 +206,7 @@ class Card:
     server_metrics: dict | None = None  # slo's summary of the target's /metrics
     correctness: dict | None = None  # slo's output-correctness summary (None: not checked)
     chunking: dict | None = None  # slo's tokens per token-bearing chunk, and what counted them
+    sessions: dict | None = None  # slo's per-session metrics (None: not a multi-turn run)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

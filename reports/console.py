@@ -19,6 +19,7 @@ from reports.build import THROUGHPUT_LABELS, build_card, latency_rows_from_summa
 from reports.card import Card, LatencyRow, SLOVerdict, Throughput
 from reports.checks_view import checks_renderables
 from reports.errors import ReportError
+from reports.sessions_view import sessions_renderable
 from reports.taxonomy import OUTCOME_KINDS
 
 
@@ -189,6 +190,9 @@ def card_renderable(card: Card) -> RenderableType:
     if card.ledger:
         parts.append(ledger_text(card.ledger))
     parts += checks_renderables(card.server_metrics, card.correctness)
+    sessions = sessions_renderable(card.sessions)
+    if sessions is not None:
+        parts.append(sessions)
     parts.append(Text(""))
     parts.append(_health_line(card))
     return _spaced(parts)

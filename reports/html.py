@@ -14,6 +14,7 @@ from reports import charts
 from reports.card import LATENCY_METRICS, Card
 from reports.checks_view import RATE_TABLES, correctness_sentence, server_metrics_rows
 from reports.conventions_view import convention_rows, conventions_sources
+from reports.sessions_view import SESSION_COLUMNS, session_rows, sessions_sentence
 from reports.taxonomy import OUTCOME_KINDS
 from reports.templates import COMPARISON_TEMPLATE, RUN_TEMPLATE
 
@@ -109,6 +110,9 @@ def _environment(loader_css: str) -> jinja2.Environment:
         conventions_sources=conventions_sources,
         server_metrics_rows=server_metrics_rows,
         correctness_sentence=correctness_sentence,
+        sessions_sentence=sessions_sentence,
+        session_rows=session_rows,
+        SESSION_COLUMNS=SESSION_COLUMNS,
         RATE_TABLES=RATE_TABLES,
     )
     return env

@@ -27,6 +27,8 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
 - `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`).
 - `goodput`: None, or see `slo.goodput.goodput_summary`.
 - `conventions` (only with `conventions="all"`): see `slo.conventions`.
+- `sessions`: None, or per-session metrics of a multi-turn run (duration, TTFT by turn index,
+  prefix-cache hit rate): see `slo.sessions.sessions_summary`.
 """
 
 from slo import capacity, metrics

@@ -31,6 +31,7 @@ from slo.runrecord import (
 )
 from slo.saturation import saturation_summary
 from slo.server_metrics import server_metrics_summary
+from slo.sessions import sessions_summary
 from slo.slices import DEFAULT_INPUT_EDGES, DEFAULT_OUTPUT_EDGES, slices_summary
 from slo.spec import SLOSpec, as_spec
 from slo.stats import bootstrap_quantile_ci
@@ -257,6 +258,7 @@ def summarize_tables(
     )
     summary["ledger"] = ledger_summary(tables)
     summary["saturation"] = saturation_summary(rm)
+    summary["sessions"] = sessions_summary(tables.requests)
     fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
     summary["faults"] = (
         {
@@ -314,10 +316,12 @@ def checks_summary(tables: RunTables) -> dict:
     target = (manifest.target if manifest else None) or {}
     config = (manifest.config if manifest else None) or {}
     requests = tables.requests
+    # a session's later turns carry its history, so their prompts are not the workload's alone
+    first = ~(float_column(requests, RequestColumn.TURN_INDEX) > 0)
     return {
         "prompt_tokens": prompt_token_check(
-            float_column(requests, RequestColumn.INPUT_TOKENS),
-            float_column(requests, RequestColumn.USAGE_PROMPT_TOKENS),
+            float_column(requests, RequestColumn.INPUT_TOKENS)[first],
+            float_column(requests, RequestColumn.USAGE_PROMPT_TOKENS)[first],
             overhead_tokens=float(target.get("prompt_overhead_tokens") or 0),
         ),
         "server_metrics": server_metrics_summary(tables.server_metrics),

@@ -1,5 +1,5 @@
-"""Turning lengths into token-exact prompts: plain, shared-prefix groups and Mooncake blocks,
-with the verify-and-repair policy described in `workloads.prompts`."""
+"""Turning lengths into token-exact prompts, plain and in shared-prefix groups, with the
+verify-and-repair policy described in `workloads.prompts` (Mooncake blocks: `workloads.blocks`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from workloads.loaders import MOONCAKE_BLOCK_TOKENS
 from workloads.prompts import Prompt, PromptSynthesizer, verify_prompts
 from workloads.schema import WorkloadError
 
@@ -102,40 +101,4 @@ def prefixed_prompts(
                 f"Could not build a prompt of {prefix_len} shared + {int(suffix_lengths[i])} tokens "
                 f"that re-tokenises exactly with {getattr(synth.tokenizer, 'name', 'the tokenizer')}."
             )
-    return prompts
-
-
-def block_prompts(
-    synth: PromptSynthesizer,
-    input_lengths: np.ndarray,
-    hash_ids: list[list[int]],
-    rng: np.random.Generator,
-    check: PromptCheck,
-) -> list[Prompt]:
-    """Mooncake prompts: block k of a prompt is the content of hash id `hash_ids[k]`
-    (512 tokens; the last block holds the remainder), so requests sharing an id share those
-    prompt tokens exactly. A block's content is fixed by (id, its length, whether it starts
-    the prompt). Prompts that do not re-tokenise exactly keep their ids and are counted."""
-    blocks: dict[tuple[int, int, bool], Prompt] = {}
-    prompts: list[Prompt] = []
-    for n_in, ids in zip(input_lengths.tolist(), hash_ids, strict=True):
-        texts: list[str] = []
-        tokens: list[np.ndarray] = []
-        for k, h in enumerate(ids):
-            size = min(MOONCAKE_BLOCK_TOKENS, n_in - k * MOONCAKE_BLOCK_TOKENS)
-            key = (int(h), size, k == 0)
-            if key not in blocks:
-                if k == 0:
-                    blocks[key] = synth.prompt(size, rng)
-                else:
-                    blocks[key] = synth.continuation(size, rng)
-            texts.append(blocks[key].text)
-            tokens.append(blocks[key].token_ids)
-        prompts.append(Prompt("".join(texts), np.concatenate(tokens)))
-    bad = _verify(synth.tokenizer, prompts, rng, check)
-    check.mismatched += len(bad)
-    if bad:
-        check.notes.append(
-            f"{len(bad)} block prompt(s) do not re-tokenise to their ids; their ids are kept."
-        )
     return prompts

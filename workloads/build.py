@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +13,27 @@ import numpy as np
 import pyarrow as pa
 
 from workloads import arrivals as arr
-from workloads.assemble import PromptCheck, block_prompts, plain_prompts, prefixed_prompts
+from workloads.assemble import FULL_CHECK_TOKENS, PromptCheck, plain_prompts, prefixed_prompts
+from workloads.blocks import MOONCAKE_BLOCK_TOKENS, BlockSynthesizer, block_reuse_from_ids
 from workloads.lengths import Fixed, LengthDist, Uniform, length_from_spec, uniform_bounds
 from workloads.loaders import ShareGPTRules, load_sharegpt, load_trace
 from workloads.options import WorkloadOptions
-from workloads.prompts import Prompt, PromptSynthesizer
-from workloads.schema import REQUEST_SCHEMA, Workload, WorkloadError, table_sha256
+from workloads.prompts import Prompt, PromptSynthesizer, verify_prompts
+from workloads.schema import (
+    REQUEST_SCHEMA,
+    SHA256_BATCHED,
+    SHA256_ONE_BATCH,
+    Workload,
+    WorkloadError,
+    table_sha256,
+)
+from workloads.sessions import SessionColumns, session_rows
 from workloads.spec import WorkloadSpec
+from workloads.store import WorkloadWriter
 
-FORMAT_VERSION = 1
+BLOCK_CHUNK_ROWS = 256  # Mooncake rows built, verified and written at a time
+
+FORMAT_VERSION = 2  # 2: Mooncake blocks tagged by id, streamed builds
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -132,6 +146,7 @@ class _Builder:
         self.info: dict[str, Any] = {}
         self.synthetic = True
         self.source_text = ""
+        self.hashes: list[list[int]] | None = None
 
     @property
     def synth(self) -> PromptSynthesizer:
@@ -197,9 +212,9 @@ class _Builder:
 
     # -- main -----------------------------------------------------------------------------
 
-    def build(self) -> Workload:
+    def build(self) -> _Rows:
         opts, data, kind = self.opts, self.data, self.source["kind"]
-        if opts.dataset_path is not None and kind not in ("sharegpt", "trace"):
+        if opts.dataset_path is not None and kind not in ("sharegpt", "trace", "sessions"):
             raise WorkloadError(f"Workload {self.spec.name!r} reads no dataset; drop dataset_path.")
         duration_s = opts.duration_s if opts.duration_s is not None else data.get("duration_s")
         if opts.num_requests is not None:
@@ -237,12 +252,68 @@ class _Builder:
                 self.info["component_counts"] = {
                     names[k]: int((which == k).sum()) for k in range(len(names))
                 }
+            elif kind == "sessions":
+                ins, outs, prompts, sessions = session_rows(self, n)
+                self.info["arrivals"] = proc.describe() | {"of": "sessions"}
+                return _Rows(
+                    sessions.row_times(times),
+                    ins,
+                    outs,
+                    iter([(prompts, None)]),
+                    proc,
+                    duration_s,
+                    False,
+                    sessions,
+                )
             else:
                 ins, outs, prompts = self.sharegpt(n)
         self.info["arrivals"] = proc.describe() if proc is not None else self.info.get("arrivals")
+        if self.hashes is not None:
+            return _Rows(times, ins, outs, self.block_batches(ins), proc, duration_s, True)
         if prompts is None:
             prompts, groups_col, ins = self.make_prompts(ins)
-        return self.finish(times, ins, outs, prompts, groups_col, proc, duration_s)
+        return _Rows(times, ins, outs, iter([(prompts, groups_col)]), proc, duration_s, False)
+
+    def block_batches(self, ins: np.ndarray) -> Iterator[tuple[list[Prompt], list[str]]]:
+        """Mooncake prompts, `BLOCK_CHUNK_ROWS` at a time (see `workloads.blocks`), verified
+        as they go: all of them up to `FULL_CHECK_TOKENS` prompt tokens, else a seeded sample
+        of each chunk holding its share of `FULL_CHECK_TOKENS` (the cost of checking is bounded
+        by tokens, not prompts), and every later prompt once a sampled one fails."""
+        hashes = self.hashes
+        distinct = len({h for ids in hashes for h in ids})
+        blocks = BlockSynthesizer(self.synth, distinct)
+        total = int(ins.sum())
+        self.check.mode = "sample" if total > FULL_CHECK_TOKENS else "all"
+        share = min(1.0, FULL_CHECK_TOKENS / max(total, 1))
+        for start in range(0, len(hashes), BLOCK_CHUNK_ROWS):
+            part = hashes[start : start + BLOCK_CHUNK_ROWS]
+            prompts = blocks.prompts(ins[start : start + len(part)], part, self.rng_prompt)
+            everything = list(range(len(prompts)))
+            idx = everything
+            if self.check.mode == "sample":
+                size = min(len(prompts), math.ceil(len(prompts) * share))
+                idx = sorted(
+                    self.rng_prompt.choice(len(prompts), size=size, replace=False).tolist()
+                )
+            bad = self._verify_blocks(prompts, idx)
+            if bad and len(idx) < len(prompts):
+                self.check.mode = "all (a sampled prompt failed)"
+                bad += self._verify_blocks(prompts, sorted(set(everything) - set(idx)))
+            self.check.mismatched += len(bad)
+            yield prompts, [f"hash-{ids[0]}" for ids in part]
+        if self.check.mismatched:
+            self.check.notes.append(
+                f"{self.check.mismatched} block prompt(s) do not re-tokenise to their ids; their ids are kept."
+            )
+        self.info["blocks"] = {
+            "block_tokens": MOONCAKE_BLOCK_TOKENS,
+            "distinct_hash_ids": distinct,
+            "distinct_blocks": blocks.num_blocks,
+            "tag_words": blocks.tag_len,
+            "infinite_cache_block_hits": block_reuse_from_ids(hashes, ins.tolist()),
+            "note": "distinct hash ids give distinct token blocks (a tag of one-token words "
+            "spelling the id's index starts every block)",
+        }
 
     def make_prompts(
         self, ins: np.ndarray
@@ -379,22 +450,26 @@ class _Builder:
         outs = rec.output_tokens[keep].astype(np.int64)
         if self.opts.output_len is not None:
             outs = np.full(len(keep), self.opts.output_len, dtype=np.int64)
-        prompts, groups = None, None
         if rec.hash_ids is not None:
-            hashes = [rec.hash_ids[int(i)] for i in keep]
-            prompts = block_prompts(self.synth, ins, hashes, self.rng_prompt, self.check)
-            groups = [f"hash-{h[0]}" for h in hashes]
-        return times, ins, outs, prompts, groups
+            self.hashes = [rec.hash_ids[int(i)] for i in keep]
+        return times, ins, outs, None, None
 
-    def finish(self, times, ins, outs, prompts, groups_col, proc, duration_s) -> Workload:
+    def _verify_blocks(self, prompts: list[Prompt], idx: list[int]) -> list[int]:
+        bad: list[int] = []
+        for at in range(0, len(idx), 32):  # bounded: an encoding costs ~300 bytes a token
+            bad += verify_prompts(self.tok, prompts, indices=idx[at : at + 32])
+        self.check.checked += len(idx)
+        return bad
+
+    def batch(self, rows: _Rows, start: int, prompts: list[Prompt], groups) -> pa.RecordBatch:
+        """Rows `start .. start + len(prompts)` of the table."""
         data, opts = self.data, self.opts
         n = len(prompts)
-        closed = proc.concurrency if isinstance(proc, arr.ClosedLoop) else None
+        stop = start + n
         ignore_eos = (
             opts.ignore_eos if opts.ignore_eos is not None else bool(data.get("ignore_eos", True))
         )
-        endpoint = opts.endpoint or data.get("endpoint", "completions")
-        width = max(6, len(str(n - 1)))
+        width = max(6, len(str(len(rows.ins) - 1)))
         lengths = [len(p.token_ids) for p in prompts]
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
@@ -407,29 +482,51 @@ class _Builder:
             pa.array(offsets, pa.int32()), pa.array(flat, pa.int32())
         )
         temperature, top_p = data.get("temperature"), data.get("top_p")
+        times = rows.times
         columns = {
-            "request_id": pa.array([f"req-{i:0{width}d}" for i in range(n)], pa.string()),
-            "arrival_s": pa.nulls(n, pa.float64())
-            if times is None
-            else pa.array(np.asarray(times, dtype=np.float64), pa.float64()),
+            "request_id": pa.array([f"req-{i:0{width}d}" for i in range(start, stop)], pa.string()),
+            "arrival_s": pa.nulls(n, pa.float64()) if times is None else _floats(times[start:stop]),
             "prompt": pa.array([p.text for p in prompts], pa.string()),
             "prompt_token_ids": ids_col,
             "input_tokens": pa.array(np.asarray(lengths, dtype=np.int32), pa.int32()),
             "max_output_tokens": pa.array(
-                np.maximum(np.asarray(outs), 1).astype(np.int32), pa.int32()
+                np.maximum(np.asarray(rows.outs[start:stop]), 1).astype(np.int32), pa.int32()
             ),
             "ignore_eos": pa.array(np.full(n, ignore_eos), pa.bool_()),
             "temperature": pa.array([temperature] * n, pa.float32()),
             "top_p": pa.array([top_p] * n, pa.float32()),
             "seed": pa.nulls(n, pa.int64()),
-            "prefix_group": pa.array(
-                groups_col if groups_col is not None else [None] * n, pa.string()
-            ),
-            "session_id": pa.nulls(n, pa.string()),
+            "prefix_group": pa.array(groups if groups is not None else [None] * n, pa.string()),
+            **self.session_columns(rows.sessions, start, stop),
             "priority": pa.nulls(n, pa.int32()),
             "deadline_s": pa.nulls(n, pa.float64()),
         }
-        table = pa.Table.from_arrays(list(columns.values()), schema=REQUEST_SCHEMA)
+        return pa.RecordBatch.from_arrays(list(columns.values()), schema=REQUEST_SCHEMA)
+
+    @staticmethod
+    def session_columns(sessions: SessionColumns | None, start: int, stop: int) -> dict:
+        n = stop - start
+        if sessions is None:
+            return {
+                "session_id": pa.nulls(n, pa.string()),
+                "turn_index": pa.nulls(n, pa.int32()),
+                "think_s": pa.nulls(n, pa.float64()),
+            }
+        return {
+            "session_id": pa.array(sessions.session_id[start:stop], pa.string()),
+            "turn_index": pa.array(sessions.turn_index[start:stop], pa.int32()),
+            "think_s": _floats(sessions.think_s[start:stop]),
+        }
+
+    def batches(self, rows: _Rows) -> Iterator[pa.RecordBatch]:
+        start = 0
+        for prompts, groups in rows.prompts:
+            yield self.batch(rows, start, prompts, groups)
+            start += len(prompts)
+
+    def manifest(self, rows: _Rows, num_requests: int, sha256: str) -> dict[str, Any]:
+        data, opts = self.data, self.opts
+        endpoint = opts.endpoint or data.get("endpoint", "completions")
         manifest = {
             "format_version": FORMAT_VERSION,
             "generator": f"workloads.{self.source['kind']}",
@@ -443,13 +540,11 @@ class _Builder:
             "source": self.source_text
             or "synthetic: lengths from distributions, prompts from the bundled corpus",
             "endpoint": endpoint,
-            "prompt_format": "chat: prompt is the single user message; input_tokens counts its content, "
-            "not the chat template"
-            if endpoint == "chat"
-            else "completions: prompt text as sent",
-            "num_requests": n,
-            "closed_loop_concurrency": closed,
-            "duration_s": duration_s,
+            "prompt_format": _prompt_format(endpoint, rows.sessions is not None),
+            "num_requests": num_requests,
+            "num_sessions": len(rows.sessions.first_row) if rows.sessions is not None else None,
+            "closed_loop_concurrency": rows.closed,
+            "duration_s": rows.duration_s,
             "constraint": data.get("constraint"),
             "parameters": {
                 "spec": self.data,
@@ -457,10 +552,48 @@ class _Builder:
                 "effective": self.info,
             },
             "prompt_check": self.check.as_dict() | {"notes": self.check.notes},
-            "sha256": table_sha256(table),
-            "sha256_of": "Arrow IPC stream of the table cast to REQUEST_SCHEMA, one record batch",
+            "sha256": sha256,
+            "sha256_of": SHA256_BATCHED if rows.streamed else SHA256_ONE_BATCH,
         }
-        return Workload(table=table, manifest=_json_safe(manifest), closed_loop_concurrency=closed)
+        return _json_safe(manifest)
+
+
+def _floats(values: np.ndarray) -> pa.Array:
+    """float64 with NaN as null, the null slots zero (as a parquet round trip leaves them, so
+    the table's sha256 survives one)."""
+    values = np.asarray(values, dtype=np.float64)
+    missing = np.isnan(values)
+    return pa.array(np.where(missing, 0.0, values), pa.float64(), mask=missing)
+
+
+def _prompt_format(endpoint: str, sessions: bool) -> str:
+    if sessions:
+        return (
+            "sessions: prompt is the turn's new user message; the harness sends it after the "
+            "session's earlier turns and the engine's answers, and input_tokens counts it alone"
+        )
+    if endpoint == "chat":
+        return "chat: prompt is the single user message; input_tokens counts its content, not the chat template"
+    return "completions: prompt text as sent"
+
+
+@dataclass
+class _Rows:
+    """What a build decided before its prompts exist: times, lengths, and the prompts (with
+    their prefix groups) as an iterator of chunks; `streamed` builds hash in batches."""
+
+    times: np.ndarray | None
+    ins: np.ndarray
+    outs: np.ndarray
+    prompts: Iterator[tuple[list[Prompt], list[str | None] | None]]
+    proc: arr.ArrivalProcess | None
+    duration_s: float | None
+    streamed: bool
+    sessions: SessionColumns | None = None
+
+    @property
+    def closed(self) -> int | None:
+        return self.proc.concurrency if isinstance(self.proc, arr.ClosedLoop) else None
 
 
 def build_workload(
@@ -470,5 +603,40 @@ def build_workload(
     *,
     synthesizer: PromptSynthesizer | None = None,
 ) -> Workload:
-    """Materialise `spec` with `options` for `tokenizer` (see `resolve_workload` for caching)."""
-    return _Builder(spec, options, tokenizer, synthesizer).build()
+    """Materialise `spec` with `options` for `tokenizer` in memory (see `resolve_workload` for
+    caching, `build_workload_file` for bounded memory)."""
+    builder = _Builder(spec, options, tokenizer, synthesizer)
+    rows = builder.build()
+    table = pa.Table.from_batches(list(builder.batches(rows)), schema=REQUEST_SCHEMA)
+    of = SHA256_BATCHED if rows.streamed else SHA256_ONE_BATCH
+    manifest = builder.manifest(rows, table.num_rows, table_sha256(table, of=of))
+    return Workload(table=table, manifest=manifest, closed_loop_concurrency=rows.closed)
+
+
+def build_workload_file(
+    spec: WorkloadSpec,
+    options: WorkloadOptions,
+    tokenizer: Any,
+    path: Path,
+    *,
+    synthesizer: PromptSynthesizer | None = None,
+) -> dict[str, Any]:
+    """Materialise `spec` straight into the parquet file `path`, one chunk of rows at a time
+    (bounded memory for trace-scale Mooncake builds); returns the manifest."""
+    builder = _Builder(spec, options, tokenizer, synthesizer)
+    rows = builder.build()
+    writer = WorkloadWriter(path, hash_rows=rows.streamed)
+    try:
+        if rows.streamed:
+            for batch in builder.batches(rows):
+                writer.write(batch)
+            manifest = builder.manifest(rows, writer.num_rows, writer.sha256())
+        else:
+            table = pa.Table.from_batches(list(builder.batches(rows)), schema=REQUEST_SCHEMA)
+            writer.write(table)
+            manifest = builder.manifest(rows, table.num_rows, table_sha256(table))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close(manifest)
+    return manifest

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from workloads.build import build_workload_file
 from workloads.options import WorkloadOptions
 from workloads.registry import (
     builtin_names,
@@ -158,12 +159,16 @@ def build_cmd(
     try:
         options = WorkloadOptions(request_rate=_rate(request_rate), **opts)
         tok = load_cli_tokenizer(ctx, tokenizer)
-        built = resolve_workload(name, options=options, tokenizer=tok)
-        write_parquet(built, output)
+        found = find_spec(name)
+        if isinstance(found, Path):  # a built workload: replayed (and re-written) exactly
+            built = resolve_workload(name, options=options, tokenizer=tok)
+            write_parquet(built, output)
+            m = built.manifest
+        else:  # straight into the file, a chunk of rows at a time
+            m = build_workload_file(found, options, tok, output)
     except WorkloadError as exc:
         raise WorkloadCliError(str(exc)) from None
-    m = built.manifest
     kind = "synthetic" if m.get("synthetic") else "recorded"
     click.echo(
-        f"Wrote {output}: {built.num_requests} requests ({kind}), tokenizer {m['tokenizer']}, sha256 {m['sha256']}"
+        f"Wrote {output}: {m['num_requests']} requests ({kind}), tokenizer {m['tokenizer']}, sha256 {m['sha256']}"
     )

@@ -346,6 +346,67 @@ def _turn_text(turn: Any) -> str:
     return turn["value"]
 
 
+def _sharegpt_entries(path: Path, errors: _RowErrors) -> list[tuple[int, list]]:
+    """`(index, conversations)` of every entry with at least two turns."""
+    if not path.is_file():
+        raise WorkloadError(f"ShareGPT file {path} does not exist.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WorkloadError(f"{path} is not valid JSON ({exc}).") from None
+    if not isinstance(data, list):
+        raise WorkloadError(f"{path}: a ShareGPT file holds a JSON list of conversations.")
+    entries = []
+    for i, entry in enumerate(data):
+        convs = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(convs, list):
+            errors.bad(i, f"entry {i} has no 'conversations' list")
+            continue
+        if len(convs) >= 2:
+            entries.append((i, convs))
+    return entries
+
+
+def load_sharegpt_conversations(
+    path: Path,
+    *,
+    num_conversations: int,
+    seed: int,
+    max_turns: int | None = None,
+    shuffle: bool = True,
+    skip_malformed: bool = False,
+) -> tuple[list[list[tuple[str, str]]], int]:
+    """`num_conversations` ShareGPT conversations with all their turns, each a list of
+    (user message, recorded answer) pairs in order: a human turn followed by a gpt turn is one
+    pair; leading gpt turns, a last unanswered human turn and other roles are left out, as is a
+    conversation with no pair. Shuffled with Python's `random` seeded like vLLM's sampler;
+    when fewer qualify, they are reused in order. Returns the conversations and how many were
+    reused."""
+    path = Path(path)
+    errors = _RowErrors(path, skip_malformed)
+    entries = _sharegpt_entries(path, errors)
+    if shuffle:
+        random.Random(seed).shuffle(entries)
+    found: list[list[tuple[str, str]]] = []
+    for i, convs in entries:
+        pairs: list[tuple[str, str]] = []
+        try:
+            for a, b in zip(convs, convs[1:], strict=False):
+                if a.get("from") == "human" and b.get("from") == "gpt":
+                    pairs.append((_turn_text(a), _turn_text(b)))
+        except (ValueError, AttributeError):
+            errors.bad(i, f"entry {i} has a turn without a string 'value'")
+            continue
+        if pairs:
+            found.append(pairs[:max_turns] if max_turns else pairs)
+        if len(found) == num_conversations:
+            break
+    if not found:
+        raise WorkloadError(f"No conversation in {path} has a human turn answered by a gpt turn.")
+    reused = num_conversations - len(found)
+    return [found[k % len(found)] for k in range(num_conversations)], max(reused, 0)
+
+
 def load_sharegpt(
     path: Path,
     *,
@@ -359,23 +420,8 @@ def load_sharegpt(
     """Sample `num_requests` (prompt, output length) pairs from a ShareGPT JSON file with
     vLLM's rules; if fewer pass, draw the rest again at random (seeded), as vLLM does."""
     path = Path(path)
-    if not path.is_file():
-        raise WorkloadError(f"ShareGPT file {path} does not exist.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{path} is not valid JSON ({exc}).") from None
-    if not isinstance(data, list):
-        raise WorkloadError(f"{path}: a ShareGPT file holds a JSON list of conversations.")
     errors = _RowErrors(path, skip_malformed)
-    entries = []
-    for i, entry in enumerate(data):
-        convs = entry.get("conversations") if isinstance(entry, dict) else None
-        if not isinstance(convs, list):
-            errors.bad(i, f"entry {i} has no 'conversations' list")
-            continue
-        if len(convs) >= 2:
-            entries.append((i, convs))
+    entries = _sharegpt_entries(path, errors)
     if rules.shuffle:
         random.Random(seed).shuffle(entries)
     prompts: list[str] = []

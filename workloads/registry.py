@@ -9,12 +9,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from workloads.build import FORMAT_VERSION, build_workload, tokenizer_fingerprint
+from workloads.build import (
+    FORMAT_VERSION,
+    build_workload,
+    build_workload_file,
+    tokenizer_fingerprint,
+)
 from workloads.options import WorkloadOptions
 from workloads.prompts import corpus_text
 from workloads.schema import Workload, WorkloadError, table_sha256
 from workloads.spec import WorkloadSpec, load_spec_file, parse_spec
-from workloads.store import cache_dir, cache_key, file_identity, read_parquet, write_parquet
+from workloads.store import cache_dir, cache_key, file_identity, read_parquet
 
 
 def builtin_names() -> list[str]:
@@ -125,9 +130,8 @@ def resolve_workload(
             return read_parquet(path)
         except WorkloadError:
             path.unlink(missing_ok=True)  # a damaged cache entry is rebuilt
-    workload = build_workload(found, options, tokenizer)
     try:
-        write_parquet(workload, path)
-    except OSError:
-        pass  # an unwritable cache only costs a rebuild next time
-    return workload
+        build_workload_file(found, options, tokenizer, path)
+    except OSError:  # an unwritable cache only costs a rebuild next time, in memory
+        return build_workload(found, options, tokenizer)
+    return read_parquet(path)

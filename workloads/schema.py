@@ -22,6 +22,8 @@ REQUEST_SCHEMA = pa.schema(
         pa.field("seed", pa.int64()),
         pa.field("prefix_group", pa.string()),
         pa.field("session_id", pa.string()),
+        pa.field("turn_index", pa.int32()),
+        pa.field("think_s", pa.float64()),
         pa.field("priority", pa.int32()),
         pa.field("deadline_s", pa.float64()),
     ]
@@ -56,9 +58,72 @@ class Workload:
         return self.table.num_rows
 
 
-def table_sha256(table: pa.Table) -> str:
+SHA256_ONE_BATCH = "Arrow IPC stream of the table cast to REQUEST_SCHEMA, one record batch"
+SHA256_BATCH_ROWS = 1024
+SHA256_BATCHED = f"Arrow IPC stream of the table cast to REQUEST_SCHEMA, record batches of {SHA256_BATCH_ROWS} rows"
+
+
+class _HashSink:
+    """A write-only file that only feeds a sha256 (for `pa.PythonFile`)."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class TableHasher:
+    """`table_sha256` in the batched form, fed one record batch at a time (any sizes: rows are
+    regrouped into batches of `SHA256_BATCH_ROWS`), so a streaming build never holds its table."""
+
+    def __init__(self) -> None:
+        self._sink = _HashSink()
+        self._writer = pa.ipc.new_stream(pa.PythonFile(self._sink, mode="w"), REQUEST_SCHEMA)
+        self._pending = REQUEST_SCHEMA.empty_table()
+
+    def update(self, batch: pa.RecordBatch | pa.Table) -> None:
+        table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+        table = table.cast(REQUEST_SCHEMA).replace_schema_metadata(None)
+        pending = pa.concat_tables([self._pending, table])
+        offset = 0
+        while pending.num_rows - offset >= SHA256_BATCH_ROWS:
+            self._write(pending.slice(offset, SHA256_BATCH_ROWS))
+            offset += SHA256_BATCH_ROWS
+        self._pending = pending.slice(offset)
+
+    def _write(self, rows: pa.Table) -> None:
+        # concat_arrays copies each column into fresh buffers: a slice's validity bitmap can
+        # carry stray bits past its end, which the IPC bytes (and so the digest) would keep
+        arrays = [pa.concat_arrays(column.chunks) for column in rows.columns]
+        self._writer.write_batch(pa.record_batch(arrays, schema=REQUEST_SCHEMA))
+
+    def hexdigest(self) -> str:
+        if self._pending.num_rows:
+            self._write(self._pending)
+        self._writer.close()
+        return self._sink.digest.hexdigest()
+
+
+def table_sha256(table: pa.Table, *, of: str = SHA256_ONE_BATCH) -> str:
     """sha256 (hex) of the table's canonical serialisation: the Arrow IPC stream of the table
-    cast to `REQUEST_SCHEMA` (schema metadata dropped), written as one record batch."""
+    cast to `REQUEST_SCHEMA` (schema metadata dropped), written as one record batch
+    (`SHA256_ONE_BATCH`, in-memory builds) or in batches of `SHA256_BATCH_ROWS` rows
+    (`SHA256_BATCHED`, streaming builds). `of` is the manifest's `sha256_of`."""
+    if of == SHA256_BATCHED:
+        hasher = TableHasher()
+        hasher.update(table)
+        return hasher.hexdigest()
+    if of != SHA256_ONE_BATCH:
+        raise WorkloadError(f"Unknown table digest {of!r}; rebuild the workload.")
     canonical = table.cast(REQUEST_SCHEMA).replace_schema_metadata(None).combine_chunks()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, REQUEST_SCHEMA) as writer:

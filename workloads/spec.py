@@ -10,7 +10,8 @@ A spec is a mapping with these keys (see `builtin/*.yaml` for examples):
   duration_s               optional: generate open-loop arrivals until this time
   source                   where lengths (and prompts, timestamps) come from; `kind` is one of
                            synthetic {input, output}, mix {components, interleave},
-                           sharegpt {path, fallback, rules...}, trace {format, path, ...}
+                           sharegpt {path, fallback, rules...}, trace {format, path, ...},
+                           sessions {turns, input, output, think_ms | path, max_turns, output}
   arrivals                 {process: poisson|gamma|constant|all_at_once|ramp|stages|trace|closed_loop, ...}
   prefix                   optional shared prefixes {groups, prefix_len, assign}
   constraint               optional output constraint of every request: one of json_schema,
@@ -60,6 +61,7 @@ SOURCE_KINDS = {
         "skip_malformed",
     },
     "trace": {"kind", "format", "path", "skip_malformed", "sample", "model", "log_type"},
+    "sessions": {"kind", "turns", "input", "output", "think_ms", "path", "max_turns", "shuffle"},
 }
 
 
@@ -145,6 +147,24 @@ def check_spec(data: Any, origin: str) -> None:
             origin,
             "a synthetic source needs input and output lengths.",
         )
+    if source["kind"] == "sessions":
+        _expect(
+            ("path" in source) != ("turns" in source or "input" in source),
+            origin,
+            "a sessions source takes either path (ShareGPT conversations) or turns and input.",
+        )
+        _expect(
+            "path" in source or {"turns", "input", "output"} <= set(source),
+            origin,
+            "synthetic sessions need turns, input and output lengths.",
+        )
+        m = source.get("max_turns")
+        _expect(
+            m is None or (_is_int(m) and m >= 1),
+            origin,
+            f"max_turns must be a positive integer, got {m!r}.",
+        )
+        _expect(data.get("prefix") is None, origin, "shared prefixes do not apply to sessions.")
     if source["kind"] == "mix":
         comps = source.get("components")
         _expect(

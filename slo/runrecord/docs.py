@@ -58,6 +58,9 @@ MEANINGS = {
     RequestColumn.OUTPUT_FLAGS: "output flags (below), comma-separated; null: none",
     RequestColumn.CHUNK_TOKENS_SOURCE: "a token source (below): what counted each chunk's "
     "`n_tokens`; null: no token-bearing chunk",
+    RequestColumn.USAGE_CACHED_TOKENS: "`usage.prompt_tokens_details.cached_tokens`: prompt tokens the server served from its prefix cache; null when absent",
+    RequestColumn.SESSION_ID: "the multi-turn session (conversation) the request is a turn of; null outside sessions",
+    RequestColumn.TURN_INDEX: "the turn's position in its session, from 0; null outside sessions",
 }
 CHUNK_MEANINGS = {
     ChunkColumn.REQUEST_ID: "the request the event belongs to",

@@ -127,6 +127,7 @@ class RunSummary:
     undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
     saturation: dict | None = None
     chunking: dict | None = None  # tokens per token-bearing chunk, and what counted them
+    sessions: dict | None = None  # multi-turn runs: see `slo.sessions.sessions_summary`
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

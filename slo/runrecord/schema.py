@@ -51,6 +51,9 @@ class RequestColumn(StrEnum):
     OUTPUT_AGREEMENT = "output_agreement"  # equal tokens by position / the longer output's length
     OUTPUT_FLAGS = "output_flags"  # comma-separated OutputFlag values, or null
     CHUNK_TOKENS_SOURCE = "chunk_tokens_source"  # a TokenSource: what counted each chunk's tokens
+    USAGE_CACHED_TOKENS = "usage_cached_tokens"  # usage.prompt_tokens_details.cached_tokens
+    SESSION_ID = "session_id"  # the conversation a multi-turn request belongs to; null: none
+    TURN_INDEX = "turn_index"  # 0 for a session's first turn; null outside sessions
 
 
 class ChunkColumn(StrEnum):
@@ -115,6 +118,9 @@ _REQUEST_TYPES = {
     _C.OUTPUT_AGREEMENT: pa.float64(),
     _C.OUTPUT_FLAGS: pa.string(),
     _C.CHUNK_TOKENS_SOURCE: pa.string(),
+    _C.USAGE_CACHED_TOKENS: pa.int32(),
+    _C.SESSION_ID: pa.string(),
+    _C.TURN_INDEX: pa.int32(),
 }
 REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
 
@@ -183,6 +189,9 @@ class RequestRecord:
     output_agreement: float | None = None
     output_flags: str | None = None
     chunk_tokens_source: TokenSource | None = None
+    usage_cached_tokens: int | None = None
+    session_id: str | None = None
+    turn_index: int | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""

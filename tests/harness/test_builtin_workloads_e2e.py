@@ -1,5 +1,6 @@
 """Every built-in workload, end to end against the managed reference engine (tiny-random), as
-a new user runs them: a few requests each, all at once, zero errors. `long-context` sends
+a new user runs them: a few requests each (multi-turn: a few sessions), all at once, zero
+errors. `long-context` sends
 3,072-5,120-token prompts, more than the engine's default step budget of 2,048 tokens."""
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ def test_builtin_workload_runs_with_zero_errors(tiny_target, workload, tmp_path)
     outcome = run_benchmark(config, target=tiny_target)
     assert outcome.complete
     requests = pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()
-    assert len(requests) == 3
+    sessions = {r["session_id"] for r in requests}
+    if workload == "multi-turn":  # num_requests counts sessions, each of 2-4 turns
+        assert len(sessions) == 3 and len(requests) >= 6
+        assert outcome.summary["sessions"]["complete"] == 3
+    else:
+        assert len(requests) == 3 and sessions == {None}
     failures = [
         (r["status"], r["error_class"], r["error_message"]) for r in requests if r["status"] != "ok"
     ]

@@ -31,6 +31,8 @@ SHARED_NAMES = {
     "status",
     "finish_reason",
     "output_tokens_source",
+    "session_id",  # RequestSpec columns too: the harness reads a workload's sessions by them
+    "turn_index",
 }
 # The mock server's fault kinds are its command-line vocabulary (`--malformed-sse-rate`).
 EXEMPT = {

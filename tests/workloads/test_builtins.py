@@ -20,6 +20,7 @@ def test_builtin_names():
         "json",
         "long-context",
         "mixed",
+        "multi-turn",
         "random",
         "shared-prefix",
         "sharegpt",

@@ -242,3 +242,15 @@ def test_cli_tokenizer_loader_errors_are_one_sentence(tmp_path):
         obj={"load_tokenizer": failing},
     )
     assert result.exit_code == 2 and "unknown model 'nope'" in result.output
+
+
+def test_a_file_built_before_sessions_asks_for_a_rebuild(tmp_path, tiny_tokenizer):
+    w = resolve_workload("random", options=OPTS, tokenizer=tiny_tokenizer, use_cache=False)
+    old = w.table.drop_columns(["turn_index", "think_s"])
+    manifest = dict(w.manifest, format_version=1)
+    meta = {b"workload_manifest": json.dumps(manifest).encode()}
+    pq.write_table(old.replace_schema_metadata(meta), tmp_path / "old.parquet")
+    with pytest.raises(
+        WorkloadError, match="built by an older bench .*turn_index, think_s.*rebuild"
+    ):
+        read_parquet(tmp_path / "old.parquet")
