@@ -60,7 +60,7 @@ ENGINES = {
         # arrives; with False every request completes, one at a time.
         command=(
             "{python} -m llama_cpp.server --model {gguf} --model_alias {served_model} "
-            "--host {host} --port {port} --n_ctx 4096 --n_threads 2 --interrupt_requests False"
+            "--host {host} --port {port} --n_ctx 8192 --n_threads 2 --interrupt_requests False"
         ),
         weights="gguf",
         ready_path="/v1/models",
