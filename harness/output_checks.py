@@ -83,12 +83,17 @@ class OutputChecks:
             # Fewer tokens than token-bearing events is impossible. Otherwise both counts of the
             # client must disagree: retokenising text is not always a round trip, and servers
             # may merge tokens into one event, but not both by much at once.
-            # `client_tokens` is what the chunks' own counts add up to (several per event under
-            # speculative decoding); without it, one per token-bearing event.
-            streamed_tokens = token_chunks if client_tokens is None else client_tokens
+            # The streamed counts: one per token-bearing event, and (`client_tokens`) what the
+            # chunks' own counts add up to, several per event under speculative decoding. A
+            # mismatch needs every count of the client to disagree.
+            streamed_counts = [token_chunks] + (
+                [client_tokens] if client_tokens is not None else []
+            )
             too_few = streamed and usage_completion_tokens < token_chunks
             off_text = abs(retokenised - usage_completion_tokens) > slack
-            off_events = not streamed or abs(streamed_tokens - usage_completion_tokens) > slack
+            off_events = not streamed or all(
+                abs(count - usage_completion_tokens) > slack for count in streamed_counts
+            )
             if too_few or (off_text and off_events):
                 flags.append(OutputFlag.USAGE_MISMATCH)
         constrained = expected is not None and expected.constraint is not None

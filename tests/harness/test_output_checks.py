@@ -92,3 +92,35 @@ def test_a_server_merging_tokens_into_one_event_is_not_flagged():
     # 3 events carrying 4 words: usage 4 agrees with the retokenised text
     r = _row(["a b", "c", "d"], 4, reference=None)
     assert r.output_flags is None
+
+
+class CharTokenizer:
+    """One token per character: disagrees with the server's word tokens on purpose."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+@pytest.mark.parametrize(
+    ("usage", "flagged"),
+    [(6, False), (8, False), (9, True), (20, True), (1, True)],  # slack 2 tokens; 1 < 2 events
+)
+def test_chunks_carrying_several_tokens_are_counted_by_their_token_ids(usage, flagged):
+    """Two events of three words each (speculative decoding): the events say 2, the text
+    retokenised by characters says 12, the token ids say 6; only when every one of those
+    disagrees with usage (or usage is below the event count) is it a mismatch."""
+    events = [{"id": "c", "choices": [{"index": 0, "text": t, "token_ids": [1, 2, 3]}]}
+              for t in (" a b c", " d e f")]  # fmt: skip
+    events.append(
+        {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": usage}}
+    )
+    body = (
+        b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    )
+    raw = RawResult("r", False, 0, t_sent_ns=10, t_done_ns=5_000, http_status=200,
+                    reads=[(1_000, body)])  # fmt: skip
+    checks = OutputChecks(CharTokenizer(), {"r": Expectation(8, False)})
+    record, chunks = to_rows(raw, 3, RecordContext(t0_ns=0, is_chat=False, checks=checks))
+    assert [n for _, _, n, _ in chunks] == [3, 3, 0]
+    assert record.client_output_tokens == 6 and record.chunk_tokens_source == "token_ids"
+    assert (record.output_flags == OutputFlag.USAGE_MISMATCH.value) is flagged
