@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from grammar_marks import requires_grammar
 from test_engine import drain
 
 from engine_ref import EngineConfig, EngineError, LLMEngine, SamplingParams
@@ -19,15 +20,11 @@ from engine_ref.core.grammar import (
     GrammarError,
     GuidedDecoding,
     check_guided,
-    grammar_available,
     token_bytes,
 )
 from engine_ref.loading.weights import load_tokenizer
 
-pytestmark = pytest.mark.skipif(
-    not grammar_available(),
-    reason="xgrammar is not installed (pip install 'llm-bench-harness[grammar]')",
-)
+pytestmark = requires_grammar
 jsonschema = pytest.importorskip("jsonschema")
 
 SCHEMA = {

@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from grammar_marks import requires_grammar
 from test_engine import drain
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams
-from engine_ref.core.grammar import GuidedDecoding, grammar_available
+from engine_ref.core.grammar import GuidedDecoding
 from engine_ref.loading.weights import load_model
 
-pytestmark = pytest.mark.skipif(
-    not grammar_available(),
-    reason="xgrammar is not installed (pip install 'llm-bench-harness[grammar]')",
-)
+pytestmark = requires_grammar
 jsonschema = pytest.importorskip("jsonschema")
 
 SCHEMA = {

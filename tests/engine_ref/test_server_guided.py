@@ -9,15 +9,11 @@ import re
 
 import openai
 import pytest
+from grammar_marks import requires_grammar
 from server_fixtures import running_server
 from test_server import _config, _metric, _scrape
 
-from engine_ref.core.grammar import grammar_available
-
-pytestmark = pytest.mark.skipif(
-    not grammar_available(),
-    reason="xgrammar is not installed (pip install 'llm-bench-harness[grammar]')",
-)
+pytestmark = requires_grammar
 jsonschema = pytest.importorskip("jsonschema")
 
 SCHEMA = {
