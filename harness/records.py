@@ -28,11 +28,6 @@ def _rel(t_ns: int | None, t0_ns: int) -> int | None:
     return None if t_ns is None else t_ns - t0_ns
 
 
-def streamed_with_text(raw: RawResult, parsed: ParsedStream) -> bool:
-    """True for a streamed response that carried text."""
-    return raw.body is None and bool(parsed.text_parts)
-
-
 def _retokenise_chunks(parsed: ParsedStream, count_tokens: TokenCounter) -> None:
     """Count each text event's tokens with the run's tokenizer (the server said neither its
     usage so far nor token ids): each event's text on its own, at least one token."""
@@ -70,9 +65,10 @@ def to_rows(
     elif raw.reads:  # failed mid-stream: keep what arrived
         parsed = parse_stream(raw.reads, chat=ctx.is_chat)
 
-    if parsed is not None and streamed_with_text(raw, parsed) and ctx.count_tokens is not None:
-        if parsed.chunk_tokens_source is TokenSource.CHUNK_COUNT:
-            _retokenise_chunks(parsed, ctx.count_tokens)
+    # Only a stream with text has a chunk source; CHUNK_COUNT: the server counted no chunk.
+    counted_by_events = parsed is not None and parsed.chunk_tokens_source is TokenSource.CHUNK_COUNT
+    if counted_by_events and ctx.count_tokens is not None:
+        _retokenise_chunks(parsed, ctx.count_tokens)
     # A non-streamed response arrives whole: no token was seen before the last byte, so the
     # first and last token times are unknown (TTFT, TPOT and ITL undefined), not t_done.
     streamed = raw.body is None
