@@ -256,6 +256,11 @@ def translate(kwargs: dict) -> tuple[dict, ResultFileRequest | None, bool]:
     if extra_body is not None:
         kwargs["extra_body"] = extra_body
     _target_url(kwargs, v["base_url"], v["host"], v["port"])
+    if kwargs.get("target") is not None and kwargs.get("url") is not None:
+        raise HarnessError(
+            f"--target {kwargs['target']} names the target already; drop --url "
+            "(and --base-url, --host, --port), or drop --target."
+        )
     if v["backend"] is not None:
         from slo.runrecord import Endpoint  # here: `bench --help` stays light
 
@@ -281,8 +286,8 @@ def translate(kwargs: dict) -> tuple[dict, ResultFileRequest | None, bool]:
     vllm_used = any(
         v[key] not in (None, False, ()) for key in _VLLM_KEYS if key not in _GENERAL_KEYS
     )
-    if vllm_used and kwargs.get("url") is None:
-        # vLLM's default target, as `vllm bench serve` would drive it
+    if vllm_used and kwargs.get("url") is None and kwargs.get("target") is None:
+        # vLLM's default target, as `vllm bench serve` would drive it (never over a --target)
         kwargs["url"] = f"http://{VLLM_DEFAULT_HOST}:{VLLM_DEFAULT_PORT}"
     if vllm_used and kwargs.get("request_rate") is None and kwargs.get("duration_s") is None:
         # vLLM's default: every request at once (a --max-concurrency cap still applies)

@@ -143,6 +143,10 @@ def test_vllm_command_line_with_save_result_and_goodput(mock_server, tmp_path):
         (["--temperature", "0.3", "--top-p", "0.75"],
          {"extra_body": {"temperature": 0.3, "top_p": 0.75}}),
         (["--url", "http://h:1/v1", "--num-prompts", "3"], {"url": "http://h:1/v1"}),
+        # a vLLM flag beside a named target keeps that target (no default port 8000)
+        (["--target", "llamacpp", "--result-dir", "x"], {"url": None, "target": "llamacpp"}),
+        (["--target", "vllm", "--num-prompts", "3"],
+         {"url": None, "target": "vllm", "num_requests": 3}),
     ],
 )  # fmt: skip
 def test_vllm_flags_become_run_config_fields(argv, expected):
@@ -183,6 +187,8 @@ def _config(argv: list[str]) -> RunConfig:
         (["--num-prompts", "5", "--num-requests", "6"], "--num-prompts and --num-requests"),
         (["--url", "http://h/v1", "--base-url", "http://h"], "--url names the target already"),
         (["--base-url", "http://h", "--port", "1"], "--base-url names the target already"),
+        (["--target", "vllm", "--url", "http://h/v1"], "--target vllm names the target already"),
+        (["--target", "ref", "--port", "9"], "--target ref names the target already"),
         (["--backend", "openai-chat", "--endpoint", "/v1/completions"], "--backend openai-chat"),
         (["--dataset-name", "sonnet"], "--dataset-name sonnet is not available here"),
         (["--goodput", "ttft:abc"], "--goodput ttft must be a number of ms"),
