@@ -7,15 +7,26 @@ completion, read back from `requests.parquet`; chunks recorded are checked again
 
     python benchmarks/client_capacity.py [--repeats 3] [--mock PATH]
 
-Each repeat also runs a bare reader (aiohttp + uvloop, splits events and keeps a timestamp per
-event, records nothing to disk: the ceiling for this client stack) under the same pinning, so
+Each repeat also runs a bare reader (aiohttp + uvloop, splits events and takes a timestamp per
+read, keeps only counts, records nothing to disk: the ceiling for this client stack) under the same pinning, so
 the ratio harness / bare reader is measured side by side on this noisy machine.
+
+    python benchmarks/client_capacity.py --sustained [--num-requests 15000] [--repeats 1]
+
+`--sustained` (issue "Load generation at scale"): 15,000 requests of 1,024 tokens by default,
+and in each repeat the same run twice as long; besides tokens/s it reports the `bench run`
+process's resident memory: the peak while the load ran (sampled every 0.2 s from
+`/proc/PID/status`, the load window read from the run's own records: its t0 is
+CLOCK_MONOTONIC, the clock this script samples with) and the peak over the whole process (the
+summary and card included, `wait4`'s ru_maxrss), with the bare reader's tokens/s and peak
+memory on the same requests beside them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -64,7 +75,7 @@ def bare_reader(port: int, num_requests: int, output_len: int, concurrency: int)
 
     async def main() -> float:
         queue = list(range(num_requests))
-        stamps: list[int] = []
+        counts = {"events": 0, "last_ns": 0}  # stamps are taken per read, kept as a count
         connector = aiohttp.TCPConnector(limit=concurrency)
         async with aiohttp.ClientSession(connector=connector) as session:
 
@@ -79,15 +90,50 @@ def bare_reader(port: int, num_requests: int, output_len: int, concurrency: int)
                             t = time.perf_counter_ns()
                             buf += data
                             *events, buf = buf.split(b"\n\n")
-                            stamps.extend(t for e in events if e.startswith(b"data: {"))
+                            counts["events"] += sum(1 for e in events if e.startswith(b"data: {"))
+                            counts["last_ns"] = t
 
             t0 = time.perf_counter()
             await asyncio.gather(*(user() for _ in range(concurrency)))
             elapsed = time.perf_counter() - t0
-        tokens = len(stamps) - num_requests  # each stream's last JSON event is the usage chunk
+        tokens = counts["events"] - num_requests  # each stream's last JSON event is the usage chunk
         return tokens / elapsed
 
     return uvloop.run(main())
+
+
+def run_sampled(cmd: list[str], *, capture: bool = False) -> tuple[list[tuple[int, int]], int, str]:
+    """Run `cmd`, sampling its resident memory every 0.2 s; returns
+    ([(monotonic_ns, rss_kib)], its peak RSS in KiB from wait4, its stdout when `capture`)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture else subprocess.DEVNULL)
+    samples: list[tuple[int, int]] = []
+    status_file = Path(f"/proc/{proc.pid}/status")
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        try:
+            for line in status_file.read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    samples.append((time.monotonic_ns(), int(line.split()[1])))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stdout = proc.stdout.read().decode() if capture else ""
+    if capture:
+        proc.stdout.close()
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... exited with {proc.returncode}")
+    return samples, usage.ru_maxrss, stdout
+
+
+def load_window_ns(run_dir: Path) -> tuple[int, int]:
+    """The load phase in CLOCK_MONOTONIC ns: t0 + first send, t0 + last done."""
+    t0 = json.loads((run_dir / "manifest.json").read_text())["t0_ns"]
+    req = pq.read_table(run_dir / "requests.parquet", columns=["t_sent_ns", "t_done_ns"])
+    sent = [t for t in req.column("t_sent_ns").to_pylist() if t is not None]
+    return t0 + min(sent), t0 + max(req.column("t_done_ns").to_pylist())
 
 
 def measure(run_dir: Path) -> dict:
@@ -113,12 +159,19 @@ def main() -> None:
     )
     parser.add_argument("--mock", type=Path, default=DEFAULT_MOCK)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--num-requests", type=int, default=200)
+    parser.add_argument("--num-requests", type=int, help="default 200; 15,000 with --sustained")
     parser.add_argument("--output-len", type=int, default=1024)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--sustained",
+        action="store_true",
+        help="long runs (default 15,000 requests, and twice that) with memory reported",
+    )
     parser.add_argument("--bare-reader-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.num_requests is None:
+        args.num_requests = 15_000 if args.sustained else 200
     if args.bare_reader_port:
         print(
             bare_reader(args.bare_reader_port, args.num_requests, args.output_len, args.concurrency)
@@ -126,6 +179,9 @@ def main() -> None:
         return
     if not args.mock.exists():
         sys.exit(f"mock server not found at {args.mock}; pass --mock PATH")
+    if args.sustained:
+        sustained(args)
+        return
 
     port = free_port()
     mock = subprocess.Popen([*taskset("1"), sys.executable, str(args.mock), str(port)])
@@ -177,6 +233,89 @@ def main() -> None:
     if args.json:
         figures = {"runs": results, "median_output_tokens_per_s": median("output_tokens_per_s")}
         args.json.write_text(json.dumps(figures, indent=2))
+
+
+def harness_cmd(port: int, num_requests: int, args, out: Path, seed: int) -> list[str]:
+    return [
+        *taskset("0"), sys.executable, "-m", "harness.cli", "run",
+        "--url", f"http://127.0.0.1:{port}/v1", "--model", "mock",
+        "--workload", "random", "--input-len", "16", "--output-len", str(args.output_len),
+        "--num-requests", str(num_requests), "--concurrency", str(args.concurrency),
+        "--tokenizer", "tiny-random", "--seed", str(seed), "--out", str(out), "--quiet",
+    ]  # fmt: skip
+
+
+def sustained_harness(port: int, num_requests: int, args, seed: int) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="client-sustained-")) / "run"
+    try:
+        samples, peak_kib, _ = run_sampled(harness_cmd(port, num_requests, args, out, seed))
+        figures = measure(out)
+        start, end = load_window_ns(out)
+        in_load = [rss for t, rss in samples if start <= t <= end]
+        figures["load_rss_peak_mb"] = max(in_load, default=0) / 1024
+        figures["process_rss_peak_mb"] = peak_kib / 1024
+        return figures
+    finally:
+        shutil.rmtree(out.parent, ignore_errors=True)
+
+
+def sustained_bare(port: int, num_requests: int, args) -> dict:
+    cmd = [
+        *taskset("0"), sys.executable, __file__, "--bare-reader-port", str(port),
+        "--num-requests", str(num_requests), "--output-len", str(args.output_len),
+        "--concurrency", str(args.concurrency),
+    ]  # fmt: skip
+    _, peak_kib, stdout = run_sampled(cmd, capture=True)
+    peak = peak_kib / 1024
+    return {"tokens_per_s": float(stdout.strip()), "rss_peak_mb": peak}
+
+
+def sustained(args) -> None:
+    """The sustained mode: harness at N and 2N requests, bare reader at N, per repeat."""
+    port = free_port()
+    mock = subprocess.Popen([*taskset("1"), sys.executable, str(args.mock), str(port)])
+    n = args.num_requests
+    repeats = []
+    try:
+        wait_port(port)
+        for i in range(args.repeats):
+            one = sustained_harness(port, n, args, seed=i)
+            bare = sustained_bare(port, n, args)
+            two = sustained_harness(port, 2 * n, args, seed=i)
+            row = {"harness": one, "bare_reader": bare, "harness_2x": two}
+            repeats.append(row)
+            print(
+                f"repeat {i}: harness {one['output_tokens_per_s']:,.0f} tok/s over "
+                f"{one['output_tokens']:,} tokens ({one['ok']}/{one['requests']} ok), RSS in load "
+                f"{one['load_rss_peak_mb']:.0f} MB, process peak {one['process_rss_peak_mb']:.0f} MB; "
+                f"bare reader {bare['tokens_per_s']:,.0f} tok/s, peak {bare['rss_peak_mb']:.0f} MB; "
+                f"2x run {two['output_tokens_per_s']:,.0f} tok/s, RSS in load "
+                f"{two['load_rss_peak_mb']:.0f} MB, process peak {two['process_rss_peak_mb']:.0f} MB"
+            )
+    finally:
+        mock.terminate()
+        mock.wait(timeout=10)
+
+    def median(path: tuple[str, str]) -> float:
+        values = sorted(r[path[0]][path[1]] for r in repeats)
+        return values[len(values) // 2]
+
+    tps = median(("harness", "output_tokens_per_s"))
+    bare_tps = median(("bare_reader", "tokens_per_s"))
+    load, load2 = (
+        median(("harness", "load_rss_peak_mb")),
+        median(("harness_2x", "load_rss_peak_mb")),
+    )
+    peak, peak2 = (median(("harness", "process_rss_peak_mb")),
+                   median(("harness_2x", "process_rss_peak_mb")))  # fmt: skip
+    print(
+        f"median over {len(repeats)}: harness {tps:,.0f} output tokens/s (target >= 600,000), "
+        f"bare reader {bare_tps:,.0f} (ratio {tps / bare_tps:.2f}); RSS while loading {load:.0f} MB "
+        f"(target < 600), 2x run {load2:.0f} MB (ratio {load2 / load:.2f}, target within 1.10); "
+        f"process peak {peak:.0f} MB, 2x run {peak2:.0f} MB (ratio {peak2 / peak:.2f})"
+    )
+    if args.json:
+        args.json.write_text(json.dumps({"repeats": repeats}, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 `slo.runrecord.RunWriter`, which owns the files and their schemas.
 
 Raw results are kept until `flush` (every few seconds), so no parsing sits on the per-read hot
-path; each flush appends one row group per table, so an interrupted run is readable.
+path; each flush appends one row group per table, so an interrupted run is readable. The raw
+bytes kept are bounded too: once the finished results waiting hold `max_pending_bytes`, adding
+one more flushes them, so a fast stream's memory is bounded by that, not by the flush interval.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ def prepare_run_dir(path: Path) -> Path:
     return path
 
 
+# Raw bytes of finished requests kept before a flush is forced: about 130k streamed tokens of
+# a typical completions stream, a fraction of a second of parsing.
+DEFAULT_MAX_PENDING_BYTES = 16 * 2**20
+
+
 @dataclass
 class RunRecorder:
     """Accumulates raw results and writes them through a `RunWriter`."""
@@ -48,7 +55,9 @@ class RunRecorder:
     manifest: RunManifest
     on_records: Callable[[list], None] | None = None  # sees each flush's measured rows
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
+    max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     _pending: list[RawResult] = field(default_factory=list)
+    _pending_bytes: int = 0
     writer: RunWriter = field(init=False)
 
     def __post_init__(self) -> None:
@@ -59,14 +68,18 @@ class RunRecorder:
         return self.writer.closed
 
     def add(self, raw: RawResult) -> None:
-        """Keep a finished request's raw timeline until the next flush (cheap: no parsing)."""
+        """Keep a finished request's raw timeline until the next flush (cheap: no parsing);
+        flush now if the results waiting hold `max_pending_bytes` or more."""
         self._pending.append(raw)
+        self._pending_bytes += sum(len(data) for _, data in raw.reads) + len(raw.body or b"")
+        if self._pending_bytes >= self.max_pending_bytes:
+            self.flush()
 
     def flush(self) -> None:
         """Parse pending results and append them as one row group per table."""
         if not self._pending:
             return
-        pending, self._pending = self._pending, []
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
         records, warm_records, chunk_rows = [], [], []
         for raw in pending:
             rid = raw.request_id

@@ -340,3 +340,26 @@ def test_crash_keeps_every_flushed_row(crashed_run):
     assert _ids(run.requests) == ["r0", "r1", "r2"]
     assert set(run.chunks.column("request_id").to_pylist()) == {"r0", "r1", "r2"}
     assert json.loads((crashed_run / "manifest.json").read_text())["complete"] is False
+
+
+def test_results_holding_the_pending_byte_bound_are_flushed_when_added(tmp_path):
+    """Memory is bounded by `max_pending_bytes`, not by the flush interval: the result that
+    brings the raw bytes waiting to the bound (at it, not just below) flushes them all."""
+    results, t0 = _ok_results([f"r{i}" for i in range(4)])
+    sizes = [sum(len(data) for _, data in raw.reads) for raw in results]
+    assert len(set(sizes)) == 1 and sizes[0] > 0
+    size = sizes[0]
+    (tmp_path / "run").mkdir()
+    recorder = _recorder(tmp_path / "run", t0)
+    recorder.max_pending_bytes = 3 * size  # the third result reaches the bound exactly
+    recorder.add(results[0])
+    recorder.add(results[1])  # 2 * size: just below, kept
+    assert recorder.writer.num_requests == 0
+    recorder.add(results[2])  # 3 * size: at the bound, flushed
+    assert recorder.writer.num_requests == 3
+    recorder.add(results[3])  # the count starts again from zero
+    assert recorder.writer.num_requests == 3
+    recorder.close(complete=True)
+    run = open_run(tmp_path / "run")
+    assert _ids(run.requests) == ["r0", "r1", "r2", "r3"]
+    assert pq.ParquetFile(tmp_path / "run" / "requests.parquet").num_row_groups == 2
