@@ -44,13 +44,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from slo import metrics
 from slo.frame import RequestMetrics
-from slo.runrecord import ChunkColumn, Endpoint
-
-_RID, _T, _N = ChunkColumn.REQUEST_ID.value, ChunkColumn.T_NS.value, ChunkColumn.N_TOKENS.value
+from slo.runrecord import Endpoint
 
 
 def nearest_rank_percentile(values: np.ndarray, q: float) -> float | None:
@@ -118,51 +115,45 @@ class ChunkView:
     gaps_by_request: dict  # request_id -> its gaps (ms), as `metrics.itl_ms_by_request`
 
 
-def chunk_view(chunks: pa.Table, request_ids: np.ndarray, kind: str) -> ChunkView:
+def chunk_view(
+    chunks: pa.Table | metrics.ChunkOrder, request_ids: np.ndarray, kind: str
+) -> ChunkView:
     """Chunk times over the chunks of `kind`: "token" (n_tokens > 0), "content" (tokens or
     text), "any", or "through_last_token" (every chunk up to a request's last token-bearing
-    one: a chat stream's leading role chunk in, a trailing usage-only chunk out)."""
+    one: a chat stream's leading role chunk in, a trailing usage-only chunk out). Pass a
+    `metrics.ChunkOrder` to reuse one ordering for several kinds."""
     if kind not in CHUNK_KINDS:
         raise ValueError(f"kind must be one of {CHUNK_KINDS}")
     n_ids = len(request_ids)
-    if chunks.num_rows == 0:
+    order = metrics.ChunkOrder.of(chunks)
+    if len(order) == 0:
         return ChunkView(np.full(n_ids, np.nan), np.full(n_ids, np.nan), np.empty(0), {})
-    ordered = chunks.sort_by([(_RID, "ascending"), (_T, "ascending")])
-    tokens = np.asarray(pc.fill_null(ordered[_N], 0).to_numpy(zero_copy_only=False))
-    chars = np.asarray(pc.fill_null(ordered[ChunkColumn.N_CHARS], 0).to_numpy(zero_copy_only=False))
+    tokens, codes = order.n_tokens, order.codes
     if kind == "token":
         keep = tokens > 0
     elif kind == "content":
-        keep = (tokens > 0) | (chars > 0)
+        keep = (tokens > 0) | (order.n_chars > 0)
     elif kind == "any":
-        keep = np.ones(ordered.num_rows, bool)
+        keep = None
     else:
-        ids = ordered[_RID].combine_chunks()
-        n = ordered.num_rows
-        changed = pc.fill_null(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)), True)
-        group = np.concatenate(
-            ([0], np.cumsum(np.asarray(changed.to_numpy(zero_copy_only=False), int)))
-        )
-        position = np.arange(n)
-        last_token = np.full(group[-1] + 1, -1)
-        np.maximum.at(last_token, group[tokens > 0], position[tokens > 0])
-        keep = position <= last_token[group]
-    selected = ordered.filter(pa.array(keep))
-    # mark every selected chunk as token-bearing to reuse the gap function
-    marked = selected.set_column(
-        selected.schema.get_field_index(_N),
-        _N,
-        pa.array(np.ones(selected.num_rows, np.int32)),
-    )
-    by_request = metrics.itl_ms_by_request(marked)
+        position = np.arange(len(order))
+        last_token = np.full(len(order.names), -1)
+        has_tokens = tokens > 0
+        np.maximum.at(last_token, codes[has_tokens], position[has_tokens])
+        keep = position <= last_token[codes]
+        del position
+    by_request = order.gaps_by_request(keep)
     gaps = metrics.pooled_itl_ms(by_request, request_ids)
     first = np.full(n_ids, np.nan)
     last = np.full(n_ids, np.nan)
-    if selected.num_rows:
-        grouped = selected.group_by(_RID).aggregate([(_T, "min"), (_T, "max")])
-        index = {rid: i for i, rid in enumerate(grouped[_RID].to_pylist())}
-        lows = grouped[f"{_T}_min"].to_pylist()
-        highs = grouped[f"{_T}_max"].to_pylist()
+    kept_codes = codes if keep is None else codes[keep]
+    kept_t = order.t_ns if keep is None else order.t_ns[keep]
+    if kept_codes.size:
+        starts = np.concatenate(([0], np.flatnonzero(kept_codes[1:] != kept_codes[:-1]) + 1))
+        ends = np.concatenate((starts[1:], [kept_codes.size])) - 1
+        # rows are in time order within a request: its first and last kept rows
+        index = {order.names[c]: i for i, c in enumerate(kept_codes[starts].tolist())}
+        lows, highs = kept_t[starts].astype(float), kept_t[ends].astype(float)
         for i, request_id in enumerate(request_ids):
             j = index.get(request_id)
             if j is not None:
@@ -183,7 +174,9 @@ class VllmMetrics:
 
 
 def vllm_metrics(
-    rm: RequestMetrics, chunks: pa.Table, endpoint: Endpoint = Endpoint.COMPLETIONS
+    rm: RequestMetrics,
+    chunks: pa.Table | metrics.ChunkOrder,
+    endpoint: Endpoint = Endpoint.COMPLETIONS,
 ) -> VllmMetrics:
     """TTFT, TPOT, E2EL and ITL of the ok requests of `rm` as `vllm bench serve` defines them.
 
@@ -194,6 +187,7 @@ def vllm_metrics(
     ids = rm.request_id[ok]
     sent = rm.t_sent_ns[ok]
     n_out = rm.output_tokens[ok]
+    chunks = metrics.ChunkOrder.of(chunks)
     if endpoint == Endpoint.CHAT:
         view = chunk_view(chunks, ids, "through_last_token")
         last_any = chunk_view(chunks, ids, "any").last_ns
@@ -208,7 +202,9 @@ def vllm_metrics(
 
 
 def conventions_summary(
-    rm: RequestMetrics, chunks: pa.Table, endpoint: Endpoint = Endpoint.COMPLETIONS
+    rm: RequestMetrics,
+    chunks: pa.Table | metrics.ChunkOrder,
+    endpoint: Endpoint = Endpoint.COMPLETIONS,
 ) -> dict:
     """The `conventions` block: per tool (`harness`, `vllm`, `guidellm`, `aiperf`, `mlperf`),
     `{source, percentile_method, metrics: {tool's metric name: {mean, p50, p90, p95, p99,
@@ -221,6 +217,7 @@ def conventions_summary(
     last_token = rm.t_last_token_ns[ok]
     sent = rm.t_sent_ns[ok]
     done = rm.t_done_ns[ok]
+    chunks = metrics.ChunkOrder.of(chunks)  # one ordering for every kind of chunk below
     any_chunk = chunk_view(chunks, ids, "any")
     last_chunk = np.where(np.isnan(any_chunk.last_ns), done, any_chunk.last_ns)
     multi = np.where(n_out >= 2, n_out - 1, np.nan)

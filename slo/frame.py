@@ -54,7 +54,9 @@ class RequestMetrics:
     itl_by_request: dict
 
     @classmethod
-    def from_tables(cls, requests: pa.Table, chunks: pa.Table) -> RequestMetrics:
+    def from_tables(
+        cls, requests: pa.Table, chunks: pa.Table | metrics.ChunkOrder
+    ) -> RequestMetrics:
         """Build from a contract `requests` table and `chunks` table (may be empty).
 
         Rows of requests that were never sent (`not_sent`: the run stopped first) are left out:

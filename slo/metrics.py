@@ -12,6 +12,7 @@ the q-th percentile is x[h] interpolated at h = (n - 1) * q / 100.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +65,86 @@ def dispatch_lag_ms(t_scheduled_ns: np.ndarray, t_sent_ns: np.ndarray) -> np.nda
     return (np.asarray(t_sent_ns, float) - np.asarray(t_scheduled_ns, float)) / NS_PER_MS
 
 
-def itl_ms_by_request(chunks: pa.Table) -> dict[str, np.ndarray]:
+@dataclass(frozen=True, eq=False)
+class ChunkOrder:
+    """A chunks table as numpy columns grouped by request and in time order within each
+    request: `names[codes[i]]` is row i's request id. Built without sorting strings (the
+    ids are dictionary-encoded) and without a permutation when the table is already so
+    ordered, as the production writer leaves it (each request's chunks are written together,
+    in arrival order); so a run of millions of chunks costs about 20 bytes per chunk here."""
+
+    names: list[str]
+    codes: np.ndarray  # int32 index into `names`, one per row
+    t_ns: np.ndarray  # int64
+    n_tokens: np.ndarray  # int32, null as 0
+    n_chars: np.ndarray  # int32, null as 0
+
+    @classmethod
+    def of(cls, chunks: pa.Table | ChunkOrder) -> ChunkOrder:
+        if isinstance(chunks, ChunkOrder):
+            return chunks
+        ids = chunks[ChunkColumn.REQUEST_ID]
+        if ids.null_count:
+            ids = pc.fill_null(ids, "")
+        encoded = ids.dictionary_encode()
+        names = encoded.chunks[0].dictionary.to_pylist() if encoded.num_chunks else []
+        codes = _concat(
+            [c.indices.to_numpy(zero_copy_only=False) for c in encoded.chunks], np.int32
+        )
+        del encoded, ids
+        t_ns = _int_column(chunks, ChunkColumn.T_NS, np.int64)
+        n_tokens = _int_column(chunks, ChunkColumn.N_TOKENS, np.int32)
+        n_chars = _int_column(chunks, ChunkColumn.N_CHARS, np.int32)
+        if not _grouped_in_time_order(codes, t_ns, len(names)):
+            order = np.lexsort((t_ns, codes))
+            codes, t_ns, n_tokens, n_chars = (a[order] for a in (codes, t_ns, n_tokens, n_chars))
+        return cls(names, codes, t_ns, n_tokens, n_chars)
+
+    def __len__(self) -> int:
+        return int(self.codes.size)
+
+    def gaps_by_request(self, keep: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Gaps (ms) between consecutive kept rows of each request, as `itl_ms_by_request`;
+        requests with no kept row are absent, those with one map to an empty array."""
+        codes, t_ns = (
+            (self.codes, self.t_ns) if keep is None else (self.codes[keep], self.t_ns[keep])
+        )
+        n = codes.size
+        if n == 0:
+            return {}
+        starts = np.concatenate(([0], np.flatnonzero(codes[1:] != codes[:-1]) + 1))
+        ends = np.concatenate((starts[1:], [n]))
+        gaps_ms = np.diff(t_ns).astype(float) / NS_PER_MS  # gaps_ms[i] = t[i + 1] - t[i]
+        names = self.names
+        return {
+            names[code]: gaps_ms[s : e - 1]
+            for code, s, e in zip(codes[starts].tolist(), starts, ends, strict=True)
+        }
+
+
+def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.empty(0, dtype)
+
+
+def _int_column(table: pa.Table, name: str, dtype) -> np.ndarray:
+    column = table[name]
+    if column.null_count:
+        column = pc.fill_null(column, 0)
+    parts = [c.to_numpy(zero_copy_only=False) for c in column.chunks]
+    return _concat(parts, dtype)
+
+
+def _grouped_in_time_order(codes: np.ndarray, t_ns: np.ndarray, n_names: int) -> bool:
+    """True when each request's rows are contiguous and their times never go back."""
+    if codes.size < 2:
+        return True
+    changes = codes[1:] != codes[:-1]
+    if int(changes.sum()) + 1 != n_names:  # a request's rows come in more than one run
+        return False
+    return bool(np.all((np.diff(t_ns) >= 0) | changes))
+
+
+def itl_ms_by_request(chunks: pa.Table | ChunkOrder) -> dict[str, np.ndarray]:
     """Inter-token latencies per request, in ms: gaps between consecutive token-bearing chunks.
 
     Only chunks with `n_tokens > 0` count (role-only and usage-only chunks are skipped). A
@@ -72,26 +152,8 @@ def itl_ms_by_request(chunks: pa.Table) -> dict[str, np.ndarray]:
     request with fewer than two token-bearing chunks maps to an empty array; requests with no
     token-bearing chunk at all are absent from the result.
     """
-    if chunks.num_rows == 0:
-        return {}
-    token_chunks = chunks.filter(pc.fill_null(pc.greater(chunks[ChunkColumn.N_TOKENS], 0), False))
-    token_chunks = token_chunks.sort_by(
-        [(ChunkColumn.REQUEST_ID.value, "ascending"), (ChunkColumn.T_NS.value, "ascending")]
-    )
-    n = token_chunks.num_rows
-    if n == 0:
-        return {}
-    ids = token_chunks[ChunkColumn.REQUEST_ID].combine_chunks()
-    times = np.asarray(
-        pc.cast(token_chunks[ChunkColumn.T_NS], pa.float64()).to_numpy(zero_copy_only=False), float
-    )
-    changed = pc.fill_null(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)), True)
-    boundaries = np.flatnonzero(np.asarray(changed.to_numpy(zero_copy_only=False), bool)) + 1
-    starts = np.concatenate(([0], boundaries))
-    ends = np.concatenate((boundaries, [n]))
-    names = ids.take(pa.array(starts)).to_pylist()
-    gaps_ms = np.diff(times) / NS_PER_MS  # gaps_ms[i] = times[i + 1] - times[i]
-    return {name: gaps_ms[s : e - 1] for name, s, e in zip(names, starts, ends, strict=True)}
+    order = ChunkOrder.of(chunks)
+    return order.gaps_by_request(order.n_tokens > 0)
 
 
 def pooled_itl_ms(itl_by_request: dict[str, np.ndarray], request_ids: Iterable[str]) -> np.ndarray:

@@ -20,7 +20,6 @@ from slo.prompt_tokens import prompt_token_check
 from slo.recovery import recovery_summary
 from slo.runrecord import (
     SUMMARY_SCHEMA_VERSION,
-    ChunkColumn,
     Endpoint,
     RequestColumn,
     RunManifest,
@@ -191,17 +190,20 @@ def core_summary(
     }
 
 
-def chunking_summary(requests: pa.Table, chunks: pa.Table, rm: RequestMetrics) -> dict:
+def chunking_summary(
+    requests: pa.Table, chunks: pa.Table | metrics.ChunkOrder, rm: RequestMetrics
+) -> dict:
     """`{tokens_per_chunk: distribution, source, source_counts}` over the token-bearing chunks
     of ok requests: how many tokens each streamed chunk carried (1.0 everywhere without
     speculative decoding or batched writes), and what counted them (`TokenSource` values per
     request; `mixed` when they differ, None when no request had a token-bearing chunk)."""
     ok_ids = pa.array(np.asarray(rm.request_id, dtype=object)[rm.is_ok].tolist(), pa.string())
     n_tokens = np.empty(0)
-    if chunks.num_rows and len(ok_ids):
-        ok_chunks = chunks.filter(pc.is_in(chunks[ChunkColumn.REQUEST_ID], value_set=ok_ids))
-        n_tokens = np.asarray(ok_chunks[ChunkColumn.N_TOKENS].to_numpy(zero_copy_only=False), float)
-        n_tokens = n_tokens[n_tokens > 0]
+    order = metrics.ChunkOrder.of(chunks)
+    if len(order) and len(ok_ids):
+        ok_set = set(ok_ids.to_pylist())
+        ok_code = np.array([name in ok_set for name in order.names], bool)
+        n_tokens = order.n_tokens[ok_code[order.codes] & (order.n_tokens > 0)].astype(float)
     counts: dict[str, int] = {}
     if RequestColumn.CHUNK_TOKENS_SOURCE.value in requests.column_names:  # older runs lack it
         ok_rows = requests.filter(pc.is_in(requests[RequestColumn.REQUEST_ID], value_set=ok_ids))
@@ -238,7 +240,8 @@ def summarize_tables(
     if conventions not in (None, "all"):
         raise SLOError(f"conventions must be 'all' or omitted, not {conventions!r}.")
     spec = _resolve_spec(slo_spec, tables.manifest)
-    rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
+    chunks = metrics.ChunkOrder.of(tables.chunks)  # one ordering of the chunks for every block
+    rm = RequestMetrics.from_tables(tables.requests, chunks)
     summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "definitions": DEFINITIONS}
     ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     summary.update(core_summary(rm, client_bound_ms=client_bound_ms, rng=ci_rng))
@@ -270,7 +273,7 @@ def summarize_tables(
         else None
     )
     summary.update(checks_summary(tables))
-    summary["chunking"] = chunking_summary(tables.requests, tables.chunks, rm)
+    summary["chunking"] = chunking_summary(tables.requests, chunks, rm)
     summary["slo"] = None
     summary["goodput"] = None
     if spec is not None:
@@ -284,7 +287,7 @@ def summarize_tables(
         chat = Endpoint.CHAT.value in str(target.get("endpoint") or "")
         endpoint = Endpoint.CHAT if chat else Endpoint.COMPLETIONS
         summary["conventions"] = (
-            conventions_summary(rm, tables.chunks, endpoint)
+            conventions_summary(rm, chunks, endpoint)
             if streamed
             else {"undefined": NON_STREAMING_UNDEFINED["ttft"]}
         )
