@@ -1,18 +1,31 @@
-"""The bundled reference engine: a compact paged-KV Llama engine on CPU or CUDA."""
+"""The bundled reference engine: a compact paged-KV Llama engine on CPU or CUDA.
 
-from engine_ref.core.engine import CompletionOutput, EngineError, LLMEngine, RequestOutput
-from engine_ref.core.engine_config import EngineConfig, EngineConfigError, SamplingParams
-from engine_ref.core.scheduler import QueueFullError
-from engine_ref.core.stats import EngineStats
+The names below load on first use, so `engine_ref.loading`'s tokenizers (which the harness
+uses to count tokens) import without torch."""
 
-__all__ = [
-    "CompletionOutput",
-    "EngineConfig",
-    "EngineConfigError",
-    "EngineError",
-    "EngineStats",
-    "LLMEngine",
-    "QueueFullError",
-    "RequestOutput",
-    "SamplingParams",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "CompletionOutput": "engine_ref.core.engine",
+    "EngineError": "engine_ref.core.engine",
+    "LLMEngine": "engine_ref.core.engine",
+    "RequestOutput": "engine_ref.core.engine",
+    "EngineConfig": "engine_ref.core.engine_config",
+    "EngineConfigError": "engine_ref.core.engine_config",
+    "SamplingParams": "engine_ref.core.engine_config",
+    "QueueFullError": "engine_ref.core.scheduler",
+    "EngineStats": "engine_ref.core.stats",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine_ref' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 
 def hardware_info() -> dict:
-    """CPU model, core count, memory and GPU (when torch sees one), without failing."""
+    """CPU model, core count, memory and GPU (when there is one), without failing."""
     info = {
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -27,14 +29,31 @@ def hardware_info() -> dict:
                 break
     except OSError:
         pass
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            info["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
+    info["gpu"] = _gpu_name()
     return info
+
+
+def _gpu_name() -> str | None:
+    """The first GPU's name: torch's word when this process already imported it (a reference
+    engine in-process), else `nvidia-smi`'s; a client never imports torch only to ask."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        except Exception:  # a broken CUDA set-up says nothing about the run
+            return None
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return names[0].strip() if names else None
 
 
 def git_sha() -> str | None:

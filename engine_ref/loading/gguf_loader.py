@@ -8,19 +8,21 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
 from engine_ref.core.config import ModelConfig
-from engine_ref.core.quant import Int4Groups
-from engine_ref.loading.dequant import dequantize_to_torch, int4_groups
 from engine_ref.loading.gguf_file import read_gguf, tensor_bytes
 from engine_ref.loading.model_files import ModelFileError
 from engine_ref.loading.tokenizer import Tokenizer, eos_ids_for
+
+if TYPE_CHECKING:  # only weights need torch; a tokenizer loads without it
+    import torch
+
+    from engine_ref.core.quant import Int4Groups
 
 # GGUF tensor names -> Hugging Face Llama names (per-layer names use {i}).
 _GLOBAL_NAMES = {
@@ -207,6 +209,8 @@ def load_gguf(
     """Config, dequantised state dict (HF names, HF Q/K order, `dtype`) and tokenizer. When
     `int4_weights` is a dict, the Q4_0/Q4_1 matrices are also put there as stored (HF names,
     Q/K rows in HF order)."""
+    from engine_ref.loading.dequant import dequantize_to_torch, int4_groups
+
     contents = read_gguf(path)
     meta = contents.metadata
     tensor_names = {t.name for t in contents.tensors}
@@ -241,6 +245,8 @@ def _torch_threads(num_threads: int) -> Iterator[None]:
     """Run a block with `num_threads` intra-op threads, then restore. Dequantising is a chain of
     small memory-bound ops: one thread is as fast on an idle machine and far faster on a busy
     one (measured 1.2 s vs 14 s for SmolLM2 with 2 threads on 2 oversubscribed cores)."""
+    import torch
+
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:

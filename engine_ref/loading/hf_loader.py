@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tokenizers
-import torch
 
 from engine_ref.core.config import ModelConfig
 from engine_ref.loading.model_files import ModelFileError
 from engine_ref.loading.tokenizer import Tokenizer, eos_ids_for
+
+if TYPE_CHECKING:  # only weights need torch; a tokenizer loads without it
+    import torch
 
 _SUPPORTED_MODEL_TYPES = ("llama",)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

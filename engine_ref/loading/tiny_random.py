@@ -3,12 +3,16 @@ byte-level BPE tokenizer trained in-process, for fast tests of everything around
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from engine_ref.core.config import ModelConfig
 from engine_ref.loading.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # torch is imported where weights are made: a tokenizer needs none
+    import torch
 
 TINY_RANDOM_SEED = 0
 TINY_VOCAB_SIZE = 512
@@ -94,11 +98,14 @@ def build_tiny_tokenizer() -> Tokenizer:
 
 
 def tiny_random_state_dict(
-    config: ModelConfig, *, seed: int = TINY_RANDOM_SEED, dtype: torch.dtype = torch.float32
+    config: ModelConfig, *, seed: int = TINY_RANDOM_SEED, dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
     """Seeded weights with Hugging Face Llama names. Linear weights ~ N(0, 0.1^2) except the
     embedding (N(0, 1), so logits are not flat); norm weights ~ 1 + N(0, 0.1^2) so a wrong norm
     mapping changes outputs. Generated in float32, then cast, so every dtype sees the same values."""
+    import torch
+
+    dtype = torch.float32 if dtype is None else dtype
     gen = torch.Generator().manual_seed(seed)
     hidden, inter = config.hidden_size, config.intermediate_size
     head_dim = config.head_dim

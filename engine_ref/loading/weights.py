@@ -23,6 +23,7 @@ from engine_ref.core.config import ModelConfig
 from engine_ref.core.quant import Int4Groups
 from engine_ref.loading.model_files import ModelFileError, ResolvedModel, resolve_model, sha256_of
 from engine_ref.loading.tokenizer import Tokenizer
+from engine_ref.loading.tokenizer_files import load_tokenizer  # noqa: F401  (its old home)
 
 __all__ = ["LoadedModel", "ModelFileError", "load_model", "load_tokenizer", "parse_dtype"]
 
@@ -135,23 +136,6 @@ def load_model(
         source=source,
         int4_weights=int4_weights,
     )
-
-
-def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Tokenizer:
-    """The tokenizer of a model without loading its weights (fetches registered models if
-    needed). Raises `ModelFileError` on bad input."""
-    resolved = resolve_model(name_or_path)
-    if resolved.format == "random":
-        from engine_ref.loading.tiny_random import build_tiny_tokenizer
-
-        return build_tiny_tokenizer()
-    if resolved.format == "gguf":
-        from engine_ref.loading.gguf_loader import load_gguf_tokenizer
-
-        return load_gguf_tokenizer(resolved.path, name=resolved.name)
-    from engine_ref.loading.hf_loader import load_hf_tokenizer
-
-    return load_hf_tokenizer(resolved.path, name=resolved.name)
 
 
 def _source(resolved: ResolvedModel, dtype: torch.dtype) -> dict[str, Any]:
