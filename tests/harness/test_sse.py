@@ -163,3 +163,46 @@ def test_a_usage_that_is_not_an_object_is_ignored_for_counting():
     out = parse_stream(_reads(blob, [5]), chat=False)
     assert out.error_class is None and [n for _, n, _ in out.chunks] == [1]
     assert out.chunk_tokens_source is TokenSource.CHUNK_COUNT
+
+
+_EQUIVALENCE_STREAMS = {
+    "plain": _completion("He") + _completion("llo", "length") + USAGE + DONE,
+    "no-done": _completion("a") + _completion("b"),
+    "only-done": DONE,
+    "data-after-done": _completion("a") + DONE + _completion("late"),
+    "done-in-the-middle": DONE + DONE,
+    "comment": b": ping\n\n" + _completion("a") + DONE,
+    "blank-events": _completion("a") + b"\n\n" + _completion("b") + DONE,
+    "multi-line": b'data: {"choices":[{"index":0,\ndata: "text":"x"}]}\n\n' + DONE,
+    "crlf": (_completion("a") + DONE).replace(b"\n", b"\r\n"),
+    "bad-json": b"data: {oops\n\n" + DONE,
+    "two-values-in-one-event": b'data: {"choices":[]},{"choices":[]}\n\n' + DONE,
+    "not-an-object": b"data: [1, 2]\n\n" + DONE,
+    "escaped-newline-in-text": _completion("a\\n\\ndata: b") + DONE,
+    "cut-inside-an-event": _completion("a") + b'data: {"choi',
+    "error-event": b'data: {"error": {"message": "boom"}}\n\n' + DONE,
+    "usage-so-far": (
+        b'data: {"choices":[{"index":0,"text":"ab"}],"usage":{"completion_tokens":2}}\n\n'
+        b'data: {"choices":[{"index":0,"text":"c"}],"usage":{"completion_tokens":3}}\n\n' + DONE
+    ),
+    "token-ids": b'data: {"choices":[{"index":0,"text":"ab","token_ids":[5,6]}]}\n\n' + DONE,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_EQUIVALENCE_STREAMS))
+def test_the_whole_stream_fast_path_agrees_with_the_event_by_event_parser(name, monkeypatch):
+    """`parse_stream` decodes a well-formed stream in whole-stream passes; every stream, split
+    at every byte, parses exactly as the general event-by-event path parses it."""
+    import harness.sse as sse
+
+    blob = _EQUIVALENCE_STREAMS[name]
+    splits = [[cut] for cut in range(1, len(blob))] + [[len(blob)], [1] * len(blob)]
+    for sizes in splits:
+        reads = _reads(blob, sizes)
+        fast = parse_stream(reads, chat=False)
+        with monkeypatch.context() as m:
+            m.setattr(sse, "_fast_events", lambda _reads: None)
+            general = parse_stream(reads, chat=False)
+        assert fast == general, (name, sizes)
+    if name in ("plain", "usage-so-far", "token-ids", "only-done", "not-an-object"):
+        assert sse._fast_events(_reads(blob, [len(blob)])) is not None  # the fast path ran
