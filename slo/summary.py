@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from slo.ledger import ledger_summary
 from slo.prompt_tokens import prompt_token_check
 from slo.recovery import recovery_summary
 from slo.runrecord import (
+    CHUNKS_SCHEMA,
     SUMMARY_SCHEMA_VERSION,
     Endpoint,
     RequestColumn,
@@ -235,12 +237,15 @@ def summarize_tables(
     input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
     slice_duration_s: float | None = None,
+    chunk_order: metrics.ChunkOrder | None = None,
 ) -> dict:
-    """`summarize` over tables already in memory; same arguments and result."""
+    """`summarize` over tables already in memory; same arguments and result. `chunk_order`,
+    when given, stands for `tables.chunks` (already ordered)."""
     if conventions not in (None, "all"):
         raise SLOError(f"conventions must be 'all' or omitted, not {conventions!r}.")
     spec = _resolve_spec(slo_spec, tables.manifest)
-    chunks = metrics.ChunkOrder.of(tables.chunks)  # one ordering of the chunks for every block
+    # one ordering of the chunks for every block
+    chunks = chunk_order if chunk_order is not None else metrics.ChunkOrder.of(tables.chunks)
     rm = RequestMetrics.from_tables(tables.requests, chunks)
     summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "definitions": DEFINITIONS}
     ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
@@ -361,9 +366,14 @@ def summarize(
         tables = open_run(run_dir)
     except RunRecordError as exc:
         raise SLOError(str(exc)) from exc
+    # The order holds all the chunks say; the table goes before the metrics are computed, so a
+    # run of millions of chunks is not held twice.
+    chunk_order = metrics.ChunkOrder.of(tables.chunks)
+    tables = dataclasses.replace(tables, chunks=CHUNKS_SCHEMA.empty_table())
     return summarize_tables(
         tables,
         slo_spec,
+        chunk_order=chunk_order,
         seed=seed,
         conventions=conventions,
         client_bound_ms=client_bound_ms,
