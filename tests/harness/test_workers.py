@@ -101,7 +101,11 @@ def test_faults_with_workers_is_one_sentence(mock_server, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("num_requests", "workers", "warmup", "used"),
-    [(1, 2, 0, 1), (3, 8, 4, 3)],  # 1 request; more workers than requests, with warm-up
+    [
+        (1, 2, 0, 1),  # 1 request
+        (3, 8, 4, 3),  # more workers than requests, with warm-up
+        (3, "auto", 0, min(3, max(1, (os.cpu_count() or 1) - 1))),  # all at once: cores - 1
+    ],
 )
 def test_small_runs_use_only_the_workers_they_can(mock_server, tmp_path, num_requests, workers, warmup, used):  # fmt: skip
     with mock_server("--ttft-ms", "2", "--itl-ms", "1") as url:
@@ -116,7 +120,60 @@ def test_small_runs_use_only_the_workers_they_can(mock_server, tmp_path, num_req
     assert section["count"] == used and len(section["per_worker"]) == used
     assert sum(w["requests"] for w in section["per_worker"]) == num_requests
     assert sum(w["warmup"] for w in section["per_worker"]) == warmup
-    assert (f"{used} used" in section["why"]) == (used < workers)
+    if workers == "auto":
+        assert section["requested"] == "auto" and "tokens/s" in section["why"]
+    else:
+        assert (f"{used} used" in section["why"]) == (used < workers)
+    from reports.build import build_card
+
+    rows = build_card(tmp_path / "r").client_health.workers  # the card shows each worker
+    assert [(w["worker"], w["requests"], w["died"]) for w in rows] == [
+        (w["worker"], w["requests"], False) for w in section["per_worker"]
+    ]
+    assert all(w["dispatch_lag_p50_ms"] is not None and w["clock_offset_ms"] is None for w in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "per_worker"),
+    [
+        # 9 requests, 3 users on 2 workers: users 0 and 2 (requests i mod 3 in {0, 2}) on worker 0.
+        (
+            (
+                "--workload",
+                "random",
+                "--input-len",
+                "8",
+                "--num-requests",
+                "9",
+                "--concurrency",
+                "3",
+            ),
+            [6, 3],
+        ),  # fmt: skip
+        (("--workload", "multi-turn", "--num-requests", "6"), None),  # whole sessions per worker
+    ],
+)
+def test_closed_loop_and_sessions_split_across_workers(mock_server, tmp_path, args, per_worker):
+    with mock_server("--ttft-ms", "2", "--itl-ms", "1") as url:
+        cmd = [sys.executable, "-m", "harness.cli", "run", "--url", url, "--tokenizer", "tiny-random",
+               "--output-len", "4", "--quiet", *args, "--workers", "2", "--out", str(tmp_path / "r")]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    tables = open_run(tmp_path / "r")
+    statuses = tables.requests[RequestColumn.STATUS].to_pylist()
+    assert set(statuses) == {RequestStatus.OK} and _summary(tmp_path / "r")["ledger"]["lost"] == 0
+    counts = [w["requests"] for w in tables.manifest.workers["per_worker"]]
+    assert sum(counts) == len(statuses)
+    if per_worker is not None:
+        assert counts == per_worker
+    else:  # whole sessions: session j (in schedule order) on worker j mod 2, all its turns
+        session_of = dict(zip(tables.requests[RequestColumn.REQUEST_ID].to_pylist(),
+                              tables.requests[RequestColumn.SESSION_ID].to_pylist(), strict=True))  # fmt: skip
+        order = list(dict.fromkeys(session_of[r] for r in tables.schedule[ScheduleColumn.REQUEST_ID].to_pylist()))  # fmt: skip
+        sizes = Counter(session_of.values())
+        expected = [sum(sizes[sid] for j, sid in enumerate(order) if j % 2 == k) for k in (0, 1)]
+        assert len(order) >= 2 and counts == expected
 
 
 def _payloads(n: int, max_tokens: int = 10) -> list[RequestPayload]:
@@ -163,18 +220,6 @@ def test_auto_workers(arrivals, max_tokens, users, cores, expected):
     assert f"{count}" in why and str(cores) in why
 
 
-@pytest.mark.slow
-def test_workers_auto_on_the_cli_records_why(mock_server, tmp_path):
-    with mock_server("--ttft-ms", "2", "--itl-ms", "1") as url:
-        proc = _bench_run(url, tmp_path / "r", "--output-len", "4", "--num-requests", "4",
-                          "--request-rate", "50", "--workers", "auto")  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    section = read_manifest(tmp_path / "r").workers
-    expected, _ = auto_workers(LoadPlan(_payloads(4, 4), [0.0, 0.02, 0.04, 0.06]))
-    assert section["requested"] == "auto" and "tokens/s" in section["why"]
-    assert section["count"] == expected == len(section["per_worker"])
-
-
 def _worker_pids(parent_pid: int) -> list[int]:
     """The spawned worker processes of `parent_pid` (children running multiprocessing's spawn_main)."""
     pids = []
@@ -192,11 +237,11 @@ def _requests_seen(url: str) -> int:
 
 
 def _run_and_kill_a_worker(mock_server, tmp_path, policy: str):
-    """20 requests at 5/s (a 4 s schedule) of about 1.5 s each on 2 workers; worker 0 is
+    """12 requests at 5/s (a 2.4 s schedule) of about 1.5 s each on 2 workers; worker 0 is
     SIGKILLed once the mock has seen 4 requests, so it has some in flight and some unsent."""
     with mock_server("--ttft-ms", "50", "--itl-ms", "50") as url:
         cmd = [sys.executable, "-m", "harness.cli", "run", "--url", url, *FAST, "--output-len", "30",
-               "--num-requests", "20", "--request-rate", "5", "--burstiness", "1000", "--workers", "2",
+               "--num-requests", "12", "--request-rate", "5", "--burstiness", "1000", "--workers", "2",
                "--on-worker-failure", policy, "--out", str(tmp_path / "r")]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -212,6 +257,36 @@ def _run_and_kill_a_worker(mock_server, tmp_path, policy: str):
                 proc.kill()
                 proc.communicate()
     return proc.returncode, err
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_and_keeps_the_ledger(mock_server, tmp_path):
+    with mock_server("--ttft-ms", "50", "--itl-ms", "50") as url:
+        cmd = [sys.executable, "-m", "harness.cli", "run", "--url", url, *FAST, "--output-len", "30",
+               "--num-requests", "20", "--request-rate", "5", "--workers", "2", "--out", str(tmp_path / "r")]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and _requests_seen(url) < 4:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    tables = open_run(tmp_path / "r")
+    ids = tables.requests[RequestColumn.REQUEST_ID].to_pylist()
+    assert sorted(ids) == sorted(tables.schedule[ScheduleColumn.REQUEST_ID].to_pylist())
+    outcomes = Counter(tables.requests[RequestColumn.STATUS].to_pylist())
+    assert outcomes[RequestStatus.CANCELLED] >= 1 and outcomes[RequestStatus.NOT_SENT] >= 1, (
+        outcomes
+    )
+    assert RequestStatus.UNKNOWN not in outcomes  # no worker died: nothing is unknown
+    assert _summary(tmp_path / "r")["ledger"]["lost"] == 0
+    assert tables.manifest.interrupted_reason == "interrupted by SIGINT"
 
 
 @pytest.mark.slow
@@ -235,9 +310,9 @@ def test_killed_worker_leaves_every_request_accounted_for(mock_server, tmp_path,
     assert all(error_class[r] == ErrorClass.WORKER_LOST for r in worker0 if status[r] == RequestStatus.UNKNOWN)  # fmt: skip
     others = Counter(status[r] for r in worker1)
     if policy == "continue":
-        assert others == {RequestStatus.OK: 10}, others  # the survivor ran its share to the end
+        assert others == {RequestStatus.OK: 6}, others  # the survivor ran its share to the end
     else:
-        assert others[RequestStatus.OK] < 10, others  # stopped: cancelled in flight, rest unsent
+        assert others[RequestStatus.OK] < 6, others  # stopped: cancelled in flight, rest unsent
         assert set(others) <= {RequestStatus.OK, RequestStatus.CANCELLED, RequestStatus.NOT_SENT}
     summary = _summary(tmp_path / "r")
     assert summary["ledger"]["lost"] == 0 and summary["ledger"]["unexpected"] == 0
