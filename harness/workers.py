@@ -18,9 +18,11 @@ its unsent ones `not_sent`; `--on-worker-failure` says whether the others go on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -360,7 +362,11 @@ class WorkerPool:
             child_conn.close()
             worker = _Worker(share, process, parent_conn, pid=process.pid)
             self.workers.append(worker)
-            loop.add_reader(parent_conn.fileno(), self._on_readable, worker)
+            reader = threading.Thread(
+                target=self._read, args=(loop, worker), name=f"bench-worker-{share.index}-reader"
+            )
+            reader.daemon = True
+            reader.start()
 
     async def wait(self) -> None:
         """Until every worker has exited (finished, stopped or died)."""
@@ -383,16 +389,30 @@ class WorkerPool:
                 worker.process.kill()
 
     def close(self) -> None:
+        """Reap every worker (one still running after a crash of this process's loop is
+        stopped, then killed) and close the pipes."""
+        if not all(w.exited for w in self.workers):
+            self.stop()
         for worker in self.workers:
-            worker.process.join(timeout=10)
+            worker.process.join(timeout=STOP_GRACE_S)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
             worker.conn.close()
 
-    def _on_readable(self, worker: _Worker) -> None:
+    def _read(self, loop: asyncio.AbstractEventLoop, worker: _Worker) -> None:
+        """A reader thread per worker: takes its messages off the pipe as they come, so a
+        worker never blocks on a full pipe while this process's loop is busy (a flush parses
+        and writes), and hands them to the loop in order."""
         try:
-            while worker.conn.poll():
-                self._handle(worker, worker.conn.recv())
+            while True:
+                message = worker.conn.recv()
+                loop.call_soon_threadsafe(self._handle, worker, message)
         except (EOFError, OSError):
-            self._on_exit(worker)
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the run is over
+                loop.call_soon_threadsafe(self._on_exit, worker)
+        except RuntimeError:  # the loop closed while the worker still spoke: the run is over
+            return
 
     def _handle(self, worker: _Worker, message: tuple) -> None:
         kind = message[0]
@@ -424,7 +444,6 @@ class WorkerPool:
                     w.conn.send(("go", self.t0_ns))
 
     def _on_exit(self, worker: _Worker) -> None:
-        asyncio.get_running_loop().remove_reader(worker.conn.fileno())
         worker.process.join(timeout=10)
         worker.exited = True
         worker.exit_code = worker.process.exitcode
