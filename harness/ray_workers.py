@@ -75,10 +75,14 @@ def clock_offset(samples: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
 
 def shift_raw(raw: RawResult, delta_ns: int) -> RawResult:
     """`raw` with every time moved by `delta_ns` (onto another clock); None stays None."""
-    for name in ("t_scheduled_ns", "t_sent_ns", "t_first_byte_ns", "t_done_ns"):
-        value = getattr(raw, name)
-        if value is not None:
-            setattr(raw, name, value + delta_ns)
+
+    def moved(t_ns: int | None) -> int | None:
+        return None if t_ns is None else t_ns + delta_ns
+
+    raw.t_scheduled_ns = moved(raw.t_scheduled_ns)
+    raw.t_sent_ns = moved(raw.t_sent_ns)
+    raw.t_first_byte_ns = moved(raw.t_first_byte_ns)
+    raw.t_done_ns = moved(raw.t_done_ns)
     raw.reads = [(t + delta_ns, data) for t, data in raw.reads]
     return raw
 
