@@ -159,6 +159,27 @@ def _drop_none(**kwargs) -> dict:
     help="Stop the run (exit 3) once TTFT and the requests in flight keep rising together: "
     "the target cannot keep up (the card's over-saturation rule, judged live).",
 )
+@click.option(
+    "--workers",
+    metavar="N|auto",
+    help="Split the schedule across N local worker processes (each its own event loop and "
+    "connection pool; all recorded into one run directory), or 'auto': one per ~300k "
+    "expected output tokens/s (closed loop: per 64 users), at most cores - 1. With --ray: "
+    "the number of Ray actors (default one per node).",
+)
+@click.option(
+    "--on-worker-failure",
+    type=click.Choice(["continue", "stop"]),
+    help="A worker that dies mid-run: its in-flight requests are unknown, its unsent ones "
+    "not_sent; continue (default) lets the others run on, stop cancels them.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run the workers as Ray actors spread across a cluster's nodes (auto, local or "
+    "host:port; pip install 'llm-bench-harness[ray]'); per-node clock offsets are recorded.",
+)
 @vllm_options
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
     """Drive a target with a workload, record every request and chunk, and summarise.

@@ -40,6 +40,28 @@ def check_extra_body(extra_body) -> None:
         )
 
 
+WORKER_FAILURE_POLICIES = ("continue", "stop")
+
+
+def parse_workers(value) -> int | str:
+    """`--workers`: a whole number of at least 1, or `auto`; anything else is one sentence."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            raise HarnessError(
+                f"--workers must be a whole number of at least 1 or auto, got {value!r}."
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HarnessError(
+            f"--workers must be a whole number of at least 1 or auto, got {value!r}."
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything `bench run` needs. `None` for a workload field means the workload's default.
@@ -62,6 +84,11 @@ class RunConfig:
       reference engine and vLLM (which understand it), off for other targets.
     - `extra_body`: a JSON object merged into every request body (engine-specific sampling
       fields such as vLLM's `top_k`, `min_p`, `repetition_penalty`).
+    - `workers`: split the schedule across this many local worker processes (`harness.workers`),
+      or `"auto"` (from the cores and the expected rate); None: one process (with `ray_address`,
+      one Ray actor per node). `ray_address` (`auto`, `local` or host:port) runs the workers
+      as Ray actors; `on_worker_failure` (`continue` or `stop`) says what a dead worker does
+      to the others.
     - `target`: what to drive (`harness.engines`); `check_outputs` makes requests greedy and
       compares each output with the reference engine's batch-1 output (`harness.oracle`).
     """
@@ -108,6 +135,9 @@ class RunConfig:
     engine_pythons: tuple[str, ...] = ()  # ENGINE=PATH: the interpreter of an engine's venv
     check_outputs: bool = False  # greedy requests, each output compared with the reference
     diverge_before: int = 32  # with check_outputs: diverging before this token is wrong output
+    workers: int | str | None = None  # worker processes or Ray actors; "auto"; None: one
+    ray_address: str | None = None  # run the workers as Ray actors on this cluster
+    on_worker_failure: str = "continue"  # continue | stop: what a dead worker does to the run
 
     def __post_init__(self) -> None:
         def positive(name: str, value, *, integer: bool = False) -> None:
@@ -159,6 +189,18 @@ class RunConfig:
         if self.diverge_before < 0:
             raise HarnessError(
                 f"--diverge-before must be zero or more, got {self.diverge_before!r}."
+            )
+        if self.workers is not None:
+            object.__setattr__(self, "workers", parse_workers(self.workers))
+        if self.faults is not None and (self.workers not in (None, 1) or self.ray_address):
+            raise HarnessError(
+                "--faults and --workers/--ray cannot be combined yet: a fault plan wraps one "
+                "process's transport, so run fault plans with a single worker."
+            )
+        if self.on_worker_failure not in WORKER_FAILURE_POLICIES:
+            raise HarnessError(
+                f"--on-worker-failure must be one of {', '.join(WORKER_FAILURE_POLICIES)}, "
+                f"got {self.on_worker_failure!r}."
             )
         if self.burstiness is not None and self.request_rate in (None, math.inf):
             raise HarnessError("--burstiness needs a finite --request-rate to shape.")

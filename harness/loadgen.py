@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,6 +75,7 @@ async def run_load(
     observer: LoadObserver | None = None,
     *,
     start_callback: Callable[[int], None] | None = None,
+    start_gate: Callable[[], Awaitable[int]] | None = None,
 ) -> LoadResult:
     """Run warm-up, then the measured phase; call `on_result` once for every request sent.
 
@@ -86,6 +87,10 @@ async def run_load(
     every request it never dispatched to `on_result` as `not_sent`, so each request of the
     plan gets exactly one result. (Requests past `duration_s` are outside the run and get
     none: a duration bounds the schedule.)
+
+    `start_gate()`, when given, is awaited after warm-up and returns the measured phase's
+    `t0_ns` (a worker process gets one start time shared by every worker); the loop waits
+    until then before the first dispatch.
     """
     outcome = LoadResult()
     clock = time.perf_counter_ns
@@ -128,7 +133,11 @@ async def run_load(
             outcome.num_warmup = len(plan.warmup)
             await asyncio.gather(*list(tasks))
 
-        t0 = clock()
+        if start_gate is None:
+            t0 = clock()
+        else:
+            t0 = await start_gate()
+            await asyncio.sleep(max(0, t0 - clock()) / 1e9)
         outcome.t_start_ns = t0
         if start_callback is not None:
             start_callback(t0)

@@ -159,6 +159,10 @@ def run_benchmark(
     """
     fault_plan = load_fault_plan(config.faults)
     slo_spec = load_slo_spec(config.slo)
+    if config.ray_address is not None:
+        from harness.ray_workers import require_ray
+
+        require_ray()  # before anything is contacted: a missing extra is one sentence
     run_dir = Path(config.out or default_run_dir(config))
     with removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
@@ -293,8 +297,18 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
     idle_before = read_gauges(metrics_url, api_key=config.api_key)
     reason: str | None = "the harness stopped unexpectedly"
     server_state = None
+    split = _worker_split(config, plan, options, inputs)
     try:
-        reason = asyncio.run(_drive(run, inputs.transport, inputs.fault_plan, started.server))
+        if split is None:
+            reason = asyncio.run(_drive(run, inputs.transport, inputs.fault_plan, started.server))
+        elif config.ray_address is not None:
+            from harness.ray_workers import drive_ray
+
+            reason = asyncio.run(drive_ray(run, split, lambda i, s: warn(inputs.console, s)))
+        else:
+            reason = asyncio.run(
+                _drive_workers(run, split.shares, lambda i, s: warn(inputs.console, s))
+            )
         server_state = settle(
             metrics_url, idle_before, api_key=config.api_key, settle_s=config.settle_s
         )
@@ -303,6 +317,8 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         raise
     finally:
         run.close(reason, server_state)
+    if split is not None:
+        _record_workers(run_dir, split, run.workers or [])
     stopped_by_errors = run.stop_reason is not None and reason == run.stop_reason
     outcome = _summarise(run_dir, inputs.slo_spec, config, reason)
     verdict = judge(
@@ -323,6 +339,43 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         verdict=verdict,
         stopped_by_errors=stopped_by_errors,
     )
+
+
+def _worker_split(config: RunConfig, plan: LoadPlan, options: ClientOptions, inputs):
+    """The `harness.workers.WorkerSplit` for `--workers`/`--ray`, or None for one process."""
+    if config.ray_address is None and config.workers in (None, 1):
+        return None
+    from harness.workers import check_workers_supported, split_for
+
+    check_workers_supported(inputs.transport)
+    return split_for(config, plan, options)
+
+
+def _record_workers(run_dir: Path, split, entries: list[dict]) -> None:
+    """The manifest's `workers` section: the split, the clocks, and per worker its requests,
+    fate and dispatch lag (ms, over the requests it sent)."""
+    import numpy as np
+
+    from slo import metrics
+    from slo.runrecord import RequestColumn, float_column, open_run
+
+    requests = open_run(run_dir).requests
+    owner = split.worker_of()
+    ids = requests[RequestColumn.REQUEST_ID].to_pylist()
+    lag = metrics.dispatch_lag_ms(
+        float_column(requests, RequestColumn.T_SCHEDULED_NS),
+        float_column(requests, RequestColumn.T_SENT_NS),
+    )
+    of = np.array([owner.get(rid, -1) for rid in ids])
+    per_worker = []
+    for entry in entries:
+        dist = metrics.distribution(lag[of == entry["worker"]])
+        per_worker.append(
+            {**entry, "dispatch_lag_ms": {k: dist[k] for k in ("p50", "p99", "max", "n")}}
+        )
+    section = {**split.manifest_entry(), "per_worker": per_worker}
+    manifest = read_manifest(run_dir).evolve(workers=section)
+    write_json_atomic(run_dir / "manifest.json", manifest.to_json())
 
 
 def _not_found_hint(run_dir: Path, options: ClientOptions) -> str | None:
@@ -408,17 +461,10 @@ def _plan(
     return plan, input_tokens
 
 
-async def _drive(
-    run: RunContext,
-    transport: Transport | None,
-    fault_plan=None,
-    server: ManagedServer | None = None,
-) -> str | None:
-    """Run the load loop with signal handling and periodic flushes; returns why it stopped early.
-
-    `transport` replaces the aiohttp client (tests); None uses the default. `fault_plan` puts
-    a `FaultSession` (proxy, client faults, engine faults) in front of the target.
-    """
+@contextlib.asynccontextmanager
+async def _run_services(run: RunContext):
+    """Signal handling (SIGINT/SIGTERM cancel the driving task), periodic flushes and the
+    `/metrics` scraper around one run's load phase; yields `{reason}` set by a signal."""
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     run.stop = main
@@ -437,17 +483,52 @@ async def _drive(
             await asyncio.sleep(run.config.flush_interval_s)
             run.flush()
 
-    plan = run.plan
-    max_connections = plan.concurrency or max(len(plan.payloads), len(plan.warmup), 1)
     flush_task = asyncio.create_task(flusher())
-    scrape_task = session = None
-    display = (
-        ProgressDisplay(len(plan.payloads), run.console)
-        if (not run.quiet and run.console is not None)
-        else None
-    )
+    scrape_task = None
     try:
         async with contextlib.AsyncExitStack() as stack:
+            if run.config.scrape_interval_s > 0:
+                session = await stack.enter_async_context(aiohttp.ClientSession())
+                scrape_task = asyncio.create_task(run.scraper.run(session, lambda: run.t0_ns))
+            yield stop_reason
+            if scrape_task is not None:
+                scrape_task.cancel()
+                await run.scraper.scrape_once(session, lambda: run.t0_ns)
+    finally:
+        flush_task.cancel()
+        if scrape_task is not None:
+            scrape_task.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+
+
+def _observer(run: RunContext, total: int):
+    """The progress display (unless quiet) and the saturation watch, as one observer."""
+    display = (
+        ProgressDisplay(total, run.console) if (not run.quiet and run.console is not None) else None
+    )
+    watch = SaturationWatch(run.request_stop) if run.config.stop_on_saturation else None
+    return display, Observers(display, watch)
+
+
+async def _drive(
+    run: RunContext,
+    transport: Transport | None,
+    fault_plan=None,
+    server: ManagedServer | None = None,
+) -> str | None:
+    """Run the load loop with signal handling and periodic flushes; returns why it stopped early.
+
+    `transport` replaces the aiohttp client (tests); None uses the default. `fault_plan` puts
+    a `FaultSession` (proxy, client faults, engine faults) in front of the target.
+    """
+    plan = run.plan
+    max_connections = plan.concurrency or max(len(plan.payloads), len(plan.warmup), 1)
+    display, observer = _observer(run, len(plan.payloads))
+    stop_reason: dict = {}
+    try:
+        async with _run_services(run) as stop_reason, contextlib.AsyncExitStack() as stack:
             start = run.start
             if fault_plan is not None:
                 fault_session = FaultSession(
@@ -468,25 +549,55 @@ async def _drive(
                 transport = await stack.enter_async_context(
                     AiohttpTransport(run.options, max_connections=min(max_connections, 4096))
                 )
-            if run.config.scrape_interval_s > 0:
-                session = await stack.enter_async_context(aiohttp.ClientSession())
-                scrape_task = asyncio.create_task(run.scraper.run(session, lambda: run.t0_ns))
-            watch = SaturationWatch(run.request_stop) if run.config.stop_on_saturation else None
-            observer = Observers(display, watch)
             with display or contextlib.nullcontext():
                 await run_load(transport, plan, run.on_result, observer, start_callback=start)
-            if scrape_task is not None and session is not None:
-                scrape_task.cancel()
-                await run.scraper.scrape_once(session, lambda: run.t0_ns)
+    except asyncio.CancelledError:
+        return stop_reason.get("reason") or run.stop_reason or "cancelled"
+    return None
+
+
+async def _drive_workers(run: RunContext, shares, on_lost) -> str | None:
+    """`_drive` for `--workers`: the shares run in worker processes (`harness.workers`); this
+    process records their results. Returns why the run stopped early, or None."""
+    from harness.workers import STOP_GRACE_S, WorkerPool
+
+    display, observer = _observer(run, len(run.plan.payloads))
+    lost: list[str] = []
+
+    def worker_lost(index: int, sentence: str) -> None:
+        lost.append(sentence)
+        on_lost(index, sentence)
+        if run.config.on_worker_failure == "stop":
+            run.request_stop(
+                f"{sentence} mid-run; the other workers were stopped (--on-worker-failure stop)"
+            )
+
+    pool = WorkerPool(shares, run.on_result, run.start, worker_lost, observer)
+    stop_reason: dict = {}
+    try:
+        async with _run_services(run) as stop_reason:
+            pool.start()
+            with display or contextlib.nullcontext():
+                try:
+                    await pool.wait()
+                except asyncio.CancelledError:
+                    pool.stop()
+                    try:
+                        await asyncio.wait_for(pool.wait(), STOP_GRACE_S)
+                    except TimeoutError:
+                        pool.kill_stragglers()
+                        await pool.wait()
+                    raise
     except asyncio.CancelledError:
         return stop_reason.get("reason") or run.stop_reason or "cancelled"
     finally:
-        flush_task.cancel()
-        if scrape_task is not None:
-            scrape_task.cancel()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        pool.close()
+        run.workers = pool.manifest_entries()
+    if lost:
+        return (
+            f"{'; '.join(lost)} mid-run: its in-flight requests are unknown, its unsent ones "
+            "not_sent; the other workers ran to the end (--on-worker-failure continue)"
+        )
     return None
 
 

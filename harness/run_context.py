@@ -47,6 +47,7 @@ class RunContext:
     checks: OutputChecks | None = None
     watch: PromptTokenWatch | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
+    workers: list[dict] | None = None  # `--workers`/`--ray`: one entry per worker, at the end
 
     @property
     def t0_ns(self) -> int | None:

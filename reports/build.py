@@ -128,6 +128,30 @@ def resolve_run_dir(path: Path | str) -> Path:
     )
 
 
+def worker_rows(section: dict | None) -> tuple[dict, ...]:
+    """One row per worker from the manifest's `workers` section: `worker`, `node` (Ray; else
+    None), `requests`, `died`, dispatch lag `p50_ms`/`p99_ms`/`max_ms`, and (Ray) the clock
+    offset to the parent's clock and its uncertainty in ms."""
+    rows = []
+    for w in (section or {}).get("per_worker") or []:
+        lag = w.get("dispatch_lag_ms") or {}
+        offset, uncertainty = w.get("clock_offset_ns"), w.get("clock_uncertainty_ns")
+        rows.append(
+            {
+                "worker": w.get("worker"),
+                "node": w.get("node"),
+                "requests": w.get("requests"),
+                "died": bool(w.get("died")),
+                "dispatch_lag_p50_ms": lag.get("p50"),
+                "dispatch_lag_p99_ms": lag.get("p99"),
+                "dispatch_lag_max_ms": lag.get("max"),
+                "clock_offset_ms": None if offset is None else offset / 1e6,
+                "clock_uncertainty_ms": None if uncertainty is None else uncertainty / 1e6,
+            }
+        )
+    return tuple(rows)
+
+
 def _environment(manifest: RunManifest) -> Environment:
     target = manifest.target or {}
     workload = manifest.workload or {}
@@ -331,6 +355,8 @@ def build_card(
         dispatch_lag_max_ms=lag.get("max"),
         client_bound=summary.get("client_bound"),
         client_bound_threshold_ms=summary.get("client_bound_threshold_ms"),
+        workers=worker_rows(manifest.workers),
+        workers_clock=(manifest.workers or {}).get("clock"),
     )
     env = _environment(manifest)
     verdicts = slo_view.verdicts(summary)

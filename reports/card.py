@@ -135,6 +135,9 @@ class ClientHealth:
     dispatch_lag_max_ms: float | None
     client_bound: bool | None
     client_bound_threshold_ms: float | None
+    # `--workers`/`--ray`: one row per worker (see `reports.build.worker_rows`); empty: one process
+    workers: tuple[dict, ...] = ()
+    workers_clock: str | None = None  # how the workers' times were put on one timeline
 
 
 @dataclass(frozen=True)

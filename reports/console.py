@@ -164,11 +164,26 @@ def _header(card: Card) -> Text:
 def _health_line(card: Card) -> Text:
     h = card.client_health
     style = "bold red" if h.client_bound else "dim"
-    return Text(
+    text = Text(
         f"client queueing (scheduled to sent) p50 {_num(h.dispatch_lag_p50_ms, 3)} ms, p99 "
         f"{_num(h.dispatch_lag_p99_ms, 3)} ms; client bound: {_num(h.client_bound)}",
         style=style,
     )
+    for w in h.workers:
+        line = (
+            f"\n  worker {w['worker']}{' on node ' + str(w['node'])[:12] if w['node'] else ''}: "
+            f"{_num(w['requests'])} requests, queueing p50 {_num(w['dispatch_lag_p50_ms'], 3)} "
+            f"ms, p99 {_num(w['dispatch_lag_p99_ms'], 3)} ms"
+        )
+        if w["clock_offset_ms"] is not None:
+            line += (
+                f"; clock offset {_num(w['clock_offset_ms'], 3)} "
+                f"+/- {_num(w['clock_uncertainty_ms'], 3)} ms"
+            )
+        text.append(
+            line + ("; DIED mid-run" if w["died"] else ""), style="red" if w["died"] else "dim"
+        )
+    return text
 
 
 def card_renderable(card: Card) -> RenderableType:

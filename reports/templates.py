@@ -158,6 +158,14 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 <table><tr><th>client queueing, scheduled to sent: p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th><th>client bound</th></tr>
 <tr><td>{{ card.client_health.dispatch_lag_p50_ms | fmt(3) }}</td><td>{{ card.client_health.dispatch_lag_p99_ms | fmt(3) }}</td>
 <td>{{ card.client_health.dispatch_lag_max_ms | fmt(3) }}</td><td>{{ card.client_health.client_bound | fmt }}</td></tr></table>
+{% if card.client_health.workers %}
+<table><tr><th>worker</th><th>node</th><th>requests</th><th>queueing p50 (ms)</th><th>p99 (ms)</th><th>max (ms)</th><th>clock offset (ms)</th><th>+/- (ms)</th><th>died</th></tr>
+{% for w in card.client_health.workers %}<tr><td>{{ w.worker }}</td><td><code>{{ (w.node or "this host")[:12] }}</code></td><td>{{ w.requests | fmt }}</td>
+<td>{{ w.dispatch_lag_p50_ms | fmt(3) }}</td><td>{{ w.dispatch_lag_p99_ms | fmt(3) }}</td><td>{{ w.dispatch_lag_max_ms | fmt(3) }}</td>
+<td>{{ w.clock_offset_ms | fmt(3) }}</td><td>{{ w.clock_uncertainty_ms | fmt(3) }}</td><td>{{ w.died | fmt }}</td></tr>
+{% endfor %}</table>
+<p class="sub">Clock: {{ card.client_health.workers_clock }}.</p>
+{% endif %}
 
 <h2>Environment</h2>
 {{ env_table([card]) }}

@@ -103,6 +103,8 @@ ERROR_CLASS_MEANINGS = {
     ErrorClass.MALFORMED_JSON: "an event or body that is not the expected JSON",
     ErrorClass.STREAM_ERROR: 'an `{"error": ...}` event inside a 200 stream',
     ErrorClass.CLIENT_ERROR: "any other client-side failure",
+    ErrorClass.WORKER_LOST: "the harness worker process (or Ray actor) that sent it died "
+    "before the answer was recorded (`--workers`, `--ray`)",
 }
 TOKEN_SOURCE_MEANINGS = {
     TokenSource.USAGE: "the server's `usage.completion_tokens` (per chunk: the difference of the "

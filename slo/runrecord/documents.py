@@ -70,6 +70,7 @@ class RunManifest:
     server_metrics_samples: int | None = None
     server_state: dict | None = None  # the target's idle gauges before and after the run
     outcome: dict | None = None  # how the run ended: exit code, reason, dominant error
+    workers: dict | None = None  # `--workers`/`--ray`: count, why, clocks, per-worker facts
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "manifest.json") -> RunManifest:

@@ -39,6 +39,7 @@ class ErrorClass(StrEnum):
     MALFORMED_JSON = "malformed_json"
     STREAM_ERROR = "stream_error"  # an {"error": ...} event inside a 200 stream
     CLIENT_ERROR = "client_error"
+    WORKER_LOST = "worker_lost"  # the worker process (or Ray actor) sending it died mid-request
 
 
 class TokenSource(StrEnum):
