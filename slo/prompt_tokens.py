@@ -65,11 +65,18 @@ def prompt_token_check(
     result.update(n_disagreeing=n_bad, ratio=ratio)
     if n_bad > MAX_DISAGREEING_FRACTION * n:
         result["verdict"] = "disagree"
-        shown = f"{ratio:.2f}x" if ratio is not None else "a different number of"
+        if ratio is not None and ratio > 0:
+            counted = f"{ratio:.2f}x the prompt tokens the workload recorded ({n_bad} of {n}"
+        elif ratio is not None:  # below the template's own tokens: a ratio would be <= 0
+            counted = (
+                "fewer prompt tokens than the chat template alone adds "
+                f"({overhead_tokens:g} per request; {n_bad} of {n}"
+            )
+        else:
+            counted = f"prompt tokens for empty prompts ({n_bad} of {n}"
         result["sentence"] = (
-            f"The server counted {shown} the prompt tokens the workload recorded "
-            f"({n_bad} of {n} requests disagree): the tokenizer is not the target model's, "
-            "so prompt lengths and input tokens/s are off; pass --tokenizer."
+            f"The server counted {counted} requests disagree): the tokenizer is not the "
+            "target model's, so prompt lengths and input tokens/s are off; pass --tokenizer."
         )
     else:
         result["verdict"] = "agree"

@@ -46,6 +46,23 @@ def test_wrong_tokenizer_is_reported_with_its_ratio():
     assert "2.96x" in check["sentence"] and "--tokenizer" in check["sentence"]
 
 
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ([25.0, 25.0, 25.0], "0.50x the prompt tokens"),  # (25 - 20) / 10
+        ([20.0, 20.0, 20.0], "fewer prompt tokens than the chat template alone adds (20 per"),
+        ([5.0, 5.0, 5.0], "fewer prompt tokens than the chat template alone adds (20 per"),
+    ],
+)
+def test_a_server_counting_below_the_template_overhead_gets_no_negative_ratio(usage, expected):
+    """A server that applies no chat template (a mock counting words) counts fewer tokens than
+    the template alone adds: the sentence says so instead of a ratio of 0 or below."""
+    check = prompt_token_check(np.full(3, 10.0), np.array(usage), overhead_tokens=20)
+    assert check["verdict"] == "disagree"
+    assert expected in check["sentence"] and "3 of 3 requests disagree" in check["sentence"]
+    assert "-" not in check["sentence"].split(":")[0]
+
+
 def test_constant_chat_overhead_agrees_and_missing_usage_is_not_checked():
     inp = np.array([100.0, 7.0, np.nan])
     usage = np.array([131.0, 38.0, 50.0])
