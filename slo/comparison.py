@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 STATISTIC_KINDS = ("quantile", "mean", "rate")
 
@@ -284,6 +283,8 @@ def mann_whitney(
         return None
     if np.unique(np.concatenate([base, cand])).size < 2:
         return None
+    from scipy import stats as scipy_stats  # here: importing slo stays light
+
     result = scipy_stats.mannwhitneyu(cand, base, alternative="two-sided")
     return MannWhitney(
         u=float(result.statistic),

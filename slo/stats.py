@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from scipy import stats as scipy_stats
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 _BOOTSTRAP_BATCH_ELEMENTS = 2_000_000
@@ -138,6 +137,7 @@ def early_stopping_min_passing(
     if not 0 < q < 1 or not 0 < confidence < 1:
         raise ValueError("percentile - tolerance and confidence must lie in (0, 1)")
     alpha = 1 - confidence
+    from scipy import stats as scipy_stats  # here: importing slo stays light
 
     def passes(h: int) -> bool:
         return scipy_stats.binom.cdf(overlatency, h + overlatency, 1 - q) <= alpha
@@ -171,6 +171,8 @@ def binomial_verdict(n_bad: int, n: int, max_bad_fraction: float, confidence: fl
     if max_bad_fraction >= 1:
         return PASS
     alpha = 1 - confidence
+    from scipy import stats as scipy_stats  # here: importing slo stays light
+
     if scipy_stats.binom.cdf(n_bad, n, max_bad_fraction) <= alpha:
         return PASS
     if n_bad > 0 and scipy_stats.binom.sf(n_bad - 1, n, max_bad_fraction) <= alpha:
