@@ -159,8 +159,9 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
         choices = obj.get("choices")
         if "error" in obj:
             return _fail(out, ErrorClass.STREAM_ERROR, _error_text(obj["error"]))
-        if obj.get("usage"):
-            out.usage = obj["usage"]
+        usage = obj.get("usage")
+        if usage:
+            out.usage = usage
         if out.response_id is None and type(obj.get("id")) is str:
             out.response_id = obj["id"]
         text = token_ids = None
@@ -186,7 +187,6 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             if type(text) is not str:
                 return _fail(out, ErrorClass.MALFORMED_JSON, "an event's text is not a string")
             parts.append(text)
-        usage = obj.get("usage")
         completion = usage.get("completion_tokens") if type(usage) is dict else None
         rows.append((
             t_ns,
