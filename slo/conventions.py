@@ -149,8 +149,8 @@ def chunk_view(
     kept_codes = codes if keep is None else codes[keep]
     kept_t = order.t_ns if keep is None else order.t_ns[keep]
     if kept_codes.size:
-        starts = np.concatenate(([0], np.flatnonzero(kept_codes[1:] != kept_codes[:-1]) + 1))
-        ends = np.concatenate((starts[1:], [kept_codes.size])) - 1
+        starts, ends = metrics.request_runs(kept_codes)
+        ends = ends - 1
         # rows are in time order within a request: its first and last kept rows
         index = {order.names[c]: i for i, c in enumerate(kept_codes[starts].tolist())}
         lows, highs = kept_t[starts].astype(float), kept_t[ends].astype(float)

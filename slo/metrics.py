@@ -112,14 +112,19 @@ class ChunkOrder:
         n = codes.size
         if n == 0:
             return {}
-        starts = np.concatenate(([0], np.flatnonzero(codes[1:] != codes[:-1]) + 1))
-        ends = np.concatenate((starts[1:], [n]))
+        starts, ends = request_runs(codes)
         gaps_ms = np.diff(t_ns).astype(float) / NS_PER_MS  # gaps_ms[i] = t[i + 1] - t[i]
         names = self.names
         return {
             names[code]: gaps_ms[s : e - 1]
             for code, s, e in zip(codes[starts].tolist(), starts, ends, strict=True)
         }
+
+
+def request_runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) of each run of equal codes in grouped rows."""
+    starts = np.concatenate(([0], np.flatnonzero(codes[1:] != codes[:-1]) + 1))
+    return starts, np.concatenate((starts[1:], [codes.size]))
 
 
 def _concat(arrays: list[np.ndarray], dtype) -> np.ndarray:
