@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine_ref.core import kernels
 from engine_ref.core.attention import AttentionMetadata, paged_attention
 from engine_ref.core.config import ModelConfig
-from engine_ref.core.quant import Int4Groups, quantize_model
+from engine_ref.core.quant import Int4Groups, Int4Linear, quantize_model
 
 # One layer's KV pool [num_blocks, block_size, 2 * kvh, hd]: keys in heads :kvh, values after.
 KVCache = torch.Tensor
@@ -172,7 +173,31 @@ class LlamaModel(nn.Module):
         model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
         if quantization is not None:
             quantize_model(model, quantization, int4_weights)
+        model.fused_decode = model._fused_decode_weights()
         return model.eval()
+
+    def _fused_decode_weights(self) -> list[list[torch.Tensor]] | None:
+        """Per layer, the weights `refkern::decode_layer` takes, when every layer can run
+        it: float32 on the CPU with int4 projections in the engine kernels' layout."""
+        norm = self.norm.weight
+        if norm.device.type != "cpu" or norm.dtype != torch.float32:
+            return None
+        per_layer = []
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if not all(isinstance(p, Int4Linear) and p.small for p in projections):
+                return None
+            if any(n.dtype != torch.float32 for n in norms):
+                return None
+            weights = [norms[0]]
+            for i, proj in enumerate(projections):
+                weights += [proj.small_packed, proj.small_scale, proj.small_min]
+                if i == 1:
+                    weights.append(norms[1])
+            per_layer.append(weights)
+        return per_layer
 
     def forward(
         self,
@@ -186,10 +211,56 @@ class LlamaModel(nn.Module):
         first `num_layers` layers (all when None; a self-speculative draft runs fewer, with
         as many KV caches)."""
         x = self.embed_tokens(input_ids)  # [T, D]
-        cos, sin = self._rope_for(positions, x.dtype)  # [T, h + 2 kvh, hd]
         layers = self.layers if num_layers is None else self.layers[:num_layers]
+        if self._can_fuse(x, meta, kv_caches):
+            return self._fused_forward(x, positions, meta, kv_caches, len(layers))
+        cos, sin = self._rope_for(positions, x.dtype)  # [T, h + 2 kvh, hd]
         for layer, kv_cache in zip(layers, kv_caches, strict=True):
             x = layer(x, cos, sin, meta, kv_cache)
+        return x
+
+    # Set by `from_state_dict`; None where a layer cannot run `refkern::decode_layer`.
+    fused_decode: list[list[torch.Tensor]] | None = None
+
+    def _can_fuse(self, x: torch.Tensor, meta: AttentionMetadata, kv_caches) -> bool:
+        """A step of decode rows only, few enough for the engine's small-batch kernels."""
+        return (
+            self.fused_decode is not None
+            and meta.num_prefill_tokens == 0
+            and 0 < meta.num_decode_tokens <= kernels.SMALL_BATCH_ROWS
+            and x.dtype == torch.float32
+            and all(c.dtype == torch.float32 for c in kv_caches)
+        )
+
+    def _fused_forward(self, x, positions, meta, kv_caches, num_layers) -> torch.Tensor:
+        """The decoder stack as one `refkern::decode_layer` call per layer."""
+        groups = meta.decode_groups
+        if len(groups) == 1:
+            tables, lens = groups[0].block_tables, groups[0].context_lens
+        else:
+            width = max(g.block_tables.shape[1] for g in groups)
+            tables = torch.cat([F.pad(g.block_tables, (0, width - g.block_tables.shape[1]))
+                                for g in groups])  # fmt: skip
+            lens = torch.cat([g.context_lens for g in groups])
+        cos = self.rope_cos[positions].contiguous()
+        sin = self.rope_sin[positions].contiguous()
+        attn = self.layers[0].self_attn
+        eps = self.layers[0].input_layernorm.eps
+        slots = meta.slot_mapping
+        for weights, kv_cache in zip(self.fused_decode[:num_layers], kv_caches, strict=True):
+            x = torch.ops.refkern.decode_layer(
+                x,
+                weights,
+                cos,
+                sin,
+                kv_cache,
+                slots,
+                tables,
+                lens,
+                attn.num_heads,
+                eps,
+                attn.scale,
+            )
         return x
 
     def _rope_for(self, positions: torch.Tensor, dtype: torch.dtype):

@@ -6,9 +6,13 @@ Modes (`EngineConfig.quantization`):
   by torch's int4 weight-packed matmul (`aten::_weight_int4pack_mm_for_cpu` on CPU,
   `aten::_weight_int4pack_mm` on CUDA) with bfloat16 activations. The CPU kernel also takes
   float32 activations, but through a scalar path ~10x slower than its bf16 one (measured at
-  SmolLM2's shapes on AVX2), so activations are cast to bf16 around it.
+  SmolLM2's shapes on AVX2), so activations are cast to bf16 around it. On CPUs where the
+  engine's own kernels build (`engine_ref.core.kernels`), calls of at most
+  `SMALL_BATCH_ROWS` rows (decode steps) run `refkern::q4_gemm` on a second copy of the
+  same 4-bit weights in its own layout, with float32 activations: about twice as fast as
+  torch's kernel at one row. Both copies count in the weight bytes.
 - `w8a16`: int8 weights with one scale per output channel, `aten::_weight_int8pack_mm` with
-  bf16 activations (CPU).
+  bf16 activations (CPU), or `refkern::q8_gemm` on the same int8 tensor for small calls.
 - `w8a8`: int8 per-channel weights and dynamically quantised int8 activations (one scale per
   call), an int8 GEMM with int32 accumulation in torch's quantized CPU backend (fbgemm,
   `quantized::linear_dynamic`), for qkv, o, gate_up and the output projection; down_proj
@@ -29,8 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine_ref.core import kernels
+
 QUANTIZATION_MODES = ("w4a16", "w8a8", "w8a16")
-GROUP_SIZE = 32
+GROUP_SIZE = kernels.GROUP
 # Modes whose kernels exist only in torch's CPU backends.
 _CPU_ONLY = frozenset({"w8a8", "w8a16"})
 # The fused projections of one decoder layer and the Hugging Face weights each concatenates.
@@ -150,10 +156,23 @@ class Int4Linear(nn.Module):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)  # [N, K/2] uint8
             self._mm = torch.ops.aten._weight_int4pack_mm_for_cpu
         self.register_buffer("packed", packed, persistent=False)
+        self.small = (
+            device.type == "cpu"
+            and self.group_size == kernels.GROUP
+            and self.in_features % kernels.Q4_K_MULTIPLE == 0
+            and kernels.available()
+        )
+        if self.small:
+            self.register_buffer("small_packed", kernels.pack_q4(groups.q), persistent=False)
+            self.register_buffer("small_scale", groups.scale.float().contiguous(), persistent=False)
+            self.register_buffer("small_min", groups.minimum.float().contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = self._mm(rows, self.packed, self.group_size, self.scale_zeros)
+        rows = x.reshape(-1, self.in_features)
+        if self.small and rows.shape[0] <= kernels.SMALL_BATCH_ROWS:
+            y = kernels.q4_gemm(rows, self.small_packed, self.small_scale, self.small_min)
+        else:
+            y = self._mm(rows.to(torch.bfloat16), self.packed, self.group_size, self.scale_zeros)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
@@ -165,10 +184,22 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight_int8", q, persistent=False)
         self.register_buffer("scale", scale.to(torch.bfloat16), persistent=False)
+        self.small = (
+            q.device.type == "cpu"
+            and self.in_features % kernels.Q8_K_MULTIPLE == 0
+            and kernels.available()
+        )
+        if self.small:  # the kernel's float32 scales (the bf16 ones, widened)
+            self.register_buffer("small_scale", self.scale.float(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.scale)
+        rows = x.reshape(-1, self.in_features)
+        if self.small and rows.shape[0] <= kernels.SMALL_BATCH_ROWS:
+            y = kernels.q8_gemm(rows, self.weight_int8, self.small_scale)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(
+                rows.to(torch.bfloat16), self.weight_int8, self.scale
+            )
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 

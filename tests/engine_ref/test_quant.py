@@ -15,10 +15,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 from gguf_writer_util import write_llama_gguf
+from greedy_util import greedy_tokens
 from server_fixtures import running_server
 from torch.profiler import ProfilerActivity, profile
 
 from engine_ref import EngineConfig, EngineConfigError, LLMEngine, SamplingParams
+from engine_ref.core import kernels
 from engine_ref.core.quant import (
     DynamicInt8Linear,
     Int4Groups,
@@ -35,12 +37,37 @@ from engine_ref.serving.cli_serve import serve
 from engine_ref.serving.server import ServerConfig
 
 CPU = torch.device("cpu")
-# The low-bit kernel each mode's projections must run (profiler event names).
+# The low-bit kernel each mode's projections must run (profiler event names): torch's, and
+# the engine's own for calls of at most kernels.SMALL_BATCH_ROWS rows where they build.
 KERNELS = {
     "w4a16": "aten::_weight_int4pack_mm_for_cpu",
     "w8a16": "aten::_weight_int8pack_mm",
     "w8a8": "quantized::linear_dynamic",
 }
+SMALL_KERNELS = {"w4a16": "refkern::q4_gemm", "w8a16": "refkern::q8_gemm"}
+INT8_KERNEL = "aten::_weight_int8pack_mm"
+
+
+def expected_kernel_calls(mode: str, layers: int, rows: int) -> dict[str, int]:
+    """Low-bit kernel calls of one forward of `rows` rows through `layers` layers plus the
+    output projection (on the rows that sample), for the kernels this machine runs."""
+    small = kernels.available() and rows <= kernels.SMALL_BATCH_ROWS
+    int8 = "refkern::q8_gemm" if small else INT8_KERNEL
+    if mode == "w8a8":  # down_proj runs W8A16 (its activations have outliers)
+        return {KERNELS[mode]: 3 * layers + 1, int8: layers}
+    main = SMALL_KERNELS[mode] if small else KERNELS[mode]
+    calls = {main: 4 * layers}  # qkv, o, gate_up, down
+    calls[int8] = calls.get(int8, 0) + 1  # the output projection is W8A16
+    return calls
+
+
+def int4_bytes_per_32() -> int:
+    """Bytes an int4 layer holds per 32 weights: torch's packing (16 B of nibbles, a bf16 scale
+    and zero: 20 B, Q4_1's size), plus, where the engine's kernels run, their own copy (16 B of
+    nibbles, a float32 scale and minimum: 24 B)."""
+    return 20 + (24 if kernels.available() else 0)
+
+
 # Float matmul ops a projection would run through F.linear (attention's own score and value
 # products are aten::matmul over the KV cache, not weights).
 FLOAT_MATMULS = {"aten::linear", "aten::addmm", "aten::mm"}
@@ -191,17 +218,6 @@ def _weight_shapes(loaded) -> set[tuple[int, ...]]:
     return shapes | {s[::-1] for s in shapes}
 
 
-def _greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    for i, ids in enumerate(prompts):
-        engine.add_request(str(i), ids, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens[out.request_id] += out.outputs[0].new_token_ids
-    return [tokens[str(i)] for i in range(len(prompts))]
-
-
 @pytest.mark.parametrize("mode", sorted(KERNELS))
 def test_step_runs_low_bit_kernels_and_holds_no_float_weight(mode, tiny_model):
     shapes = _weight_shapes(tiny_model)
@@ -218,13 +234,9 @@ def test_step_runs_low_bit_kernels_and_holds_no_float_weight(mode, tiny_model):
     counts: dict[str, int] = {}
     for event in prof.events():
         counts[event.name] = counts.get(event.name, 0) + 1
-    layers = engine.model_config.num_hidden_layers
-    projections = 4 * layers  # qkv, o, gate_up, down
-    if mode == "w8a8":  # down_proj runs W8A16 (its activations have outliers)
-        expected = {KERNELS[mode]: projections - layers + 1, "aten::_weight_int8pack_mm": layers}
-    else:  # the output projection is W8A16
-        expected = {KERNELS[mode]: projections}
-        expected["aten::_weight_int8pack_mm"] = expected.get("aten::_weight_int8pack_mm", 0) + 1
+    expected = expected_kernel_calls(mode, engine.model_config.num_hidden_layers, rows=2)
+    if mode == "w4a16" and kernels.available():  # a decode step of 2 rows: one call a layer
+        expected["refkern::decode_layer"] = engine.model_config.num_hidden_layers
     for kernel, n in expected.items():
         assert counts.get(kernel, 0) == n, (kernel, counts.get(kernel))
     assert not FLOAT_MATMULS & counts.keys(), FLOAT_MATMULS & counts.keys()
@@ -257,11 +269,11 @@ def test_int4_weight_bytes_are_the_q4_1_size(tiny_model):
     c = tiny_model.config
     mlp_weights = c.num_hidden_layers * 3 * c.hidden_size * c.intermediate_size
     kinds = weight_bytes_by_kind(engine.model)
-    # Half a byte per weight, plus a bf16 scale and zero per 32: 20 bytes a block, as Q4_1.
-    assert kinds["mlp"] == mlp_weights * 20 // 32
-    # int8 rows plus a float32 scale each; the tied lm_head adds its bf16 scales.
+    assert kinds["mlp"] == mlp_weights * int4_bytes_per_32() // 32
+    # int8 rows plus a float32 scale each; the tied lm_head adds its bf16 scales (and their
+    # float32 copy for the engine's int8 kernel).
     assert kinds["embedding"] == c.vocab_size * (c.hidden_size + 4)
-    assert kinds["lm_head"] == c.vocab_size * 2
+    assert kinds["lm_head"] == c.vocab_size * (2 + (4 if kernels.available() else 0))
 
 
 def test_w4a16_runs_the_files_own_4bit_blocks(tmp_path, tiny_model):
@@ -282,7 +294,7 @@ def test_w4a16_runs_the_files_own_4bit_blocks(tmp_path, tiny_model):
     ref = x.double() @ dense.model.layers[0].self_attn.qkv_proj.weight.double().t()
     assert isinstance(layer, Int4Linear) and _relative_error(layer(x), ref) < 1e-2
     # Greedy tokens mostly agree (bf16 activations, int8 output projection).
-    a, b = _greedy(dense, prompts, 8), _greedy(w4, prompts, 8)
+    a, b = greedy_tokens(dense, prompts, 8), greedy_tokens(w4, prompts, 8)
     assert sum(x == y for p, q in zip(a, b, strict=True) for x, y in zip(p, q, strict=True)) >= 8
 
 
@@ -298,7 +310,7 @@ def test_info_and_metrics_report_weight_bytes_per_layer_kind():
     kinds = info["weight_bytes_by_kind"]
     assert set(kinds) == {"embedding", "attention", "mlp", "norm", "lm_head"}
     mlp_weights = 4 * 3 * 64 * 128  # tiny-random: 4 layers, hidden 64, intermediate 128
-    assert kinds["mlp"] == mlp_weights * 20 // 32
+    assert kinds["mlp"] == mlp_weights * int4_bytes_per_32() // 32
     for kind, num_bytes in kinds.items():
         line = f'vllm:model_weight_bytes{{layer_kind="{kind}",model_name="tiny-random"}}'
         assert f"{line} {float(num_bytes)}" in metrics, line
@@ -315,12 +327,13 @@ def test_smollm2_w4a16_runs_the_files_q4_1_blocks(smollm2_path):
         + c.hidden_size * c.hidden_size
         + 3 * c.hidden_size * c.intermediate_size
     )
-    assert kinds["attention"] + kinds["mlp"] == projections * 20 // 32  # Q4_1's 20 B / 32
+    assert kinds["attention"] + kinds["mlp"] == projections * int4_bytes_per_32() // 32
     ids = engine.tokenizer.encode("The capital of France is")
     engine.add_request("a", ids, SamplingParams(max_tokens=2, temperature=0))
     engine.step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.step()
     names = [event.name for event in prof.events()]
-    assert names.count("aten::_weight_int4pack_mm_for_cpu") == 4 * c.num_hidden_layers
+    for kernel, calls in expected_kernel_calls("w4a16", c.num_hidden_layers, rows=1).items():
+        assert names.count(kernel) == calls, kernel
     assert not FLOAT_MATMULS & set(names)

@@ -1,0 +1,145 @@
+"""W4A16 single-stream decode against llama.cpp on the same Q4_1 file, side by side.
+
+Every configuration is one `bench run --concurrency 1` against a server the harness starts
+(the path a user takes), on the same hash-pinned workload; each round runs every
+configuration once, in an order rotated per round, and the medians over rounds are reported
+with each round's figures. Configurations:
+
+- `llamacpp`: llama-cpp-python serving the GGUF file (`--target llamacpp`, 2 threads, the
+  harness's default launch), the anchor;
+- `ref-w4a16`: the reference engine with `--quantization w4a16` (the engine's own int4
+  kernels and fused decode layer where they build);
+- `ref-w4a16-torch`: the same with `BENCH_REF_KERNELS=0`: torch's int4 kernel and the Python
+  layers (the engine before those kernels);
+- `ref-float32`: the reference engine unquantized (optional).
+
+Figures per run: TPOT p50 and ITL p50 (ms, from `summary.json`), output tokens/s, and the
+server's peak RSS (from the process-memory gauge the harness scrapes, when the server exposes
+it).
+
+    python benchmarks/w4a16_vs_llamacpp.py --llamacpp-python /work/llamacpp-venv/bin/python
+    python benchmarks/w4a16_vs_llamacpp.py --configs ref-w4a16,ref-w4a16-torch --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFIGS = ("llamacpp", "ref-w4a16", "ref-w4a16-torch", "ref-float32")
+
+
+def command(config: str, args: argparse.Namespace, out: Path) -> tuple[list[str], dict]:
+    cmd = [
+        sys.executable, "-m", "harness.cli", "run",
+        "--model", args.model,
+        "--workload", "random",
+        "--input-len", str(args.input_len),
+        "--output-len", str(args.output_len),
+        "--num-requests", str(args.num_requests),
+        "--concurrency", "1",
+        "--ignore-eos",
+        "--seed", str(args.seed),
+        "--startup-timeout", "600",
+        "--quiet",
+        "--out", str(out),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    if config == "llamacpp":
+        cmd += ["--target", "llamacpp", "--engine-python", f"llamacpp={args.llamacpp_python}"]
+    else:
+        cmd += ["--server-arg=--num-threads", f"--server-arg={args.threads}"]
+        if config.startswith("ref-w4a16"):
+            cmd += ["--server-arg=--quantization", "--server-arg=w4a16"]
+        if config == "ref-w4a16-torch":
+            env["BENCH_REF_KERNELS"] = "0"
+    return cmd, env
+
+
+def figures(out: Path) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    latency = summary["latency_ms"]
+    throughput = summary["throughput"]
+    row = {
+        "tpot_p50_ms": latency["tpot"]["p50"],
+        "itl_p50_ms": latency["itl"]["p50"],
+        "ttft_p50_ms": latency["ttft"]["p50"],
+        "output_tok_s": throughput.get("output_tokens_per_s"),
+        "ok": summary["counts"].get("ok"),
+    }
+    memory = (summary.get("server_metrics") or {}).get("process_resident_memory_bytes")
+    if isinstance(memory, dict):
+        row["server_rss_max_mb"] = memory.get("max", 0) / 2**20
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="llamacpp,ref-w4a16,ref-w4a16-torch")
+    parser.add_argument("--llamacpp-python", default=None, help="python of llama-cpp-python's venv")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--num-requests", type=int, default=8)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2, help="reference engine threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/w4a16-vs-llamacpp"))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown config {unknown[0]!r}; use {', '.join(CONFIGS)}")
+    if "llamacpp" in configs and not args.llamacpp_python:
+        parser.error("the llamacpp config needs --llamacpp-python (its venv's python)")
+
+    runs: dict[str, list[dict]] = {c: [] for c in configs}
+    for r in range(args.rounds):
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]
+        for config in order:
+            out = args.out / f"{config}-r{r + 1}"
+            cmd, env = command(config, args, out)
+            t0 = time.monotonic()
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{config} round {r + 1} failed (exit {done.returncode}):")
+                print(done.stderr[-2000:] or done.stdout[-2000:])
+                return 1
+            row = figures(out) | {"round": r + 1, "wall_s": time.monotonic() - t0}
+            runs[config].append(row)
+            print(f"round {r + 1} {config:16s} TPOT p50 {row['tpot_p50_ms']:6.2f} ms  "
+                  f"ITL p50 {row['itl_p50_ms']:6.2f} ms  {row['output_tok_s'] or 0:6.1f} tok/s  "
+                  f"RSS {row.get('server_rss_max_mb', float('nan')):6.0f} MB", flush=True)  # fmt: skip
+
+    anchor = "llamacpp" if "llamacpp" in configs else configs[0]
+    medians = {
+        c: {k: statistics.median(r[k] for r in rows if r.get(k) is not None)
+            for k in ("tpot_p50_ms", "itl_p50_ms", "output_tok_s", "server_rss_max_mb")
+            if any(r.get(k) is not None for r in rows)}
+        for c, rows in runs.items()
+    }  # fmt: skip
+    print(f"\nmedians of {args.rounds} rounds ({args.num_requests} requests of "
+          f"{args.input_len} -> {args.output_len} tokens, concurrency 1):")  # fmt: skip
+    print(f"| config | TPOT p50 ms | vs {anchor} | ITL p50 ms | output tok/s | server RSS MB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for c, m in medians.items():
+        ratio = m["tpot_p50_ms"] / medians[anchor]["tpot_p50_ms"]
+        print(
+            f"| {c} | {m['tpot_p50_ms']:.2f} | {ratio:.2f}x | {m['itl_p50_ms']:.2f} | "
+            f"{m.get('output_tok_s', 0):.1f} | {m.get('server_rss_max_mb', float('nan')):.0f} |"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"config": vars(args) | {"out": str(args.out),
+                             "json": str(args.json)}, "runs": runs, "medians": medians}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

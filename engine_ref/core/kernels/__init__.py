@@ -1,0 +1,146 @@
+"""The reference engine's own low-bit GEMMs for small batches (`lowbit.cpp`, AVX2 + FMA).
+
+torch's CPU int4 kernel (`aten::_weight_int4pack_mm_for_cpu`) widens its weights through
+shuffles and runs at about 4 G weights/s on one core of this project's machine, compute-bound
+at SmolLM2's shapes, so a 4-bit decode step streamed its weights at a fraction of the memory
+bandwidth. `refkern::q4_gemm` reads a layout made for AVX2 (one 32-byte load, a mask per
+nibble, no shuffles) and `refkern::q8_gemm` widens int8 rows in registers; both accumulate in
+float32 from float32 activations and split output rows over torch's intra-op threads. At one
+decode row they ran 1.9-2.0x (int4) and 1.3-1.9x (int8) faster than torch's kernels on hot
+weights (`benchmarks/quantization.py --kernels`). From about 32 rows torch's kernels win, so
+the layers use these for at most `SMALL_BATCH_ROWS` rows.
+
+The extension is compiled once per torch version and source (about 20 s) into the bench
+cache and loaded as a torch library, so a profiler sees `refkern::q4_gemm` and
+`refkern::q8_gemm` like any aten op. Without a C++ compiler, ninja or AVX2 + FMA, or with
+`BENCH_REF_KERNELS=0`, `available()` is false, the reason is in `unavailable_reason()`, and
+the layers run torch's kernels alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("lowbit.cpp")
+# The most activation rows a call sends to these kernels; more go to torch's.
+SMALL_BATCH_ROWS = 16
+# The int4 group along K that q4_gemm's scales and minima cover.
+GROUP = 32
+# K must be a multiple of these (the layouts' unit along the input dimension).
+Q4_K_MULTIPLE = 64
+Q8_K_MULTIPLE = 16
+DISABLE_ENV = "BENCH_REF_KERNELS"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _why_not() -> str | None:
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return f"{DISABLE_ENV}=0"
+    missing = {"avx2", "fma"} - _cpu_flags()
+    if missing:
+        return f"this CPU lacks {', '.join(sorted(missing))}"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler on PATH"
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        return "ninja is not installed"
+    return None
+
+
+def _build_dir() -> Path:
+    from platformdirs import user_cache_dir
+
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    path = Path(user_cache_dir("llm-bench")) / "kernels" / f"refkern-{digest}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _load() -> None:
+    reason = _why_not()
+    if reason is None:
+        try:
+            from torch.utils.cpp_extension import load
+
+            load(
+                name="refkern",
+                sources=[str(SOURCE)],
+                # -fopenmp: at::parallel_for is inline OpenMP; libgomp.so.1 resolves to the
+                # copy torch already loaded, so both share one thread pool.
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(_build_dir()),
+                is_python_module=False,
+                verbose=False,
+            )
+            torch.ops.refkern.q4_gemm  # noqa: B018 - raises if the library did not register
+        except Exception as exc:  # a failed build must leave torch's kernels in charge
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = f"the kernel build failed: {first}"
+    if reason is not None:
+        log.info("engine_ref low-bit kernels off (%s); torch's kernels run instead", reason)
+    _state["reason"] = reason
+
+
+def available() -> bool:
+    """True when `refkern::q4_gemm` and `refkern::q8_gemm` are loaded (built on first call)."""
+    with _lock:
+        if "reason" not in _state:
+            _load()
+    return _state["reason"] is None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels are off, in a few words; None when they run."""
+    available()
+    return _state["reason"]  # type: ignore[return-value]
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K / 2] in `q4_gemm`'s layout from q [N, K] (values 0..15, K a multiple of 64):
+    each 64 weights become 8 little-endian uint32 lanes, lane j holding q[8 t + j] in bits
+    4 t .. 4 t + 3."""
+    n, k = q.shape
+    if k % Q4_K_MULTIPLE:
+        raise ValueError(f"pack_q4 needs K a multiple of {Q4_K_MULTIPLE}, got {k}")
+    nibbles = q.to(torch.int64).view(n, k // 64, 8, 8)  # [N, chunk, t, j]
+    shifts = (4 * torch.arange(8, dtype=torch.int64)).view(1, 1, 8, 1)
+    lanes = (nibbles << shifts).sum(dim=2)  # [N, chunk, j], each < 2^32
+    byte_shifts = (8 * torch.arange(4, dtype=torch.int64)).view(1, 1, 1, 4)
+    packed = ((lanes.unsqueeze(-1) >> byte_shifts) & 0xFF).to(torch.uint8)
+    return packed.reshape(n, k // 2).contiguous()
+
+
+def q4_gemm(
+    x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor
+) -> torch.Tensor:
+    """float32 [M, N] = x [M, K] @ W.T, W[n, 32 g + i] = q * scale[n, g] + minimum[n, g]."""
+    return torch.ops.refkern.q4_gemm(x.float().contiguous(), packed, scale, minimum)
+
+
+def q8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 [M, N] = x [M, K] @ (weight * scale[:, None]).T for int8 weight [N, K]."""
+    return torch.ops.refkern.q8_gemm(x.float().contiguous(), weight, scale)

@@ -1,0 +1,370 @@
+// Low-bit GEMMs for small batches (M rows of float32 activations) on AVX2 + FMA CPUs.
+//
+// A decode step multiplies a handful of activation rows by every weight matrix once, so it is
+// bound by the bytes of weights it streams. These kernels read each 4-bit or 8-bit weight
+// once, widen it to float32 in registers and accumulate in float32; no dequantised matrix
+// exists in memory. Rows of the output are split across torch's intra-op thread pool.
+//
+// refkern::q4_gemm(x [M, K] f32, packed [N, K/2] u8, scale [N, K/32] f32, minimum [N, K/32] f32)
+//   -> y [M, N] f32, with w[n, 32 g + i] = q * scale[n, g] + minimum[n, g]. K is a multiple of
+//   64; each 64 weights of a row are 8 little-endian uint32 lanes, lane j holding q[8 t + j] in
+//   bits 4 t .. 4 t + 3 (t = 0..7), so one 32-byte load and a mask per t widen 8 weights at
+//   once without shuffles (`pack_q4` in kernels/__init__.py writes it).
+// refkern::q8_gemm(x [M, K] f32, weight [N, K] i8, scale [N] f32) -> y [M, N] f32,
+//   w[n, k] = weight[n, k] * scale[n].
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/library.h>
+
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int64_t kRowsPerPass = 8;  // activation rows sharing one unpack of a weight group
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 widen_u8(__m128i bytes) {  // the low 8 bytes as 8 floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+inline __m256 widen_i8(const int8_t* p) {
+  __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+}
+
+// Rows [n0, n1) of y for activation rows [m0, m0 + R). R is a template argument so the
+// accumulators live in registers. `xw` is x with each position scaled by 16^-t (see
+// `q4_scaled_x`): a nibble is widened by masking it in place, so its integer is q * 16^t.
+template <int R>
+void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const float* scale,
+             const float* minimum, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0,
+             int64_t n1) {
+  const int64_t groups = K / kGroup, pairs = K / 64;
+  const __m256i mask = _mm256_set1_epi32(0x0F);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* wrow = packed + n * (K / 2);
+    const float* srow = scale + n * groups;
+    const float* mrow = minimum + n * groups;
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + p * 32));
+      __m256i v4 = _mm256_srli_epi32(v, 4);
+      __m256 w0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
+      __m256 w1 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 4)));
+      __m256 w2 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 8)));
+      __m256 w3 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 12)));
+      __m256 s0 = _mm256_broadcast_ss(srow + 2 * p);
+      for (int r = 0; r < R; ++r) {
+        const float* xg = xw + (m0 + r) * K + p * 64;
+        __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
+        t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), t);
+        t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), t);
+        t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), t);
+        acc[r] = _mm256_fmadd_ps(t, s0, acc[r]);
+      }
+      w0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 16)));
+      w1 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 20)));
+      w2 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 24)));
+      w3 = _mm256_cvtepi32_ps(_mm256_and_si256(v4, _mm256_slli_epi32(mask, 24)));
+      __m256 s1 = _mm256_broadcast_ss(srow + 2 * p + 1);
+      for (int r = 0; r < R; ++r) {
+        const float* xg = xw + (m0 + r) * K + p * 64 + 32;
+        __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
+        t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), t);
+        t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), t);
+        t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), t);
+        acc[r] = _mm256_fmadd_ps(t, s1, acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float* xs = xsum + (m0 + r) * groups;
+      float offset = 0.f;
+      for (int64_t g = 0; g < groups; ++g) offset += mrow[g] * xs[g];
+      y[(m0 + r) * N + n] = hsum(acc[r]) + offset;
+    }
+  }
+}
+
+template <int R>
+void q8_rows(const float* x, const int8_t* weight, const float* scale, float* y, int64_t K,
+             int64_t N, int64_t m0, int64_t n0, int64_t n1) {
+  constexpr int64_t rows = R;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* wrow = weight + n * K;
+    __m256 acc[R];
+    for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16) {
+      __m256 w0 = widen_i8(wrow + k), w1 = widen_i8(wrow + k + 8);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xk = x + (m0 + r) * K + k;
+        acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xk), acc[r]);
+        acc[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xk + 8), acc[r]);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = hsum(acc[r]) * scale[n];
+  }
+}
+
+template <typename F>
+void dispatch_rows(int64_t rows, F&& f) {
+  switch (rows) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+int64_t grain_for(int64_t n) {  // at least 16 output rows a task, at most one task per thread
+  int64_t threads = at::get_num_threads();
+  return std::max<int64_t>(16, (n + threads - 1) / threads);
+}
+
+void check_x(const at::Tensor& x, int64_t K, int64_t multiple) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 [M, K] tensor");
+  TORCH_CHECK(x.size(1) == K, "x has ", x.size(1), " columns, the weight ", K);
+  TORCH_CHECK(K % multiple == 0, "K must be a multiple of ", multiple, ", got ", K);
+}
+
+void check_q4(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& minimum) {
+  const int64_t N = packed.size(0), K = packed.size(1) * 2;
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "packed must be contiguous uint8 [N, K/2]");
+  TORCH_CHECK(K % 64 == 0, "K must be a multiple of 64, got ", K);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 &&
+                  scale.size(0) == N && scale.size(1) == K / kGroup,
+              "scale must be float32 [N, K/32]");
+  TORCH_CHECK(minimum.sizes() == scale.sizes() && minimum.is_contiguous() &&
+                  minimum.scalar_type() == at::kFloat,
+              "minimum must be float32 [N, K/32]");
+}
+
+// y [M, N] = x [M, K] @ W.T for int4 W (see the header). `work` holds M * (K + K / 32) floats.
+void q4_matmul(const float* x, int64_t M, const at::Tensor& packed, const at::Tensor& scale,
+               const at::Tensor& minimum, float* y, float* work) {
+  const int64_t N = packed.size(0), K = packed.size(1) * 2, groups = K / kGroup;
+  // Per row: the sum of x over each group (for the minima), and x with position 8 t + j of
+  // each 64 scaled by 16^-t (t = 7 is shifted down by 4 first, so 16^-6), since a nibble
+  // widened in place is q * 16^t. Powers of two: exact.
+  float* xw = work;
+  float* xs = work + M * K;
+  float step[64];
+  for (int i = 0; i < 64; ++i) step[i] = std::ldexp(1.0f, -4 * std::min(i / 8, 6));
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float total = 0.f;
+      for (int64_t i = 0; i < kGroup; ++i) total += x[m * K + g * kGroup + i];
+      xs[m * groups + g] = total;
+    }
+    for (int64_t k = 0; k < K; ++k) xw[m * K + k] = x[m * K + k] * step[k % 64];
+  }
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sp = scale.data_ptr<float>();
+  const float* mp = minimum.data_ptr<float>();
+  at::parallel_for(0, N, grain_for(N), [&](int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+      dispatch_rows(std::min(kRowsPerPass, M - m0), [&](auto r) {
+        q4_rows<decltype(r)::value>(xw, xs, wp, sp, mp, y, K, N, m0, n0, n1);
+      });
+    }
+  });
+}
+
+at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                   const at::Tensor& minimum) {
+  check_q4(packed, scale, minimum);
+  const int64_t N = packed.size(0), K = packed.size(1) * 2, M = x.size(0);
+  check_x(x, K, 64);
+  at::Tensor y = at::empty({M, N}, x.options());
+  std::vector<float> work(M * (K + K / kGroup));
+  q4_matmul(x.data_ptr<float>(), M, packed, scale, minimum, y.data_ptr<float>(), work.data());
+  return y;
+}
+
+// One Llama decoder layer for M decode rows (one new token each) with int4 projections, in
+// place of the ~45 small torch ops and nine module calls it takes in Python (`model.py`):
+// RMSNorm, qkv, RoPE (rotate_half pairing, signed sin as `rope_tables` builds it), the new
+// K/V stored at `slots`, attention of each row over its `context_lens` positions through its
+// block table, o_proj and the residual, RMSNorm, gate_up, silu(gate) * up, down_proj and the
+// residual. Returns the new residual stream; writes the KV pool.
+//
+// weights: ln1 [D], qkv (packed, scale, minimum), o (3), ln2 [D], gate_up (3), down (3).
+// kv_pool [2 kvh, blocks, block_size, hd] float32; block_tables [M, nb] int64;
+// slots, context_lens [M] int64; cos, sin [M, hd] float32.
+at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor& cos,
+                        const at::Tensor& sin, const at::Tensor& kv_pool,
+                        const at::Tensor& slots, const at::Tensor& block_tables,
+                        const at::Tensor& context_lens, int64_t num_heads, double eps,
+                        double attn_scale) {
+  TORCH_CHECK(w.size() == 14, "decode_layer takes 14 weight tensors, got ", w.size());
+  const int64_t M = x.size(0), D = x.size(1);
+  check_x(x, D, 64);
+  for (int i : {1, 4, 8, 11}) check_q4(w[i], w[i + 1], w[i + 2]);
+  const int64_t kv2 = kv_pool.size(0), kvh = kv2 / 2, bs = kv_pool.size(2), hd = kv_pool.size(3);
+  const int64_t qkv_n = w[1].size(0), gu_n = w[8].size(0), inter = gu_n / 2;
+  TORCH_CHECK(qkv_n == (num_heads + kv2) * hd, "qkv rows do not match the heads");
+  TORCH_CHECK(w[4].size(1) * 2 == num_heads * hd && w[4].size(0) == D, "o_proj shape");
+  TORCH_CHECK(w[11].size(1) * 2 == inter && w[11].size(0) == D, "down_proj shape");
+  TORCH_CHECK(kv_pool.scalar_type() == at::kFloat && kv_pool.is_contiguous(), "kv_pool: f32");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(0) == M &&
+                  cos.size(1) == hd && sin.sizes() == cos.sizes() && sin.is_contiguous(),
+              "cos, sin must be float32 [M, hd]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == M &&
+                  context_lens.scalar_type() == at::kLong && context_lens.numel() == M &&
+                  block_tables.scalar_type() == at::kLong && block_tables.is_contiguous() &&
+                  block_tables.dim() == 2 && block_tables.size(0) == M,
+              "slots, context_lens [M] and block_tables [M, nb] must be int64");
+  const int64_t nb = block_tables.size(1), slots_per_head = kv_pool.size(1) * bs;
+  const int64_t g = num_heads / kvh;
+  const int64_t* st = slots.data_ptr<int64_t>();
+  const int64_t* cl = context_lens.data_ptr<int64_t>();
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    TORCH_CHECK(cl[m] >= 1 && cl[m] <= nb * bs, "context length ", cl[m], " outside the table");
+    TORCH_CHECK(st[m] >= 0 && st[m] < slots_per_head, "slot outside the pool");
+  }
+
+  at::Tensor out = x.clone();
+  float* xr = out.data_ptr<float>();
+  const int64_t widest = std::max({qkv_n, gu_n, D, num_heads * hd});
+  std::vector<float> h(M * std::max(D, inter)), big(M * widest), attn(M * num_heads * hd);
+  const int64_t widest_in = std::max({D, inter, num_heads * hd});
+  std::vector<float> work(M * (widest_in + widest_in / kGroup));
+
+  // Each projection shows in a profiler as `refkern::q4_gemm`, as the standalone op does.
+  auto gemm = [&](const float* in, int i, float* dst) {
+    RECORD_FUNCTION("refkern::q4_gemm", std::vector<c10::IValue>());
+    q4_matmul(in, M, w[i], w[i + 1], w[i + 2], dst, work.data());
+  };
+  auto rms_norm = [&](const float* weight, float* dst) {
+    for (int64_t m = 0; m < M; ++m) {
+      const float* row = xr + m * D;
+      float ss = 0.f;
+      for (int64_t i = 0; i < D; ++i) ss += row[i] * row[i];
+      const float inv = 1.0f / std::sqrt(ss / D + static_cast<float>(eps));
+      for (int64_t i = 0; i < D; ++i) dst[m * D + i] = row[i] * inv * weight[i];
+    }
+  };
+
+  // Attention block.
+  rms_norm(w[0].data_ptr<float>(), h.data());
+  gemm(h.data(), 1, big.data());
+  float* pool = kv_pool.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t half = hd / 2;
+  std::vector<float> rotated(hd);
+  for (int64_t m = 0; m < M; ++m) {
+    float* row = big.data() + m * qkv_n;
+    for (int64_t head = 0; head < num_heads + kvh; ++head) {  // RoPE on query and key heads
+      float* v = row + head * hd;
+      for (int64_t i = 0; i < hd; ++i)
+        rotated[i] = v[i] * cp[m * hd + i] + v[(i + half) % hd] * sp[m * hd + i];
+      std::copy(rotated.begin(), rotated.end(), v);
+    }
+    for (int64_t head = 0; head < kv2; ++head) {  // keys then values into the pool
+      std::copy(row + (num_heads + head) * hd, row + (num_heads + head + 1) * hd,
+                pool + (head * slots_per_head + st[m]) * hd);
+    }
+  }
+  int64_t longest = 0;
+  for (int64_t m = 0; m < M; ++m) longest = std::max(longest, cl[m]);
+  const float sc = static_cast<float>(attn_scale);
+  at::parallel_for(0, M * num_heads, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> p(longest);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t m = t / num_heads, qh = t % num_heads, kh = qh / g, len = cl[m];
+      const float* q = big.data() + m * qkv_n + qh * hd;
+      const float* keys = pool + kh * slots_per_head * hd;
+      const float* values = pool + (kvh + kh) * slots_per_head * hd;
+      float top = -INFINITY;
+      for (int64_t pos = 0; pos < len; ++pos) {
+        const float* k = keys + (bt[m * nb + pos / bs] * bs + pos % bs) * hd;
+        float dot = 0.f;
+        for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
+        p[pos] = dot * sc;
+        top = std::max(top, p[pos]);
+      }
+      float total = 0.f;
+      for (int64_t pos = 0; pos < len; ++pos) total += (p[pos] = std::exp(p[pos] - top));
+      float* o = attn.data() + (m * num_heads + qh) * hd;
+      std::fill(o, o + hd, 0.f);
+      for (int64_t pos = 0; pos < len; ++pos) {
+        const float* v = values + (bt[m * nb + pos / bs] * bs + pos % bs) * hd;
+        const float weight = p[pos] / total;
+        for (int64_t i = 0; i < hd; ++i) o[i] += weight * v[i];
+      }
+    }
+  });
+  gemm(attn.data(), 4, big.data());
+  for (int64_t i = 0; i < M * D; ++i) xr[i] += big[i];
+
+  // MLP block.
+  rms_norm(w[7].data_ptr<float>(), h.data());
+  gemm(h.data(), 8, big.data());
+  for (int64_t m = 0; m < M; ++m) {
+    const float* gate = big.data() + m * gu_n;
+    for (int64_t i = 0; i < inter; ++i)
+      h[m * inter + i] = gate[i] / (1.0f + std::exp(-gate[i])) * gate[inter + i];
+  }
+  gemm(h.data(), 11, big.data());
+  for (int64_t i = 0; i < M * D; ++i) xr[i] += big[i];
+  return out;
+}
+
+at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale) {
+  const int64_t N = weight.size(0), K = weight.size(1), M = x.size(0);
+  check_x(x, K, 16);
+  TORCH_CHECK(weight.scalar_type() == at::kChar && weight.is_contiguous(), "weight: int8");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == N && scale.is_contiguous(),
+              "scale must be float32 [N]");
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const int8_t* wp = weight.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N, grain_for(N), [&](int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+      dispatch_rows(std::min(kRowsPerPass, M - m0), [&](auto r) {
+        q8_rows<decltype(r)::value>(xp, wp, sp, yp, K, N, m0, n0, n1);
+      });
+    }
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(refkern, m) {
+  m.def("q4_gemm(Tensor x, Tensor packed, Tensor scale, Tensor minimum) -> Tensor");
+  m.def("q8_gemm(Tensor x, Tensor weight, Tensor scale) -> Tensor");
+  m.def(
+      "decode_layer(Tensor x, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) kv_pool, "
+      "Tensor slots, Tensor block_tables, Tensor context_lens, int num_heads, float eps, "
+      "float attn_scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(refkern, CPU, m) {
+  m.impl("q4_gemm", q4_gemm);
+  m.impl("q8_gemm", q8_gemm);
+  m.impl("decode_layer", decode_layer);
+}

@@ -1,0 +1,219 @@
+"""The engine's own low-bit kernels (`engine_ref.core.kernels`): the int4 layout by hand, the
+GEMMs against float64 references at the row, block and thread boundaries, the switch to
+torch's kernels above `SMALL_BATCH_ROWS`, and the fused decode layer through `LLMEngine.step`
+against the Python layers it replaces."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from greedy_util import greedy_tokens
+from torch.profiler import ProfilerActivity, profile
+
+from engine_ref import EngineConfig, LLMEngine, SamplingParams
+from engine_ref.core import kernels
+from engine_ref.core.engine_config import SpeculativeConfig
+from engine_ref.core.quant import Int4Groups, Int4Linear, Int8Linear, int8_per_row
+
+CPU = torch.device("cpu")
+needs_kernels = pytest.mark.skipif(
+    not kernels.available(), reason=f"engine kernels off: {kernels.unavailable_reason()}"
+)
+
+
+def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+def _kernel_calls(fn) -> dict[str, int]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    counts: dict[str, int] = {}
+    for event in prof.events():
+        counts[event.name] = counts.get(event.name, 0) + 1
+    return counts
+
+
+def test_pack_q4_hand_case():
+    # q[k] = k % 16 over one 64-weight chunk: lane j holds q[8 t + j] at bits 4 t, so lane 0
+    # holds 0, 8, 0, 8, ... (0x80808080) and lane 1 holds 1, 9, 1, 9, ... (0x91919191).
+    q = (torch.arange(64) % 16).to(torch.uint8).view(1, 64)
+    packed = kernels.pack_q4(q)
+    assert packed.shape == (1, 32) and packed.dtype == torch.uint8
+    lanes = packed.view(8, 4).to(torch.int64)
+    values = [int(sum(int(b) << (8 * i) for i, b in enumerate(lane))) for lane in lanes]
+    assert values[0] == 0x80808080 and values[1] == 0x91919191
+    assert values[7] == 0xF7F7F7F7  # q[7] = 7, q[15] = 15, ...
+    with pytest.raises(ValueError, match="multiple of 64"):
+        kernels.pack_q4(torch.zeros(2, 96, dtype=torch.uint8))
+
+
+def _groups(n: int, k: int, seed: int) -> Int4Groups:
+    gen = torch.Generator().manual_seed(seed)
+    return Int4Groups.quantize(torch.randn(n, k, generator=gen) * 0.1)
+
+
+@needs_kernels
+@pytest.mark.parametrize("k", [64, 128, 576])
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 33])
+@pytest.mark.parametrize("m", [1, 7, 8, 9, 16])
+def test_q4_gemm_matches_the_dequantized_product(m, n, k):
+    groups = _groups(n, k, seed=m * 1000 + n * 10 + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    packed = kernels.pack_q4(groups.q)
+    y = kernels.q4_gemm(x, packed, groups.scale.contiguous(), groups.minimum.contiguous())
+    ref = x.double() @ groups.dequantize().double().t()
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert _relative_error(y, ref) < 1e-5  # float32 accumulation, float32 activations
+
+
+@needs_kernels
+@pytest.mark.parametrize("k", [16, 48, 576])
+@pytest.mark.parametrize("n", [1, 17])
+@pytest.mark.parametrize("m", [1, 8, 9, 16])
+def test_q8_gemm_matches_the_dequantized_product(m, n, k):
+    gen = torch.Generator().manual_seed(m + n + k)
+    q, scale = int8_per_row(torch.randn(n, k, generator=gen))
+    x = torch.randn(m, k, generator=gen)
+    y = kernels.q8_gemm(x, q, scale)
+    ref = x.double() @ (q.double() * scale.double().unsqueeze(1)).t()
+    assert y.shape == (m, n) and _relative_error(y, ref) < 1e-5
+
+
+@needs_kernels
+def test_bad_shapes_are_one_sentence_errors():
+    groups = _groups(8, 64, seed=0)
+    packed = kernels.pack_q4(groups.q)
+    with pytest.raises(RuntimeError, match="x has 32 columns, the weight 64"):
+        kernels.q4_gemm(torch.randn(2, 32), packed, groups.scale, groups.minimum)
+    with pytest.raises(RuntimeError, match=r"scale must be float32 \[N, K/32\]"):
+        kernels.q4_gemm(torch.randn(2, 64), packed, groups.scale[:4], groups.minimum)
+    q, scale = int8_per_row(torch.randn(4, 24))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels.q8_gemm(torch.randn(1, 24), q, scale)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("rows", "kernel"),
+    [
+        (1, "refkern::q4_gemm"),
+        (kernels.SMALL_BATCH_ROWS, "refkern::q4_gemm"),
+        (kernels.SMALL_BATCH_ROWS + 1, "aten::_weight_int4pack_mm_for_cpu"),
+    ],
+)
+def test_int4_linear_switches_kernel_above_the_small_batch_bound(rows, kernel):
+    groups = _groups(48, 128, seed=rows)
+    layer = Int4Linear(groups, CPU)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows))
+    calls = _kernel_calls(lambda: layer(x))
+    assert calls.get(kernel) == 1
+    ref = x.double() @ groups.dequantize().double().t()
+    # float32 activations in the engine's kernel; bf16 ones in torch's.
+    bound = 1e-5 if kernel.startswith("refkern") else 1e-2
+    assert _relative_error(layer(x), ref) < bound
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("rows", "kernel"),
+    [
+        (kernels.SMALL_BATCH_ROWS, "refkern::q8_gemm"),
+        (kernels.SMALL_BATCH_ROWS + 1, "aten::_weight_int8pack_mm"),
+    ],
+)
+def test_int8_linear_switches_kernel_above_the_small_batch_bound(rows, kernel):
+    q, scale = int8_per_row(torch.randn(40, 64, generator=torch.Generator().manual_seed(3)))
+    layer = Int8Linear(q, scale)
+    x = torch.randn(rows, 64)
+    assert _kernel_calls(lambda: layer(x)).get(kernel) == 1
+
+
+# -- the fused decode layer, through LLMEngine.step ----------------------------------------------
+
+
+def _engine(**overrides) -> LLMEngine:
+    options = dict(model="tiny-random", dtype="float32", device="cpu", num_blocks=256,
+                   num_threads=1, quantization="w4a16", enable_prefix_caching=False)  # fmt: skip
+    options.update(overrides)
+    return LLMEngine(EngineConfig(**options))
+
+
+def _prompts(count: int) -> list[list[int]]:
+    # Lengths 14..17 and beyond: contexts cross the 16-token block boundary while decoding,
+    # and a 40-token prompt spreads decode rows over two attention groups.
+    lengths = [14, 15, 16, 17, 40, 3, 31, 32, 33, 1, 2, 5, 8, 13, 21, 34, 55]
+    return [[(7 * i + 3 * j) % 200 + 1 for j in range(lengths[i % len(lengths)])]
+            for i in range(count)]  # fmt: skip
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch", [1, kernels.SMALL_BATCH_ROWS, kernels.SMALL_BATCH_ROWS + 1])
+def test_fused_decode_gives_the_python_layers_outputs(batch):
+    engine = _engine()
+    assert engine.model.fused_decode is not None
+    prompts = _prompts(batch)
+    fused = greedy_tokens(engine, prompts, 24)
+    engine.model.fused_decode = None
+    python = greedy_tokens(engine, prompts, 24)
+    assert fused == python
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("batch", "fused_calls"), [(kernels.SMALL_BATCH_ROWS, 1), (kernels.SMALL_BATCH_ROWS + 1, 0)]
+)
+def test_a_decode_step_runs_one_fused_call_per_layer_up_to_the_bound(batch, fused_calls):
+    engine = _engine()
+    for i, ids in enumerate(_prompts(batch)):
+        engine.add_request(str(i), ids, SamplingParams(max_tokens=4, temperature=0))
+    engine.step()  # prefill: the Python layers and torch's kernels
+    calls = _kernel_calls(engine.step)  # one decode step of every row
+    layers = engine.model_config.num_hidden_layers
+    assert calls.get("refkern::decode_layer", 0) == fused_calls * layers
+    if not fused_calls:
+        assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 4 * layers
+
+
+@needs_kernels
+def test_fused_decode_matches_with_speculation_and_sampling():
+    # n-gram verify steps have several rows per sequence (the Python layers); plain decode
+    # steps between them are fused. Seeded sampling must give the same tokens either way.
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8], [9, 10, 11, 9, 10, 11, 9, 10]]
+    runs, verify_rows = [], 0
+    for fused in (True, False):
+        engine = _engine(speculative_config=SpeculativeConfig(num_speculative_tokens=3))
+        if not fused:
+            engine.model.fused_decode = None
+        params = SamplingParams(max_tokens=20, temperature=0.8, seed=11, ignore_eos=True)
+        for i, ids in enumerate(prompts):
+            engine.add_request(str(i), ids, params)
+        tokens: dict[str, list[int]] = {"0": [], "1": []}
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens[out.request_id] += out.outputs[0].new_token_ids
+        runs.append(tokens)
+        verify_rows += engine.stats().spec_decode.num_draft_tokens
+    assert verify_rows > 0  # some steps verified drafts
+    assert runs[0] == runs[1]
+
+
+def test_kernels_off_by_environment_leave_torchs_kernels_running():
+    code = (
+        "from engine_ref.core import kernels\n"
+        "from engine_ref import EngineConfig, LLMEngine, SamplingParams\n"
+        "print(kernels.available(), kernels.unavailable_reason())\n"
+        "e = LLMEngine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
+        " num_threads=1, quantization='w4a16'))\n"
+        "e.add_request('a', [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))\n"
+        "while e.has_unfinished(): e.step()\n"
+        "print(e.model.fused_decode is None, e.model.layers[0].mlp.down_proj.small)\n"
+    )
+    env = dict(os.environ, BENCH_REF_KERNELS="0")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=300, check=True)  # fmt: skip
+    assert result.stdout.split("\n")[:2] == ["False BENCH_REF_KERNELS=0", "True False"]
