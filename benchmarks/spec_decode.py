@@ -17,6 +17,7 @@ outputs (checked every round).
 
     nice python benchmarks/spec_decode.py                         # both scenarios, 3 rounds
     nice python benchmarks/spec_decode.py --scenarios single --rounds 5 --max-tokens 96
+    nice python benchmarks/spec_decode.py --scenarios single,batch32 --quantization w4a16
 """
 
 from __future__ import annotations
@@ -109,11 +110,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--quantization", default=None, help="w4a16, w8a16 or w8a8 for every engine (default: none)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3 (medians of alternating runs).")
-    loaded = load_model("smollm2-135m", dtype="float32")
+    loaded = load_model("smollm2-135m", dtype="float32", keep_int4=args.quantization == "w4a16")
     spec = SpeculativeConfig(
         method="ngram",
         num_speculative_tokens=args.num_speculative_tokens,
@@ -121,7 +125,7 @@ def main() -> None:
         prompt_lookup_min=2,
     )
     base = dict(model="smollm2-135m", dtype="float32", device="cpu", num_threads=args.threads,
-                kv_cache_memory_bytes=1 << 30)  # fmt: skip
+                kv_cache_memory_bytes=1 << 30, quantization=args.quantization)  # fmt: skip
     self_draft = SpeculativeConfig(
         method="self_draft",
         num_speculative_tokens=args.num_speculative_tokens,

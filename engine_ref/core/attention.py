@@ -69,6 +69,9 @@ class AttentionMetadata:
     prefill_out_index: torch.Tensor | None  # [Tp] long: padded slot holding each prefill row
     prefill_mask: torch.Tensor | None  # [1, Bp, G * Qmax, Lp] additive, like DecodeGroup.mask
     prefill_q_max: int
+    # True when a tree mask replaced the causal one for some prefill rows: a row then does not
+    # attend to every position before it.
+    has_tree_mask: bool = False
 
 
 def kv_pool_shape(
@@ -178,6 +181,7 @@ def build_attention_metadata(
         prefill_out_index=to(out_index),
         prefill_mask=None if prefill_mask is None else _additive(prefill_mask, dtype, device),
         prefill_q_max=q_max,
+        has_tree_mask=bool(tree_masks),
     )
 
 

@@ -223,25 +223,30 @@ class LlamaModel(nn.Module):
     fused_decode: list[list[torch.Tensor]] | None = None
 
     def _can_fuse(self, x: torch.Tensor, meta: AttentionMetadata, kv_caches) -> bool:
-        """A step of decode rows only, few enough for the engine's small-batch kernels."""
+        """Few enough rows for the engine's small-batch kernels, each attending to every
+        position up to its own (decode rows, prefill chunks, chain drafts; not token trees)."""
         return (
             self.fused_decode is not None
-            and meta.num_prefill_tokens == 0
-            and 0 < meta.num_decode_tokens <= kernels.SMALL_BATCH_ROWS
+            and 0 < x.shape[0] <= kernels.SMALL_BATCH_ROWS
+            and not meta.has_tree_mask
             and x.dtype == torch.float32
             and all(c.dtype == torch.float32 for c in kv_caches)
         )
 
     def _fused_forward(self, x, positions, meta, kv_caches, num_layers) -> torch.Tensor:
-        """The decoder stack as one `refkern::decode_layer` call per layer."""
-        groups = meta.decode_groups
-        if len(groups) == 1:
-            tables, lens = groups[0].block_tables, groups[0].context_lens
+        """The decoder stack as one `refkern::decode_layer` call per layer. Row r attends to
+        positions 0 .. positions[r] of its sequence: its own K/V and those of the rows before
+        it in the same chunk are in the pool before any row attends (the causal mask)."""
+        tables = [g.block_tables for g in meta.decode_groups]
+        if meta.num_prefill_tokens:  # each prefill row gets its sequence's table
+            sequence = meta.prefill_out_index // meta.prefill_q_max
+            tables.append(meta.prefill_block_tables.index_select(0, sequence))
+        if len(tables) == 1:
+            table = tables[0]
         else:
-            width = max(g.block_tables.shape[1] for g in groups)
-            tables = torch.cat([F.pad(g.block_tables, (0, width - g.block_tables.shape[1]))
-                                for g in groups])  # fmt: skip
-            lens = torch.cat([g.context_lens for g in groups])
+            width = max(t.shape[1] for t in tables)
+            table = torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
+        lens = positions + 1
         cos = self.rope_cos[positions].contiguous()
         sin = self.rope_sin[positions].contiguous()
         attn = self.layers[0].self_attn
@@ -255,7 +260,7 @@ class LlamaModel(nn.Module):
                 sin,
                 kv_cache,
                 slots,
-                tables,
+                table.contiguous(),
                 lens,
                 attn.num_heads,
                 eps,

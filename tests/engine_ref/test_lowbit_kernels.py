@@ -171,12 +171,33 @@ def test_a_decode_step_runs_one_fused_call_per_layer_up_to_the_bound(batch, fuse
     engine = _engine()
     for i, ids in enumerate(_prompts(batch)):
         engine.add_request(str(i), ids, SamplingParams(max_tokens=4, temperature=0))
-    engine.step()  # prefill: the Python layers and torch's kernels
+    engine.step()  # prefill: more than 16 rows, so the Python layers and torch's kernels
     calls = _kernel_calls(engine.step)  # one decode step of every row
     layers = engine.model_config.num_hidden_layers
     assert calls.get("refkern::decode_layer", 0) == fused_calls * layers
     if not fused_calls:
         assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 4 * layers
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("lengths", "fused_calls"),
+    [([16], 1), ([9, 7], 1), ([3, 1, 12], 1), ([17], 0), ([9, 8], 0)],
+)
+def test_a_prefill_of_up_to_16_rows_is_fused_and_gives_the_same_tokens(lengths, fused_calls):
+    prompts = [[(5 * i + j) % 300 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+    engine = _engine()
+    for i, ids in enumerate(prompts):
+        engine.add_request(str(i), ids, SamplingParams(max_tokens=6, temperature=0))
+    calls = _kernel_calls(engine.step)  # the prefill of every prompt (one step: 2,048 budget)
+    assert (
+        calls.get("refkern::decode_layer", 0) == fused_calls * engine.model_config.num_hidden_layers
+    )
+    while engine.has_unfinished():
+        engine.step()
+    fused = greedy_tokens(engine, prompts, 12)
+    engine.model.fused_decode = None
+    assert fused == greedy_tokens(engine, prompts, 12)
 
 
 @needs_kernels

@@ -36,6 +36,25 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Sum of a[i] * b[i]: 8 lanes at a time (a scalar chain would wait on each add's latency).
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float total = hsum(acc);
+  for (; i < n; ++i) total += a[i] * b[i];
+  return total;
+}
+
+inline float sum(const float* a, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(_mm256_loadu_ps(a + i), acc);
+  float total = hsum(acc);
+  for (; i < n; ++i) total += a[i];
+  return total;
+}
+
 inline __m256 widen_u8(__m128i bytes) {  // the low 8 bytes as 8 floats
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
 }
@@ -58,8 +77,8 @@ void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const fl
     const uint8_t* wrow = packed + n * (K / 2);
     const float* srow = scale + n * groups;
     const float* mrow = minimum + n * groups;
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    __m256 acc[R], acc2[R];
+    for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm256_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
       __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + p * 32));
       __m256i v4 = _mm256_srli_epi32(v, 4);
@@ -68,33 +87,27 @@ void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const fl
       __m256 w2 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 8)));
       __m256 w3 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 12)));
       __m256 s0 = _mm256_broadcast_ss(srow + 2 * p);
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < R; ++r) {  // two short chains per group, summed
         const float* xg = xw + (m0 + r) * K + p * 64;
-        __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-        t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), t);
-        t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), t);
-        t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), t);
-        acc[r] = _mm256_fmadd_ps(t, s0, acc[r]);
+        __m256 ta = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xg)));
+        __m256 tb = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), _mm256_mul_ps(w2, _mm256_loadu_ps(xg + 16)));
+        acc[r] = _mm256_fmadd_ps(_mm256_add_ps(ta, tb), s0, acc[r]);
       }
       w0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 16)));
       w1 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 20)));
       w2 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 24)));
       w3 = _mm256_cvtepi32_ps(_mm256_and_si256(v4, _mm256_slli_epi32(mask, 24)));
       __m256 s1 = _mm256_broadcast_ss(srow + 2 * p + 1);
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < R; ++r) {  // a second accumulator: no chain across the two groups
         const float* xg = xw + (m0 + r) * K + p * 64 + 32;
-        __m256 t = _mm256_mul_ps(w0, _mm256_loadu_ps(xg));
-        t = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), t);
-        t = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xg + 16), t);
-        t = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), t);
-        acc[r] = _mm256_fmadd_ps(t, s1, acc[r]);
+        __m256 ta = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xg)));
+        __m256 tb = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xg + 24), _mm256_mul_ps(w2, _mm256_loadu_ps(xg + 16)));
+        acc2[r] = _mm256_fmadd_ps(_mm256_add_ps(ta, tb), s1, acc2[r]);
       }
     }
     for (int r = 0; r < R; ++r) {
-      const float* xs = xsum + (m0 + r) * groups;
-      float offset = 0.f;
-      for (int64_t g = 0; g < groups; ++g) offset += mrow[g] * xs[g];
-      y[(m0 + r) * N + n] = hsum(acc[r]) + offset;
+      const float offset = dot(mrow, xsum + (m0 + r) * groups, groups);
+      y[(m0 + r) * N + n] = hsum(_mm256_add_ps(acc[r], acc2[r])) + offset;
     }
   }
 }
@@ -170,11 +183,7 @@ void q4_matmul(const float* x, int64_t M, const at::Tensor& packed, const at::Te
   float step[64];
   for (int i = 0; i < 64; ++i) step[i] = std::ldexp(1.0f, -4 * std::min(i / 8, 6));
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t g = 0; g < groups; ++g) {
-      float total = 0.f;
-      for (int64_t i = 0; i < kGroup; ++i) total += x[m * K + g * kGroup + i];
-      xs[m * groups + g] = total;
-    }
+    for (int64_t g = 0; g < groups; ++g) xs[m * groups + g] = sum(x + m * K + g * kGroup, kGroup);
     for (int64_t k = 0; k < K; ++k) xw[m * K + k] = x[m * K + k] * step[k % 64];
   }
   const uint8_t* wp = packed.data_ptr<uint8_t>();
@@ -258,8 +267,7 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
   auto rms_norm = [&](const float* weight, float* dst) {
     for (int64_t m = 0; m < M; ++m) {
       const float* row = xr + m * D;
-      float ss = 0.f;
-      for (int64_t i = 0; i < D; ++i) ss += row[i] * row[i];
+      const float ss = dot(row, row, D);
       const float inv = 1.0f / std::sqrt(ss / D + static_cast<float>(eps));
       for (int64_t i = 0; i < D; ++i) dst[m * D + i] = row[i] * inv * weight[i];
     }
@@ -299,9 +307,7 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
       float top = -INFINITY;
       for (int64_t pos = 0; pos < len; ++pos) {
         const float* k = keys + (bt[m * nb + pos / bs] * bs + pos % bs) * hd;
-        float dot = 0.f;
-        for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
-        p[pos] = dot * sc;
+        p[pos] = dot(q, k, hd) * sc;
         top = std::max(top, p[pos]);
       }
       float total = 0.f;
