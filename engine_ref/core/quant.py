@@ -164,8 +164,9 @@ class Int4Linear(nn.Module):
         )
         if self.small:
             self.register_buffer("small_packed", kernels.pack_q4(groups.q), persistent=False)
-            self.register_buffer("small_scale", groups.scale.float().contiguous(), persistent=False)
-            self.register_buffer("small_min", groups.minimum.float().contiguous(), persistent=False)
+            # float16, as Q4_1 stores them (exact for GGUF blocks and for `quantize`'s).
+            self.register_buffer("small_scale", groups.scale.half().contiguous(), persistent=False)
+            self.register_buffer("small_min", groups.minimum.half().contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)

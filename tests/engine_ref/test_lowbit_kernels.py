@@ -90,7 +90,7 @@ def test_bad_shapes_are_one_sentence_errors():
     packed = kernels.pack_q4(groups.q)
     with pytest.raises(RuntimeError, match="x has 32 columns, the weight 64"):
         kernels.q4_gemm(torch.randn(2, 32), packed, groups.scale, groups.minimum)
-    with pytest.raises(RuntimeError, match=r"scale must be float32 \[N, K/32\]"):
+    with pytest.raises(RuntimeError, match=r"scale must be float16 \[N, K/32\]"):
         kernels.q4_gemm(torch.randn(2, 64), packed, groups.scale[:4], groups.minimum)
     q, scale = int8_per_row(torch.randn(4, 24))
     with pytest.raises(RuntimeError, match="multiple of 16"):

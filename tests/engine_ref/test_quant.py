@@ -64,8 +64,8 @@ def expected_kernel_calls(mode: str, layers: int, rows: int) -> dict[str, int]:
 def int4_bytes_per_32() -> int:
     """Bytes an int4 layer holds per 32 weights: torch's packing (16 B of nibbles, a bf16 scale
     and zero: 20 B, Q4_1's size), plus, where the engine's kernels run, their own copy (16 B of
-    nibbles, a float32 scale and minimum: 24 B)."""
-    return 20 + (24 if kernels.available() else 0)
+    nibbles, a float16 scale and minimum: 20 B again)."""
+    return 20 + (20 if kernels.available() else 0)
 
 
 # Float matmul ops a projection would run through F.linear (attention's own score and value

@@ -12,7 +12,7 @@ the layers use these for at most `SMALL_BATCH_ROWS` rows.
 
 The extension is compiled once per torch version and source (about 20 s) into the bench
 cache and loaded as a torch library, so a profiler sees `refkern::q4_gemm` and
-`refkern::q8_gemm` like any aten op. Without a C++ compiler, ninja or AVX2 + FMA, or with
+`refkern::q8_gemm` like any aten op. Without a C++ compiler, ninja or AVX2 + FMA + F16C, or with
 `BENCH_REF_KERNELS=0`, `available()` is false, the reason is in `unavailable_reason()`, and
 the layers run torch's kernels alone.
 """
@@ -58,7 +58,7 @@ def _cpu_flags() -> set[str]:
 def _why_not() -> str | None:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return f"{DISABLE_ENV}=0"
-    missing = {"avx2", "fma"} - _cpu_flags()
+    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
     if missing:
         return f"this CPU lacks {', '.join(sorted(missing))}"
     if shutil.which(os.environ.get("CXX", "c++")) is None:
@@ -90,7 +90,7 @@ def _load() -> None:
                 sources=[str(SOURCE)],
                 # -fopenmp: at::parallel_for is inline OpenMP; libgomp.so.1 resolves to the
                 # copy torch already loaded, so both share one thread pool.
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(_build_dir()),
                 is_python_module=False,
@@ -137,7 +137,9 @@ def pack_q4(q: torch.Tensor) -> torch.Tensor:
 def q4_gemm(
     x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor
 ) -> torch.Tensor:
-    """float32 [M, N] = x [M, K] @ W.T, W[n, 32 g + i] = q * scale[n, g] + minimum[n, g]."""
+    """float32 [M, N] = x [M, K] @ W.T, W[n, 32 g + i] = q * scale[n, g] + minimum[n, g];
+    scale and minimum are float16 (as Q4_1 stores them; wider ones are rounded to it)."""
+    scale, minimum = scale.half().contiguous(), minimum.half().contiguous()
     return torch.ops.refkern.q4_gemm(x.float().contiguous(), packed, scale, minimum)
 
 

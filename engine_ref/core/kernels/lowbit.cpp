@@ -5,7 +5,7 @@
 // once, widen it to float32 in registers and accumulate in float32; no dequantised matrix
 // exists in memory. Rows of the output are split across torch's intra-op thread pool.
 //
-// refkern::q4_gemm(x [M, K] f32, packed [N, K/2] u8, scale [N, K/32] f32, minimum [N, K/32] f32)
+// refkern::q4_gemm(x [M, K] f32, packed [N, K/2] u8, scale [N, K/32] f16, minimum [N, K/32] f16)
 //   -> y [M, N] f32, with w[n, 32 g + i] = q * scale[n, g] + minimum[n, g]. K is a multiple of
 //   64; each 64 weights of a row are 8 little-endian uint32 lanes, lane j holding q[8 t + j] in
 //   bits 4 t .. 4 t + 3 (t = 0..7), so one 32-byte load and a mask per t widen 8 weights at
@@ -46,6 +46,19 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return total;
 }
 
+// Sum of half(a[i]) * b[i].
+inline float dot_half(const uint16_t* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 wide = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i)));
+    acc = _mm256_fmadd_ps(wide, _mm256_loadu_ps(b + i), acc);
+  }
+  float total = hsum(acc);
+  for (; i < n; ++i) total += _cvtsh_ss(a[i]) * b[i];
+  return total;
+}
+
 inline float sum(const float* a, int64_t n) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
@@ -68,15 +81,15 @@ inline __m256 widen_i8(const int8_t* p) {
 // accumulators live in registers. `xw` is x with each position scaled by 16^-t (see
 // `q4_scaled_x`): a nibble is widened by masking it in place, so its integer is q * 16^t.
 template <int R>
-void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const float* scale,
-             const float* minimum, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0,
+void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const uint16_t* scale,
+             const uint16_t* minimum, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0,
              int64_t n1) {
   const int64_t groups = K / kGroup, pairs = K / 64;
   const __m256i mask = _mm256_set1_epi32(0x0F);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* wrow = packed + n * (K / 2);
-    const float* srow = scale + n * groups;
-    const float* mrow = minimum + n * groups;
+    const uint16_t* srow = scale + n * groups;
+    const uint16_t* mrow = minimum + n * groups;
     __m256 acc[R], acc2[R];
     for (int r = 0; r < R; ++r) acc[r] = acc2[r] = _mm256_setzero_ps();
     for (int64_t p = 0; p < pairs; ++p) {
@@ -86,7 +99,7 @@ void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const fl
       __m256 w1 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 4)));
       __m256 w2 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 8)));
       __m256 w3 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 12)));
-      __m256 s0 = _mm256_broadcast_ss(srow + 2 * p);
+      __m256 s0 = _mm256_set1_ps(_cvtsh_ss(srow[2 * p]));
       for (int r = 0; r < R; ++r) {  // two short chains per group, summed
         const float* xg = xw + (m0 + r) * K + p * 64;
         __m256 ta = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xg)));
@@ -97,7 +110,7 @@ void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const fl
       w1 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 20)));
       w2 = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_slli_epi32(mask, 24)));
       w3 = _mm256_cvtepi32_ps(_mm256_and_si256(v4, _mm256_slli_epi32(mask, 24)));
-      __m256 s1 = _mm256_broadcast_ss(srow + 2 * p + 1);
+      __m256 s1 = _mm256_set1_ps(_cvtsh_ss(srow[2 * p + 1]));
       for (int r = 0; r < R; ++r) {  // a second accumulator: no chain across the two groups
         const float* xg = xw + (m0 + r) * K + p * 64 + 32;
         __m256 ta = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xg)));
@@ -106,7 +119,7 @@ void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const fl
       }
     }
     for (int r = 0; r < R; ++r) {
-      const float offset = dot(mrow, xsum + (m0 + r) * groups, groups);
+      const float offset = dot_half(mrow, xsum + (m0 + r) * groups, groups);
       y[(m0 + r) * N + n] = hsum(_mm256_add_ps(acc[r], acc2[r])) + offset;
     }
   }
@@ -163,12 +176,12 @@ void check_q4(const at::Tensor& packed, const at::Tensor& scale, const at::Tenso
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
               "packed must be contiguous uint8 [N, K/2]");
   TORCH_CHECK(K % 64 == 0, "K must be a multiple of 64, got ", K);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == 2 &&
+  TORCH_CHECK(scale.scalar_type() == at::kHalf && scale.is_contiguous() && scale.dim() == 2 &&
                   scale.size(0) == N && scale.size(1) == K / kGroup,
-              "scale must be float32 [N, K/32]");
+              "scale must be float16 [N, K/32]");
   TORCH_CHECK(minimum.sizes() == scale.sizes() && minimum.is_contiguous() &&
-                  minimum.scalar_type() == at::kFloat,
-              "minimum must be float32 [N, K/32]");
+                  minimum.scalar_type() == at::kHalf,
+              "minimum must be float16 [N, K/32]");
 }
 
 // y [M, N] = x [M, K] @ W.T for int4 W (see the header). `work` holds M * (K + K / 32) floats.
@@ -187,8 +200,8 @@ void q4_matmul(const float* x, int64_t M, const at::Tensor& packed, const at::Te
     for (int64_t k = 0; k < K; ++k) xw[m * K + k] = x[m * K + k] * step[k % 64];
   }
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* sp = scale.data_ptr<float>();
-  const float* mp = minimum.data_ptr<float>();
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
+  const uint16_t* mp = reinterpret_cast<const uint16_t*>(minimum.data_ptr<at::Half>());
   at::parallel_for(0, N, grain_for(N), [&](int64_t n0, int64_t n1) {
     for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
       dispatch_rows(std::min(kRowsPerPass, M - m0), [&](auto r) {
