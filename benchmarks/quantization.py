@@ -1,7 +1,8 @@
 """Quantized execution against the float baseline, side by side in one process.
 
 Modes: `float32` (the baseline: what dtype=auto runs on an AVX2 CPU), `bf16` (optional),
-`w4a16`, `w8a16`, `w8a8`. Every engine is built once from the same loaded file; each repeat
+`w4a16`, `w8a16`, `w8a8`, and `w4a16-torch` (W4A16 on torch's int4 kernel and the Python
+layers alone: the engine before its own kernels, for the before / after split). Every engine is built once from the same loaded file; each repeat
 runs every mode once, in an order rotated per repeat, and the medians are reported.
 
 - single stream: one request (32 prompt tokens, `--decode-tokens` output), decode tokens/s
@@ -20,6 +21,7 @@ runs every mode once, in an order rotated per repeat, and the medians are report
     python benchmarks/quantization.py                         # all modes, 3 repeats
     python benchmarks/quantization.py --modes float32,w4a16 --repeats 2 --skip-quality
     python benchmarks/quantization.py --modes float32,bf16,w4a16,w8a16,w8a8 --json out.json
+    python benchmarks/quantization.py --modes float32,w4a16-torch,w4a16 --threads 2 --profile
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ MODES = {  # name -> (dtype, quantization)
     "float32": ("float32", None),
     "bf16": ("bfloat16", None),
     "w4a16": ("float32", "w4a16"),
+    # The same int4 weights through torch's kernel and the Python layers: the engine before
+    # its own kernels (engine_ref/core/kernels), side by side with them.
+    "w4a16-torch": ("float32", "w4a16"),
     "w8a16": ("float32", "w8a16"),
     "w8a8": ("float32", "w8a8"),
 }
@@ -57,18 +62,42 @@ WEIGHT_GEMMS = {
     "aten::_weight_int4pack_mm_for_cpu",
     "aten::_weight_int8pack_mm",
     "quantized::linear_dynamic",
+    "refkern::q4_gemm",
+    "refkern::q8_gemm",
 }
+
+
+def engine_kernels_off(engine: LLMEngine) -> None:
+    """Run `engine` on torch's low-bit kernels and the Python layers only."""
+    for module in engine.model.modules():
+        if hasattr(module, "small"):
+            module.small = False
+    engine.model.fused_decode = None
+
+
+# What a single-row call reads of a low-bit layer that holds two copies of its weights: the
+# engine kernels' copy when they run (`small`), else torch's.
+SMALL_PATH_BUFFERS = {"small_packed", "small_scale", "small_min", "weight_int8"}
 
 
 def streamed_bytes(engine: LLMEngine) -> int:
     """Weight bytes one decode step reads: projections, norms and the output projection
     (a tied one is the embedding's storage; the embedding itself reads one row a token)."""
     kinds = engine.stats().weight_bytes_by_kind
-    lm_head = engine.model.lm_head
-    tensors = [*lm_head.parameters(), *lm_head.buffers()]
-    lm_head_bytes = sum(t.untyped_storage().nbytes() for t in tensors)
-    lm_head_bytes += getattr(lm_head, "packed_nbytes", 0)  # fbgemm's own copy
-    return kinds["attention"] + kinds["mlp"] + kinds["norm"] + lm_head_bytes
+    total = kinds["norm"]
+    model = engine.model
+    projections = [m for name, m in model.named_modules() if name.endswith("_proj")]
+    for module in [*projections, model.lm_head]:
+        named = dict(module.named_parameters(recurse=False)) | dict(
+            module.named_buffers(recurse=False)
+        )
+        if getattr(module, "small", False):
+            named = {k: t for k, t in named.items() if k in SMALL_PATH_BUFFERS}
+        elif hasattr(module, "small"):
+            named = {k: t for k, t in named.items() if not k.startswith("small_")}
+        total += sum(t.untyped_storage().nbytes() for t in named.values())
+        total += getattr(module, "packed_nbytes", 0)  # fbgemm's own copy
+    return total
 
 
 def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -199,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes takes {', '.join(MODES)} and must include {BASELINE}.")
     torch.set_num_threads(args.threads)
 
-    loaded = {"float32": load_model(args.model, dtype="float32", keep_int4="w4a16" in modes)}
+    keep_int4 = any(m.startswith("w4a16") for m in modes)
+    loaded = {"float32": load_model(args.model, dtype="float32", keep_int4=keep_int4)}
     if "bf16" in modes:
         loaded["bfloat16"] = load_model(args.model, dtype="bfloat16")
     seq_blocks = -(-(args.batch_input_len + args.batch_output_len) // 16) + 1
@@ -216,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
             enable_prefix_caching=False,
         )
         engines[mode] = LLMEngine(config, loaded=loaded[dtype])
+        if mode.endswith("-torch"):
+            engine_kernels_off(engines[mode])
     tokenizer = engines[BASELINE].tokenizer
     text = TEXT.read_text()
     rng = np.random.default_rng(args.seed)
@@ -240,13 +272,13 @@ def main(argv: list[str] | None = None) -> int:
                 results |= batch(engines[mode], batch_prompts, args.batch_output_len)
                 for key, value in results.items():
                     runs[mode].setdefault(key, []).append(value)
-                print(f"repeat {r + 1} {mode:<8} " + " ".join(
+                print(f"repeat {r + 1} {mode:<12} " + " ".join(
                     f"{k} {v:.1f}" for k, v in results.items()), flush=True)  # fmt: skip
         base_bytes = report["modes"][BASELINE]["streamed_bytes"]
         base = {k: statistics.median(v) for k, v in runs[BASELINE].items()}
         print(f"\nmedians of {args.repeats} alternating repeats, {args.threads} threads")
         print(
-            f"{'mode':<8} {'MB/step':>8} {'decode tok/s':>13} {'TPOT p50 ms':>12} {'x base':>7}"
+            f"{'mode':<12} {'MB/step':>8} {'decode tok/s':>13} {'TPOT p50 ms':>12} {'x base':>7}"
             f" {'bytes bound':>12} {'of bound':>9} {f'{args.batch}-way tok/s':>14} {'x base':>7}"
         )
         for mode in modes:
@@ -263,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 "batch_speedup": batch_ratio,
             }
             print(
-                f"{mode:<8} {report['modes'][mode]['streamed_bytes'] / 1e6:>8.1f}"
+                f"{mode:<12} {report['modes'][mode]['streamed_bytes'] / 1e6:>8.1f}"
                 f" {med['decode_tok_s']:>13.1f} {med['tpot_p50_ms']:>12.2f} {speedup:>6.2f}x"
                 f" {bound:>11.2f}x {speedup / bound:>8.0%} {med['output_tok_s']:>14.1f}"
                 f" {batch_ratio:>6.2f}x"
@@ -277,25 +309,25 @@ def main(argv: list[str] | None = None) -> int:
         ids = tokenizer.encode(text)
         print(f"\nquality: greedy agreement with {BASELINE} over the first {args.quality_tokens}"
               f" tokens of {len(prompts)} prompts; perplexity of {TEXT.name} ({len(ids)} tokens)")  # fmt: skip
-        print(f"{'mode':<8} {'identical prefix':>17} {'equal positions':>16} {'perplexity':>11}")
+        print(f"{'mode':<12} {'identical prefix':>17} {'equal positions':>16} {'perplexity':>11}")
         for mode, engine in engines.items():
             quality = agreement(outputs[BASELINE], outputs[mode])
             quality["perplexity"] = perplexity(engine, ids)
             report["modes"][mode]["quality"] = quality
             print(
-                f"{mode:<8} {quality['mean_identical_prefix']:>17.1f}"
+                f"{mode:<12} {quality['mean_identical_prefix']:>17.1f}"
                 f" {quality['equal_positions']:>16.1%} {quality['perplexity']:>11.3f}"
             )
 
     if args.profile:
         prompt = tokenizer.encode(text)[:32]
         print("\nsingle-stream decode step split (torch.profiler), ms per step")
-        print(f"{'mode':<8} {'step':>7} {'weight GEMMs':>13} {'other':>7}")
+        print(f"{'mode':<12} {'step':>7} {'weight GEMMs':>13} {'other':>7}")
         for mode, engine in engines.items():
             split = step_split(engine, prompt, 16)
             report["modes"][mode]["step_split"] = split
             print(
-                f"{mode:<8} {split['step_ms']:>7.2f} {split['gemm_ms']:>13.2f}"
+                f"{mode:<12} {split['step_ms']:>7.2f} {split['gemm_ms']:>13.2f}"
                 f" {split['other_ms']:>7.2f}"
             )
     if args.json:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from engine_ref.core import kernels
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quantization.py"
 
 
@@ -33,7 +35,8 @@ def test_agreement_hand_case(bench):
 @pytest.mark.slow  # builds four engines and runs every section (~1 min on a busy 2-core box)
 def test_tiny_run_reports_every_mode(bench, tmp_path, capsys):
     out = tmp_path / "q.json"
-    args = ["--model", "tiny-random", "--modes", "float32,w4a16,w8a16,w8a8", "--repeats", "2",
+    modes = "float32,w4a16,w4a16-torch,w8a16,w8a8"
+    args = ["--model", "tiny-random", "--modes", modes, "--repeats", "2",
             "--decode-tokens", "4", "--batch", "3", "--batch-input-len", "5",
             "--batch-output-len", "3", "--quality-prompts", "4", "--quality-tokens", "6",
             "--profile", "--json", str(out)]  # fmt: skip
@@ -41,13 +44,20 @@ def test_tiny_run_reports_every_mode(bench, tmp_path, capsys):
     report = json.loads(out.read_text())
     base = report["modes"]["float32"]
     assert base["quality"]["equal_positions"] == 1.0 and base["decode_speedup"] == 1.0
-    for mode in ("w4a16", "w8a16", "w8a8"):
+    for mode in ("w4a16", "w4a16-torch", "w8a16", "w8a8"):
         row = report["modes"][mode]
         assert row["streamed_bytes"] < base["streamed_bytes"]
         assert row["bytes_bound"] == base["streamed_bytes"] / row["streamed_bytes"]
         assert 0 <= row["quality"]["equal_positions"] <= 1 and row["quality"]["perplexity"] > 1
         assert len(row["runs"]["decode_tok_s"]) == 2
         assert 0 < row["step_split"]["gemm_ms"] < row["step_split"]["step_ms"]
+    # A single-row step reads one copy of the int4 weights: the engine kernels' (float16 scale
+    # and minimum: 20 B per 32) where they run, torch's (bf16 scale and zero: 20 B) otherwise;
+    # the int8 output projection's rows either way, with float32 scales (engine) or bf16.
+    w4, w4_torch = report["modes"]["w4a16"], report["modes"]["w4a16-torch"]
+    vocab = 512  # tiny-random
+    extra = vocab * 2 if kernels.available() else 0
+    assert w4["streamed_bytes"] == w4_torch["streamed_bytes"] + extra
     assert "of bound" in capsys.readouterr().out
 
 
