@@ -14,7 +14,9 @@ runs every mode once, in an order rotated per repeat, and the medians are report
   the table prints the measured ratio beside that bound;
 - quality: greedy agreement with the baseline over the first 64 tokens of 32 prompts (the
   mean length of the identical prefix, and the fraction of equal positions), and perplexity
-  of the bundled text `benchmarks/data/quantization_eval.txt`;
+  of the bundled text `benchmarks/data/quantization_eval.txt`; prompts are decoded
+  `--quality-batch` (8) at a time and the text fed 8 tokens per forward, so quality is
+  measured on the kernels a decode step runs (up to 16 rows: the engine's own for w4a16);
 - `--profile`: the single-stream step's split between the weight GEMMs and everything else,
   from torch.profiler (which inflates the "other" part a little).
 
@@ -139,28 +141,34 @@ def batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict:
     return {"output_tok_s": sum(len(t) for t in run["tokens"]) / run["elapsed_s"]}
 
 
-def perplexity(engine: LLMEngine, ids: list[int]) -> float:
-    """exp(mean NLL) of `ids[1:]` given their prefixes: one forward over the whole text into
-    a scratch KV pool (the engine's own pools and prefix cache are left untouched)."""
+def perplexity(engine: LLMEngine, ids: list[int], chunk: int) -> float:
+    """exp(mean NLL) of `ids[1:]` given their prefixes, fed `chunk` tokens per forward (as a
+    chunked prefill) into a scratch KV pool (the engine's own pools and prefix cache are left
+    untouched). Chunks of at most 16 tokens run the kernels a decode step runs (the engine's
+    own where they build); one chunk of the whole text runs the large-batch ones."""
     mc, bs = engine.model_config, engine.config.block_size
     num_blocks = -(-len(ids) // bs)
     shape = kv_pool_shape(num_blocks + 1, bs, mc.num_key_value_heads, mc.head_dim)
     pools = [torch.zeros(shape, dtype=engine.dtype) for _ in range(mc.num_hidden_layers)]
-    meta = build_attention_metadata(
-        start_positions=[0],
-        num_new_tokens=[len(ids)],
-        block_tables=[list(range(num_blocks))],
-        block_size=bs,
-        num_queries_per_kv=mc.num_attention_heads // mc.num_key_value_heads,
-        num_kv_heads=mc.num_key_value_heads,
-        num_pool_blocks=num_blocks + 1,
-        device=engine.device,
-        dtype=engine.dtype,
-    )
+    logits = []
     with torch.inference_mode():
-        hidden = engine.model(torch.tensor(ids), torch.arange(len(ids)), meta, pools)
-        logits = engine.model.compute_logits(hidden[:-1]).float()
-        nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]))
+        for start in range(0, len(ids) - 1, chunk):
+            piece = ids[start : min(start + chunk, len(ids) - 1)]
+            meta = build_attention_metadata(
+                start_positions=[start],
+                num_new_tokens=[len(piece)],
+                block_tables=[list(range(num_blocks))],
+                block_size=bs,
+                num_queries_per_kv=mc.num_attention_heads // mc.num_key_value_heads,
+                num_kv_heads=mc.num_key_value_heads,
+                num_pool_blocks=num_blocks + 1,
+                device=engine.device,
+                dtype=engine.dtype,
+            )
+            positions = torch.arange(start, start + len(piece))
+            hidden = engine.model(torch.tensor(piece), positions, meta, pools)
+            logits.append(engine.model.compute_logits(hidden).float())
+        nll = torch.nn.functional.cross_entropy(torch.cat(logits), torch.tensor(ids[1:]))
     return math.exp(float(nll))
 
 
@@ -215,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-input-len", type=int, default=128)
     parser.add_argument("--batch-output-len", type=int, default=64)
     parser.add_argument("--quality-prompts", type=int, default=32)
+    parser.add_argument(
+        "--quality-batch",
+        type=int,
+        default=8,
+        help="prompts decoded at once for agreement, and tokens per forward for perplexity "
+        "(at most 16: the kernels a decode step runs)",
+    )
     parser.add_argument("--quality-tokens", type=int, default=64)
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--skip-speed", action="store_true")
@@ -304,15 +319,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_quality:
         prompts = sentence_prompts(tokenizer, text, args.quality_prompts, 12)
         outputs = {
-            m: generate(e, prompts, args.quality_tokens)["tokens"] for m, e in engines.items()
+            m: [
+                tokens
+                for i in range(0, len(prompts), args.quality_batch)
+                for tokens in generate(e, prompts[i : i + args.quality_batch], args.quality_tokens)[
+                    "tokens"
+                ]
+            ]
+            for m, e in engines.items()
         }
         ids = tokenizer.encode(text)
         print(f"\nquality: greedy agreement with {BASELINE} over the first {args.quality_tokens}"
-              f" tokens of {len(prompts)} prompts; perplexity of {TEXT.name} ({len(ids)} tokens)")  # fmt: skip
+              f" tokens of {len(prompts)} prompts, {args.quality_batch} at a time; perplexity of"
+              f" {TEXT.name} ({len(ids)} tokens, {args.quality_batch} per forward)")  # fmt: skip
         print(f"{'mode':<12} {'identical prefix':>17} {'equal positions':>16} {'perplexity':>11}")
         for mode, engine in engines.items():
             quality = agreement(outputs[BASELINE], outputs[mode])
-            quality["perplexity"] = perplexity(engine, ids)
+            quality["perplexity"] = perplexity(engine, ids, args.quality_batch)
             report["modes"][mode]["quality"] = quality
             print(
                 f"{mode:<12} {quality['mean_identical_prefix']:>17.1f}"

@@ -18,6 +18,7 @@ nothing for this.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
 import logging
@@ -65,6 +66,16 @@ class _Executed:
     # the commit appended from them (a stop can cut a verify step's tokens short).
     verified: list[tuple[Sequence, Chain, Verified]] = field(default_factory=list)
     num_spec_tokens: int = 0
+
+
+def release_freed_heap() -> None:
+    """Return the malloc heap's free pages to the system (glibc's `malloc_trim`, ~1 ms; a
+    no-op elsewhere). No gc.collect(): the load's tensors go by reference counting, and a
+    collection in a process with a large heap costs hundreds of ms."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class LLMEngine:
@@ -177,8 +188,14 @@ class LLMEngine:
         self._prompt_tokens: dict[str, int] = defaultdict(int)
         self._generation_tokens: dict[str, int] = defaultdict(int)
         self._grammar_backend: GrammarBackend | None = None  # built at the first guided request
+        # Loading (dequantising, fusing, quantising) frees hundreds of MB of temporaries in
+        # the middle of the malloc heap, which glibc keeps; hand them back (on SmolLM2 W4A16
+        # the engine's RSS went from 2.7 to 1.6 GB, 1 GB of it the KV pool).
+        del loaded, draft_loaded
+        release_freed_heap()
 
     # -- public API ---------------------------------------------------------------------------
+
     def add_request(
         self,
         request_id: str,

@@ -3,23 +3,17 @@ whole script (every mode, speed, quality and step split) on tiny-random."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from engine_ref.core import kernels
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "quantization.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("quantization_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("quantization")
 
 
 def test_agreement_hand_case(bench):
