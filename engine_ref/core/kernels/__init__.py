@@ -5,10 +5,13 @@ shuffles and runs at about 4 G weights/s on one core of this project's machine, 
 at SmolLM2's shapes, so a 4-bit decode step streamed its weights at a fraction of the memory
 bandwidth. `refkern::q4_gemm` reads a layout made for AVX2 (one 32-byte load, a mask per
 nibble, no shuffles) and `refkern::q8_gemm` widens int8 rows in registers; both accumulate in
-float32 from float32 activations and split output rows over torch's intra-op threads. At one
-decode row they ran 1.9-2.0x (int4) and 1.3-1.9x (int8) faster than torch's kernels on hot
-weights (`benchmarks/quantization.py --kernels`). From about 32 rows torch's kernels win, so
-the layers use these for at most `SMALL_BATCH_ROWS` rows.
+float32 from float32 activations and split output rows over torch's intra-op threads.
+`refkern::decode_layer` runs a whole decoder layer for up to `SMALL_BATCH_ROWS` causal rows
+in one call (see lowbit.cpp). With them a SmolLM2 W4A16 decode step went from 40.2 to 12.5 ms
+at 2 threads, its weight GEMMs from 13.1 to 8.5 ms and the rest from 27.1 to 4.0 ms
+(`benchmarks/quantization.py --modes float32,w4a16-torch,w4a16 --threads 2 --profile`). At
+SmolLM2's shapes with hot weights, torch's kernels were faster from about 32 rows on (measured
+while writing these), so the layers use these for at most `SMALL_BATCH_ROWS` rows.
 
 The extension is compiled once per torch version and source (about 20 s) into the bench
 cache and loaded as a torch library, so a profiler sees `refkern::q4_gemm` and

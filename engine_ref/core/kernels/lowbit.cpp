@@ -79,7 +79,7 @@ inline __m256 widen_i8(const int8_t* p) {
 
 // Rows [n0, n1) of y for activation rows [m0, m0 + R). R is a template argument so the
 // accumulators live in registers. `xw` is x with each position scaled by 16^-t (see
-// `q4_scaled_x`): a nibble is widened by masking it in place, so its integer is q * 16^t.
+// `q4_matmul`): a nibble is widened by masking it in place, so its integer is q * 16^t.
 template <int R>
 void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const uint16_t* scale,
              const uint16_t* minimum, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0,
