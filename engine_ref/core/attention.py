@@ -47,7 +47,6 @@ class DecodeGroup:
     start_row: int
     end_row: int
     block_tables: torch.Tensor  # [Bg, nb] long, on the CPU: what kv_rows was built from
-    context_lens: torch.Tensor  # [Bg] long, on the CPU: positions each row attends to
     kv_rows: torch.Tensor  # [2 * kvh * Bg * nb] long: pool rows (head, block), head-major
     mask: torch.Tensor  # [Bg, 1, nb * block_size] additive: 0 = attend, -inf = masked
 
@@ -131,7 +130,6 @@ def build_attention_metadata(
                 lo,
                 hi,
                 tables,
-                context_lens,
                 pool_rows(tables).to(device, non_blocking=True),
                 _additive(mask, dtype, device),
             )

@@ -189,8 +189,6 @@ class LlamaModel(nn.Module):
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
             if not all(isinstance(p, Int4Linear) and p.small for p in projections):
                 return None
-            if any(n.dtype != torch.float32 for n in norms):
-                return None
             weights = [norms[0]]
             for i, proj in enumerate(projections):
                 weights += [proj.small_packed, proj.small_scale, proj.small_min]
@@ -246,6 +244,7 @@ class LlamaModel(nn.Module):
         else:
             width = max(t.shape[1] for t in tables)
             table = torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
+        table = table.contiguous()  # once a step, not once a layer
         lens = positions + 1
         cos = self.rope_cos[positions].contiguous()
         sin = self.rope_sin[positions].contiguous()
@@ -260,7 +259,7 @@ class LlamaModel(nn.Module):
                 sin,
                 kv_cache,
                 slots,
-                table.contiguous(),
+                table,
                 lens,
                 attn.num_heads,
                 eps,

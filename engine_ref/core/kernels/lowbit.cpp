@@ -68,10 +68,6 @@ inline float sum(const float* a, int64_t n) {
   return total;
 }
 
-inline __m256 widen_u8(__m128i bytes) {  // the low 8 bytes as 8 floats
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-}
-
 inline __m256 widen_i8(const int8_t* p) {
   __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
@@ -128,20 +124,19 @@ void q4_rows(const float* xw, const float* xsum, const uint8_t* packed, const ui
 template <int R>
 void q8_rows(const float* x, const int8_t* weight, const float* scale, float* y, int64_t K,
              int64_t N, int64_t m0, int64_t n0, int64_t n1) {
-  constexpr int64_t rows = R;
   for (int64_t n = n0; n < n1; ++n) {
     const int8_t* wrow = weight + n * K;
     __m256 acc[R];
-    for (int64_t r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
       __m256 w0 = widen_i8(wrow + k), w1 = widen_i8(wrow + k + 8);
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int r = 0; r < R; ++r) {
         const float* xk = x + (m0 + r) * K + k;
         acc[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xk), acc[r]);
         acc[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xk + 8), acc[r]);
       }
     }
-    for (int64_t r = 0; r < rows; ++r) y[(m0 + r) * N + n] = hsum(acc[r]) * scale[n];
+    for (int r = 0; r < R; ++r) y[(m0 + r) * N + n] = hsum(acc[r]) * scale[n];
   }
 }
 
@@ -159,9 +154,18 @@ void dispatch_rows(int64_t rows, F&& f) {
   }
 }
 
-int64_t grain_for(int64_t n) {  // at least 16 output rows a task, at most one task per thread
-  int64_t threads = at::get_num_threads();
-  return std::max<int64_t>(16, (n + threads - 1) / threads);
+// Output rows [0, N) split over torch's threads (at least 16 a task, at most one task per
+// thread); within a task, activation rows in passes of up to kRowsPerPass:
+// f(integral_constant<int, R>, m0, n0, n1).
+template <typename F>
+void for_row_blocks(int64_t M, int64_t N, F&& f) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t grain = std::max<int64_t>(16, (N + threads - 1) / threads);
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+      dispatch_rows(std::min(kRowsPerPass, M - m0), [&](auto r) { f(r, m0, n0, n1); });
+    }
+  });
 }
 
 void check_x(const at::Tensor& x, int64_t K, int64_t multiple) {
@@ -202,12 +206,8 @@ void q4_matmul(const float* x, int64_t M, const at::Tensor& packed, const at::Te
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::Half>());
   const uint16_t* mp = reinterpret_cast<const uint16_t*>(minimum.data_ptr<at::Half>());
-  at::parallel_for(0, N, grain_for(N), [&](int64_t n0, int64_t n1) {
-    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
-      dispatch_rows(std::min(kRowsPerPass, M - m0), [&](auto r) {
-        q4_rows<decltype(r)::value>(xw, xs, wp, sp, mp, y, K, N, m0, n0, n1);
-      });
-    }
+  for_row_blocks(M, N, [&](auto r, int64_t m0, int64_t n0, int64_t n1) {
+    q4_rows<decltype(r)::value>(xw, xs, wp, sp, mp, y, K, N, m0, n0, n1);
   });
 }
 
@@ -222,8 +222,10 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return y;
 }
 
-// One Llama decoder layer for M decode rows (one new token each) with int4 projections, in
-// place of the ~45 small torch ops and nine module calls it takes in Python (`model.py`):
+// One Llama decoder layer for M rows with int4 projections, each row attending to every
+// position up to its own (decode rows, prefill chunks, chain drafts: all rows' K/V are in the
+// pool before any row attends), in place of the ~45 small torch ops and nine module calls it
+// takes in Python (`model.py`):
 // RMSNorm, qkv, RoPE (rotate_half pairing, signed sin as `rope_tables` builds it), the new
 // K/V stored at `slots`, attention of each row over its `context_lens` positions through its
 // block table, o_proj and the residual, RMSNorm, gate_up, silu(gate) * up, down_proj and the
@@ -361,12 +363,8 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   const int8_t* wp = weight.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, N, grain_for(N), [&](int64_t n0, int64_t n1) {
-    for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
-      dispatch_rows(std::min(kRowsPerPass, M - m0), [&](auto r) {
-        q8_rows<decltype(r)::value>(xp, wp, sp, yp, K, N, m0, n0, n1);
-      });
-    }
+  for_row_blocks(M, N, [&](auto r, int64_t m0, int64_t n0, int64_t n1) {
+    q8_rows<decltype(r)::value>(xp, wp, sp, yp, K, N, m0, n0, n1);
   });
   return y;
 }
