@@ -1,9 +1,10 @@
 """Quantized execution against the float baseline, side by side in one process.
 
 Modes: `float32` (the baseline: what dtype=auto runs on an AVX2 CPU), `bf16` (optional),
-`w4a16`, `w8a16`, `w8a8`, and `w4a16-torch` (W4A16 on torch's int4 kernel and the Python
-layers alone: the engine before its own kernels, for the before / after split). Every engine is built once from the same loaded file; each repeat
-runs every mode once, in an order rotated per repeat, and the medians are reported.
+`w4a16`, `w8a16`, `w8a8`, and `w4a16-torch` / `float32-torch` (W4A16 or float32 on torch's
+kernels and the Python layers alone: the engine before its own kernels, for the before /
+after split). Every engine is built once from the same loaded file; each repeat runs every
+mode once, in an order rotated per repeat, and the medians are reported.
 
 - single stream: one request (32 prompt tokens, `--decode-tokens` output), decode tokens/s
   from the first to the last token, and TPOT p50 over the decode steps;
@@ -54,6 +55,7 @@ MODES = {  # name -> (dtype, quantization)
     # The same int4 weights through torch's kernel and the Python layers: the engine before
     # its own kernels (engine_ref/core/kernels), side by side with them.
     "w4a16-torch": ("float32", "w4a16"),
+    "float32-torch": ("float32", None),
     "w8a16": ("float32", "w8a16"),
     "w8a8": ("float32", "w8a8"),
 }
@@ -66,15 +68,17 @@ WEIGHT_GEMMS = {
     "quantized::linear_dynamic",
     "refkern::q4_gemm",
     "refkern::q8_gemm",
+    "refkern::f32_gemm",
 }
 
 
 def engine_kernels_off(engine: LLMEngine) -> None:
-    """Run `engine` on torch's low-bit kernels and the Python layers only."""
+    """Run `engine` on torch's kernels and the Python layers only."""
     for module in engine.model.modules():
         if hasattr(module, "small"):
             module.small = False
     engine.model.fused_decode = None
+    engine.model.small_head = False
 
 
 # What a single-row call reads of a low-bit layer that holds two copies of its weights: the

@@ -173,25 +173,37 @@ class LlamaModel(nn.Module):
         model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
         if quantization is not None:
             quantize_model(model, quantization, int4_weights)
-        model.fused_decode = model._fused_decode_weights()
+        model.fused_decode = fused_layers = model._fused_decode_weights()
+        if fused_layers is not None and all(
+            layer[i].dtype == torch.float32 for layer in fused_layers for i in (1, 4, 8, 11)
+        ):
+            model.fused_max_rows = kernels.DENSE_SMALL_BATCH_ROWS
+        model.small_head = type(model.lm_head) is nn.Linear and kernels.dense_ok(
+            model.lm_head.weight
+        )
         return model.eval()
 
     def _fused_decode_weights(self) -> list[list[torch.Tensor]] | None:
         """Per layer, the weights `refkern::decode_layer` takes, when every layer can run
-        it: float32 on the CPU with int4 projections in the engine kernels' layout."""
+        it: float32 on the CPU, each projection int4 in the engine kernels' layout or float32
+        (then followed by two unused tensors)."""
         norm = self.norm.weight
         if norm.device.type != "cpu" or norm.dtype != torch.float32:
             return None
+        unused = torch.empty(0)
         per_layer = []
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if not all(isinstance(p, Int4Linear) and p.small for p in projections):
-                return None
             weights = [norms[0]]
             for i, proj in enumerate(projections):
-                weights += [proj.small_packed, proj.small_scale, proj.small_min]
+                if isinstance(proj, Int4Linear) and proj.small:
+                    weights += [proj.small_packed, proj.small_scale, proj.small_min]
+                elif type(proj) is nn.Linear and kernels.dense_ok(proj.weight):
+                    weights += [proj.weight, unused, unused]
+                else:
+                    return None
                 if i == 1:
                     weights.append(norms[1])
             per_layer.append(weights)
@@ -219,13 +231,17 @@ class LlamaModel(nn.Module):
 
     # Set by `from_state_dict`; None where a layer cannot run `refkern::decode_layer`.
     fused_decode: list[list[torch.Tensor]] | None = None
+    # The most rows a fused forward takes: more with float32 projections than with int4 ones.
+    fused_max_rows: int = kernels.SMALL_BATCH_ROWS
+    # Set by `from_state_dict`: a float32 head `refkern::f32_gemm` runs for small batches.
+    small_head: bool = False
 
     def _can_fuse(self, x: torch.Tensor, meta: AttentionMetadata, kv_caches) -> bool:
-        """Few enough rows for the engine's small-batch kernels, each attending to every
-        position up to its own (decode rows, prefill chunks, chain drafts; not token trees)."""
+        """At most `fused_max_rows` rows, each attending to every position up to its own
+        (decode rows, prefill chunks, chain drafts; not token trees)."""
         return (
             self.fused_decode is not None
-            and 0 < x.shape[0] <= kernels.SMALL_BATCH_ROWS
+            and 0 < x.shape[0] <= self.fused_max_rows
             and not meta.has_tree_mask
             and x.dtype == torch.float32
             and all(c.dtype == torch.float32 for c in kv_caches)
@@ -281,4 +297,7 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in the model's dtype for hidden [N, D]."""
-        return self.lm_head(self.norm(hidden))
+        normed = self.norm(hidden)
+        if self.small_head and 0 < normed.shape[0] <= kernels.DENSE_SMALL_BATCH_ROWS:
+            return kernels.f32_gemm(normed, self.lm_head.weight)
+        return self.lm_head(normed)

@@ -1,7 +1,8 @@
-"""The engine's own low-bit kernels (`engine_ref.core.kernels`): the int4 layout by hand, the
-GEMMs against float64 references at the row, block and thread boundaries, the switch to
-torch's kernels above `SMALL_BATCH_ROWS`, and the fused decode layer through `LLMEngine.step`
-against the Python layers it replaces."""
+"""The engine's own small-batch kernels (`engine_ref.core.kernels`): the int4 layout by hand,
+the int4, int8 and float32 GEMMs against float64 references at the row, block and thread
+boundaries, a row's result independent of its batch, the switch to torch's kernels above
+`SMALL_BATCH_ROWS` (`DENSE_SMALL_BATCH_ROWS` for float32), and the fused decode layer, int4
+and float32, through `LLMEngine.step` against the Python layers it replaces."""
 
 from __future__ import annotations
 
@@ -85,6 +86,36 @@ def test_q8_gemm_matches_the_dequantized_product(m, n, k):
 
 
 @needs_kernels
+@pytest.mark.parametrize("k", [16, 48, 576])
+@pytest.mark.parametrize("n", [1, 2, 3, 17])
+@pytest.mark.parametrize("m", [1, 4, 5, 8, 9, 48])
+def test_f32_gemm_matches_a_float64_product(m, n, k):
+    # n = 2 and 3: output rows in pairs and the odd one after them (rows of up to 4 share x).
+    gen = torch.Generator().manual_seed(m * 100 + n * 10 + k)
+    weight, x = torch.randn(n, k, generator=gen), torch.randn(m, k, generator=gen)
+    y = kernels.f32_gemm(x, weight)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert _relative_error(y, x.double() @ weight.double().t()) < 1e-6
+
+
+@needs_kernels
+@pytest.mark.parametrize("m", [2, 5, 9, kernels.DENSE_SMALL_BATCH_ROWS])
+def test_a_rows_result_does_not_depend_on_its_batch(m):
+    # What makes greedy decoding identical with and without speculation: a verify step's
+    # rows get bit for bit what one-row decode steps would.
+    gen = torch.Generator().manual_seed(m)
+    weight, x = torch.randn(33, 576, generator=gen), torch.randn(m, 576, generator=gen)
+    groups = _groups(33, 576, seed=m)
+    packed = kernels.pack_q4(groups.q)
+    whole = kernels.f32_gemm(x, weight)
+    whole_q4 = kernels.q4_gemm(x, packed, groups.scale, groups.minimum)
+    for i in (0, m // 2, m - 1):
+        assert torch.equal(whole[i], kernels.f32_gemm(x[i : i + 1], weight)[0])
+        one = kernels.q4_gemm(x[i : i + 1], packed, groups.scale, groups.minimum)
+        assert torch.equal(whole_q4[i], one[0])
+
+
+@needs_kernels
 def test_bad_shapes_are_one_sentence_errors():
     groups = _groups(8, 64, seed=0)
     packed = kernels.pack_q4(groups.q)
@@ -95,6 +126,12 @@ def test_bad_shapes_are_one_sentence_errors():
     q, scale = int8_per_row(torch.randn(4, 24))
     with pytest.raises(RuntimeError, match="multiple of 16"):
         kernels.q8_gemm(torch.randn(1, 24), q, scale)
+    with pytest.raises(RuntimeError, match="multiple of 16, got 24"):
+        kernels.f32_gemm(torch.randn(1, 24), torch.randn(4, 24))
+    with pytest.raises(RuntimeError, match=r"weight must be contiguous float32 \[N, K\]"):
+        kernels.f32_gemm(torch.randn(1, 32), torch.randn(4, 32, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="x has 16 columns, the weight 32"):
+        kernels.f32_gemm(torch.randn(1, 16), torch.randn(4, 32))
 
 
 @needs_kernels
@@ -151,42 +188,77 @@ def _prompts(count: int) -> list[list[int]]:
             for i in range(count)]  # fmt: skip
 
 
+def _python_layers(engine: LLMEngine) -> None:
+    """Send every later step through the Python layers and torch's head GEMM."""
+    engine.model.fused_decode = None
+    engine.model.small_head = False
+
+
+INT4, DENSE = kernels.SMALL_BATCH_ROWS, kernels.DENSE_SMALL_BATCH_ROWS
+# (quantization, the most rows its fused forward takes)
+KINDS = [("w4a16", INT4), (None, DENSE)]
+
+
 @needs_kernels
-@pytest.mark.parametrize("batch", [1, kernels.SMALL_BATCH_ROWS, kernels.SMALL_BATCH_ROWS + 1])
-def test_fused_decode_gives_the_python_layers_outputs(batch):
-    engine = _engine()
+@pytest.mark.parametrize(
+    ("quantization", "batch"),
+    [(q, b) for q, bound in KINDS for b in (1, bound, bound + 1)],
+)
+def test_fused_decode_gives_the_python_layers_outputs(quantization, batch):
+    engine = _engine(quantization=quantization)
     assert engine.model.fused_decode is not None
     prompts = _prompts(batch)
     fused = greedy_tokens(engine, prompts, 24)
-    engine.model.fused_decode = None
+    _python_layers(engine)
     python = greedy_tokens(engine, prompts, 24)
     assert fused == python
 
 
 @needs_kernels
 @pytest.mark.parametrize(
-    ("batch", "fused_calls"), [(kernels.SMALL_BATCH_ROWS, 1), (kernels.SMALL_BATCH_ROWS + 1, 0)]
+    ("quantization", "batch", "fused_calls"),
+    [(q, b, int(b <= bound)) for q, bound in KINDS for b in (bound, bound + 1)],
 )
-def test_a_decode_step_runs_one_fused_call_per_layer_up_to_the_bound(batch, fused_calls):
-    engine = _engine()
+def test_a_decode_step_runs_one_fused_call_per_layer_up_to_the_bound(
+    quantization, batch, fused_calls
+):
+    engine = _engine(quantization=quantization)
+    assert engine.model.fused_max_rows == (INT4 if quantization else DENSE)
     for i, ids in enumerate(_prompts(batch)):
         engine.add_request(str(i), ids, SamplingParams(max_tokens=4, temperature=0))
-    engine.step()  # prefill: more than 16 rows, so the Python layers and torch's kernels
+    engine.step()  # prefill: more rows than the bound, so the Python layers and torch's kernels
     calls = _kernel_calls(engine.step)  # one decode step of every row
     layers = engine.model_config.num_hidden_layers
     assert calls.get("refkern::decode_layer", 0) == fused_calls * layers
-    if not fused_calls:
+    if quantization is None:  # the head: the engine's GEMM up to the bound, torch's above it
+        assert calls.get("refkern::f32_gemm", 0) == fused_calls * (4 * layers + 1)
+        assert calls.get("aten::mm", 0) + calls.get("aten::addmm", 0) == (1 - fused_calls) * (
+            4 * layers + 1
+        )
+    elif not fused_calls:
         assert calls.get("aten::_weight_int4pack_mm_for_cpu") == 4 * layers
 
 
 @needs_kernels
 @pytest.mark.parametrize(
-    ("lengths", "fused_calls"),
-    [([16], 1), ([9, 7], 1), ([3, 1, 12], 1), ([17], 0), ([9, 8], 0)],
+    ("quantization", "lengths", "fused_calls"),
+    [
+        ("w4a16", [16], 1),
+        ("w4a16", [9, 7], 1),
+        ("w4a16", [3, 1, 12], 1),
+        ("w4a16", [17], 0),
+        ("w4a16", [9, 8], 0),
+        (None, [48], 1),
+        (None, [30, 1, 17], 1),
+        (None, [49], 0),
+        (None, [25, 24], 0),
+    ],
 )
-def test_a_prefill_of_up_to_16_rows_is_fused_and_gives_the_same_tokens(lengths, fused_calls):
+def test_a_prefill_up_to_the_bound_is_fused_and_gives_the_same_tokens(
+    quantization, lengths, fused_calls
+):
     prompts = [[(5 * i + j) % 300 + 1 for j in range(n)] for i, n in enumerate(lengths)]
-    engine = _engine()
+    engine = _engine(quantization=quantization)
     for i, ids in enumerate(prompts):
         engine.add_request(str(i), ids, SamplingParams(max_tokens=6, temperature=0))
     calls = _kernel_calls(engine.step)  # the prefill of every prompt (one step: 2,048 budget)
@@ -196,20 +268,24 @@ def test_a_prefill_of_up_to_16_rows_is_fused_and_gives_the_same_tokens(lengths, 
     while engine.has_unfinished():
         engine.step()
     fused = greedy_tokens(engine, prompts, 12)
-    engine.model.fused_decode = None
+    _python_layers(engine)
     assert fused == greedy_tokens(engine, prompts, 12)
 
 
 @needs_kernels
-def test_fused_decode_matches_with_speculation_and_sampling():
-    # n-gram verify steps have several rows per sequence (the Python layers); plain decode
-    # steps between them are fused. Seeded sampling must give the same tokens either way.
+@pytest.mark.parametrize("quantization", ["w4a16", None])
+def test_fused_decode_matches_with_speculation_and_sampling(quantization):
+    # n-gram verify steps have several rows per sequence; plain decode steps between them too.
+    # Seeded sampling must give the same tokens through the fused layer and the Python ones.
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8], [9, 10, 11, 9, 10, 11, 9, 10]]
     runs, verify_rows = [], 0
     for fused in (True, False):
-        engine = _engine(speculative_config=SpeculativeConfig(num_speculative_tokens=3))
+        engine = _engine(
+            quantization=quantization,
+            speculative_config=SpeculativeConfig(num_speculative_tokens=3),
+        )
         if not fused:
-            engine.model.fused_decode = None
+            _python_layers(engine)
         params = SamplingParams(max_tokens=20, temperature=0.8, seed=11, ignore_eos=True)
         for i, ids in enumerate(prompts):
             engine.add_request(str(i), ids, params)
@@ -233,8 +309,12 @@ def test_kernels_off_by_environment_leave_torchs_kernels_running():
         "e.add_request('a', [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))\n"
         "while e.has_unfinished(): e.step()\n"
         "print(e.model.fused_decode is None, e.model.layers[0].mlp.down_proj.small)\n"
+        "d = LLMEngine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
+        " num_threads=1))\n"
+        "print(d.model.fused_decode is None, d.model.small_head)\n"
     )
     env = dict(os.environ, BENCH_REF_KERNELS="0")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                             text=True, timeout=300, check=True)  # fmt: skip
-    assert result.stdout.split("\n")[:2] == ["False BENCH_REF_KERNELS=0", "True False"]
+    lines = result.stdout.split("\n")[:3]
+    assert lines == ["False BENCH_REF_KERNELS=0", "True False", "True False"]

@@ -29,7 +29,7 @@ def test_agreement_hand_case(bench):
 @pytest.mark.slow  # builds four engines and runs every section (~1 min on a busy 2-core box)
 def test_tiny_run_reports_every_mode(bench, tmp_path, capsys):
     out = tmp_path / "q.json"
-    modes = "float32,w4a16,w4a16-torch,w8a16,w8a8"
+    modes = "float32,float32-torch,w4a16,w4a16-torch,w8a16,w8a8"
     args = ["--model", "tiny-random", "--modes", modes, "--repeats", "2",
             "--decode-tokens", "4", "--batch", "3", "--batch-input-len", "5",
             "--batch-output-len", "3", "--quality-prompts", "4", "--quality-tokens", "6",
@@ -52,6 +52,13 @@ def test_tiny_run_reports_every_mode(bench, tmp_path, capsys):
     vocab = 512  # tiny-random
     extra = vocab * 2 if kernels.available() else 0
     assert w4["streamed_bytes"] == w4_torch["streamed_bytes"] + extra
+    # float32 on torch's kernels reads the same bytes, so its bound is 1; both step splits
+    # count their weight GEMMs (the engine's f32_gemm, or torch's mm).
+    dense_torch = report["modes"]["float32-torch"]
+    assert dense_torch["streamed_bytes"] == base["streamed_bytes"]
+    assert dense_torch["quality"]["equal_positions"] > 0.9
+    for row in (base, dense_torch):
+        assert 0 < row["step_split"]["gemm_ms"] < row["step_split"]["step_ms"]
     assert "of bound" in capsys.readouterr().out
 
 

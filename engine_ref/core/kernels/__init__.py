@@ -1,4 +1,5 @@
-"""The reference engine's own low-bit GEMMs for small batches (`lowbit.cpp`, AVX2 + FMA).
+"""The reference engine's own GEMMs and decoder layer for small batches (`lowbit.cpp`, AVX2 +
+FMA).
 
 torch's CPU int4 kernel (`aten::_weight_int4pack_mm_for_cpu`) widens its weights through
 shuffles and runs at about 4 G weights/s on one core of this project's machine, compute-bound
@@ -6,18 +7,22 @@ at SmolLM2's shapes, so a 4-bit decode step streamed its weights at a fraction o
 bandwidth. `refkern::q4_gemm` reads a layout made for AVX2 (one 32-byte load, a mask per
 nibble, no shuffles) and `refkern::q8_gemm` widens int8 rows in registers; both accumulate in
 float32 from float32 activations and split output rows over torch's intra-op threads.
-`refkern::decode_layer` runs a whole decoder layer for up to `SMALL_BATCH_ROWS` causal rows
-in one call (see lowbit.cpp). With them a SmolLM2 W4A16 decode step went from 40.2 to 12.5 ms
-at 2 threads, its weight GEMMs from 13.1 to 8.5 ms and the rest from 27.1 to 4.0 ms
-(`benchmarks/quantization.py --modes float32,w4a16-torch,w4a16 --threads 2 --profile`). At
-SmolLM2's shapes with hot weights, torch's kernels were faster from about 32 rows on (measured
-while writing these), so the layers use these for at most `SMALL_BATCH_ROWS` rows.
+`refkern::f32_gemm` does the same for float32 weights: each weight row is read once for up to
+8 activation rows, where torch's GEMM took 1.7x its one-row time for 5 rows, which made a
+speculative verify step cost much more than a decode step. `refkern::decode_layer` runs a
+whole decoder layer (int4 or float32 projections) for up to `SMALL_BATCH_ROWS` causal rows
+(`DENSE_SMALL_BATCH_ROWS` for float32) in one call (see lowbit.cpp). With them a SmolLM2 W4A16
+decode step went from 40.2 to 12.5 ms at 2 threads, its weight GEMMs from 13.1 to 8.5 ms and
+the rest from 27.1 to 4.0 ms (`benchmarks/quantization.py --modes float32,w4a16-torch,w4a16
+--threads 2 --profile`). At SmolLM2's shapes with hot weights, torch's int4 kernel was faster
+from about 32 rows on (measured while writing these), so the int4 layers use these for at
+most `SMALL_BATCH_ROWS` rows.
 
 The extension is compiled once per torch version and source (about 20 s) into the bench
-cache and loaded as a torch library, so a profiler sees `refkern::q4_gemm` and
-`refkern::q8_gemm` like any aten op. Without a C++ compiler, ninja or AVX2 + FMA + F16C, or with
-`BENCH_REF_KERNELS=0`, `available()` is false, the reason is in `unavailable_reason()`, and
-the layers run torch's kernels alone.
+cache, the first time an engine on the CPU loads, and loaded as a torch library, so a
+profiler sees `refkern::q4_gemm`, `refkern::f32_gemm` and the rest like any aten op. Without a
+C++ compiler, ninja or AVX2 + FMA + F16C, or with `BENCH_REF_KERNELS=0`, `available()` is
+false, the reason is in `unavailable_reason()`, and the layers run torch's kernels alone.
 """
 
 from __future__ import annotations
@@ -34,13 +39,18 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("lowbit.cpp")
-# The most activation rows a call sends to these kernels; more go to torch's.
+# The most activation rows a call sends to the low-bit kernels; more go to torch's.
 SMALL_BATCH_ROWS = 16
+# The same bound for `f32_gemm` and a float32 `decode_layer`. At SmolLM2's shapes (2 threads)
+# the f32 head GEMM took 24.7 against torch's 31.7 ms at 32 rows, 32.8 against 38.0 at 48 and
+# 48.8 against 48.3 at 64; a whole float32 decode step of 48 rows took 211 against 232-305 ms.
+DENSE_SMALL_BATCH_ROWS = 48
 # The int4 group along K that q4_gemm's scales and minima cover.
 GROUP = 32
 # K must be a multiple of these (the layouts' unit along the input dimension).
 Q4_K_MULTIPLE = 64
 Q8_K_MULTIPLE = 16
+F32_K_MULTIPLE = 16
 DISABLE_ENV = "BENCH_REF_KERNELS"
 
 _lock = threading.Lock()
@@ -109,7 +119,7 @@ def _load() -> None:
 
 
 def available() -> bool:
-    """True when `refkern::q4_gemm` and `refkern::q8_gemm` are loaded (built on first call)."""
+    """True when the `refkern` ops are loaded (built on the first call)."""
     with _lock:
         if "reason" not in _state:
             _load()
@@ -149,3 +159,20 @@ def q4_gemm(
 def q8_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """float32 [M, N] = x [M, K] @ (weight * scale[:, None]).T for int8 weight [N, K]."""
     return torch.ops.refkern.q8_gemm(x.float().contiguous(), weight, scale)
+
+
+def f32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """float32 [M, N] = x [M, K] @ weight.T for float32 weight [N, K] (K a multiple of 16)."""
+    return torch.ops.refkern.f32_gemm(x.float().contiguous(), weight)
+
+
+def dense_ok(weight: torch.Tensor) -> bool:
+    """Whether `f32_gemm` (and `decode_layer`) can take this weight as it is held."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and weight.dim() == 2
+        and weight.is_contiguous()
+        and weight.shape[1] % F32_K_MULTIPLE == 0
+        and available()
+    )

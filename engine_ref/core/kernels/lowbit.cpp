@@ -12,6 +12,10 @@
 //   once without shuffles (`pack_q4` in kernels/__init__.py writes it).
 // refkern::q8_gemm(x [M, K] f32, weight [N, K] i8, scale [N] f32) -> y [M, N] f32,
 //   w[n, k] = weight[n, k] * scale[n].
+// refkern::f32_gemm(x [M, K] f32, weight [N, K] f32) -> y [M, N] f32. Each weight row is read
+//   once for up to 8 activation rows, so a few rows cost about what one does (torch's GEMM
+//   for M = 5 took 1.7x its M = 1 time at SmolLM2's shapes). Each output is one fixed
+//   sequence of FMAs whatever M is, so a row's result does not depend on its batch.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -66,6 +70,61 @@ inline float sum(const float* a, int64_t n) {
   float total = hsum(acc);
   for (; i < n; ++i) total += a[i];
   return total;
+}
+
+// e^x for 8 lanes, within about 2 ulp of expf for x in [-87, 88] (clamped there): e^x =
+// 2^n e^r with n = round(x log2 e) and |r| <= ln 2 / 2, e^r from Cephes' expf polynomial.
+// The layer's SiLU and softmax run it: std::exp does not vectorise without -ffast-math.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 poly = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                  5.0000001201e-1f})
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(c));
+  poly = _mm256_add_ps(_mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i two_n =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(poly, _mm256_castsi256_ps(two_n));
+}
+
+// a[i] = e^(a[i] - shift) for i < n; returns their sum.
+inline float exp_shifted(float* a, int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(a + i), s));
+    _mm256_storeu_ps(a + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float total = hsum(acc);
+  for (; i < n; ++i) {  // the tail through the same exp8, so a position's value is the same
+    float lane[8] = {a[i] - shift};
+    _mm256_storeu_ps(lane, exp8(_mm256_loadu_ps(lane)));
+    total += (a[i] = lane[0]);
+  }
+  return total;
+}
+
+// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + e^-gate[i]) * up[i].
+inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
+                                            _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    float lane[8] = {-gate[i]};
+    _mm256_storeu_ps(lane, exp8(_mm256_loadu_ps(lane)));
+    out[i] = gate[i] / (1.0f + lane[0]) * up[i];
+  }
 }
 
 inline __m256 widen_i8(const int8_t* p) {
@@ -140,6 +199,44 @@ void q8_rows(const float* x, const int8_t* weight, const float* scale, float* y,
   }
 }
 
+// Weight rows n .. n + B - 1 against activation rows [m0, m0 + R): B rows share each load of
+// x, so with B = 2 a pass issues 2 + R / B loads per 8 FMAs instead of 1 + R.
+template <int R, int B>
+inline void f32_block(const float* x, const float* weight, float* y, int64_t K, int64_t N,
+                      int64_t m0, int64_t n) {
+  __m256 acc[B][R];
+  for (int b = 0; b < B; ++b)
+    for (int r = 0; r < R; ++r) acc[b][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m256 w0[B], w1[B];
+    for (int b = 0; b < B; ++b) {
+      w0[b] = _mm256_loadu_ps(weight + (n + b) * K + k);
+      w1[b] = _mm256_loadu_ps(weight + (n + b) * K + k + 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      const float* xk = x + (m0 + r) * K + k;
+      const __m256 x0 = _mm256_loadu_ps(xk), x1 = _mm256_loadu_ps(xk + 8);
+      for (int b = 0; b < B; ++b) {
+        acc[b][r] = _mm256_fmadd_ps(w0[b], x0, acc[b][r]);
+        acc[b][r] = _mm256_fmadd_ps(w1[b], x1, acc[b][r]);
+      }
+    }
+  }
+  for (int b = 0; b < B; ++b)
+    for (int r = 0; r < R; ++r) y[(m0 + r) * N + n + b] = hsum(acc[b][r]);
+}
+
+// Every output is the same sequence of FMAs (per 16 columns, two into one accumulator, then
+// one horizontal sum) whichever block it falls in, so a row's result never depends on M.
+template <int R>
+void f32_rows(const float* x, const float* weight, float* y, int64_t K, int64_t N, int64_t m0,
+              int64_t n0, int64_t n1) {
+  constexpr int B = R <= 4 ? 2 : 1;  // 2 B R accumulators + 2 B weights fit 16 registers
+  int64_t n = n0;
+  for (; n + B <= n1; n += B) f32_block<R, B>(x, weight, y, K, N, m0, n);
+  for (; n < n1; ++n) f32_block<R, 1>(x, weight, y, K, N, m0, n);
+}
+
 template <typename F>
 void dispatch_rows(int64_t rows, F&& f) {
   switch (rows) {
@@ -211,6 +308,20 @@ void q4_matmul(const float* x, int64_t M, const at::Tensor& packed, const at::Te
   });
 }
 
+void check_f32(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.is_contiguous(),
+              "weight must be contiguous float32 [N, K]");
+  TORCH_CHECK(weight.size(1) % 16 == 0, "K must be a multiple of 16, got ", weight.size(1));
+}
+
+void f32_matmul(const float* x, int64_t M, const at::Tensor& weight, float* y) {
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const float* wp = weight.data_ptr<float>();
+  for_row_blocks(M, N, [&](auto r, int64_t m0, int64_t n0, int64_t n1) {
+    f32_rows<decltype(r)::value>(x, wp, y, K, N, m0, n0, n1);
+  });
+}
+
 at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                    const at::Tensor& minimum) {
   check_q4(packed, scale, minimum);
@@ -222,7 +333,7 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return y;
 }
 
-// One Llama decoder layer for M rows with int4 projections, each row attending to every
+// One Llama decoder layer for M rows with int4 or float32 projections, each row attending to every
 // position up to its own (decode rows, prefill chunks, chain drafts: all rows' K/V are in the
 // pool before any row attends), in place of the ~45 small torch ops and nine module calls it
 // takes in Python (`model.py`):
@@ -231,7 +342,8 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 // block table, o_proj and the residual, RMSNorm, gate_up, silu(gate) * up, down_proj and the
 // residual. Returns the new residual stream; writes the KV pool.
 //
-// weights: ln1 [D], qkv (packed, scale, minimum), o (3), ln2 [D], gate_up (3), down (3).
+// weights: ln1 [D], qkv (packed, scale, minimum), o (3), ln2 [D], gate_up (3), down (3); a
+// float32 projection is (weight [N, K], then two unused tensors) and runs f32_gemm.
 // kv_pool [2 kvh, blocks, block_size, hd] float32; block_tables [M, nb] int64;
 // slots, context_lens [M] int64; cos, sin [M, hd] float32.
 at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor& cos,
@@ -241,13 +353,16 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
                         double attn_scale) {
   TORCH_CHECK(w.size() == 14, "decode_layer takes 14 weight tensors, got ", w.size());
   const int64_t M = x.size(0), D = x.size(1);
-  check_x(x, D, 64);
-  for (int i : {1, 4, 8, 11}) check_q4(w[i], w[i + 1], w[i + 2]);
+  check_x(x, D, 16);
+  auto dense = [&](int i) { return w[i].scalar_type() == at::kFloat; };
+  for (int i : {1, 4, 8, 11}) dense(i) ? check_f32(w[i]) : check_q4(w[i], w[i + 1], w[i + 2]);
+  auto in_features = [&](int i) { return dense(i) ? w[i].size(1) : w[i].size(1) * 2; };
   const int64_t kv2 = kv_pool.size(0), kvh = kv2 / 2, bs = kv_pool.size(2), hd = kv_pool.size(3);
   const int64_t qkv_n = w[1].size(0), gu_n = w[8].size(0), inter = gu_n / 2;
   TORCH_CHECK(qkv_n == (num_heads + kv2) * hd, "qkv rows do not match the heads");
-  TORCH_CHECK(w[4].size(1) * 2 == num_heads * hd && w[4].size(0) == D, "o_proj shape");
-  TORCH_CHECK(w[11].size(1) * 2 == inter && w[11].size(0) == D, "down_proj shape");
+  TORCH_CHECK(in_features(1) == D && in_features(8) == D, "qkv and gate_up take D columns");
+  TORCH_CHECK(in_features(4) == num_heads * hd && w[4].size(0) == D, "o_proj shape");
+  TORCH_CHECK(in_features(11) == inter && w[11].size(0) == D, "down_proj shape");
   TORCH_CHECK(kv_pool.scalar_type() == at::kFloat && kv_pool.is_contiguous(), "kv_pool: f32");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(0) == M &&
                   cos.size(1) == hd && sin.sizes() == cos.sizes() && sin.is_contiguous(),
@@ -274,10 +389,16 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
   const int64_t widest_in = std::max({D, inter, num_heads * hd});
   std::vector<float> work(M * (widest_in + widest_in / kGroup));
 
-  // Each projection shows in a profiler as `refkern::q4_gemm`, as the standalone op does.
+  // Each projection shows in a profiler as `refkern::q4_gemm` or `refkern::f32_gemm`, as
+  // the standalone ops do.
   auto gemm = [&](const float* in, int i, float* dst) {
-    RECORD_FUNCTION("refkern::q4_gemm", std::vector<c10::IValue>());
-    q4_matmul(in, M, w[i], w[i + 1], w[i + 2], dst, work.data());
+    if (dense(i)) {
+      RECORD_FUNCTION("refkern::f32_gemm", std::vector<c10::IValue>());
+      f32_matmul(in, M, w[i], dst);
+    } else {
+      RECORD_FUNCTION("refkern::q4_gemm", std::vector<c10::IValue>());
+      q4_matmul(in, M, w[i], w[i + 1], w[i + 2], dst, work.data());
+    }
   };
   auto rms_norm = [&](const float* weight, float* dst) {
     for (int64_t m = 0; m < M; ++m) {
@@ -325,8 +446,7 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
         p[pos] = dot(q, k, hd) * sc;
         top = std::max(top, p[pos]);
       }
-      float total = 0.f;
-      for (int64_t pos = 0; pos < len; ++pos) total += (p[pos] = std::exp(p[pos] - top));
+      const float total = exp_shifted(p.data(), len, top);
       float* o = attn.data() + (m * num_heads + qh) * hd;
       std::fill(o, o + hd, 0.f);
       for (int64_t pos = 0; pos < len; ++pos) {
@@ -344,8 +464,7 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
   gemm(h.data(), 8, big.data());
   for (int64_t m = 0; m < M; ++m) {
     const float* gate = big.data() + m * gu_n;
-    for (int64_t i = 0; i < inter; ++i)
-      h[m * inter + i] = gate[i] / (1.0f + std::exp(-gate[i])) * gate[inter + i];
+    silu_mul(gate, gate + inter, h.data() + m * inter, inter);
   }
   gemm(h.data(), 11, big.data());
   for (int64_t i = 0; i < M * D; ++i) xr[i] += big[i];
@@ -369,11 +488,21 @@ at::Tensor q8_gemm(const at::Tensor& x, const at::Tensor& weight, const at::Tens
   return y;
 }
 
+at::Tensor f32_gemm(const at::Tensor& x, const at::Tensor& weight) {
+  check_f32(weight);
+  const int64_t N = weight.size(0), K = weight.size(1), M = x.size(0);
+  check_x(x, K, 16);
+  at::Tensor y = at::empty({M, N}, x.options());
+  f32_matmul(x.data_ptr<float>(), M, weight, y.data_ptr<float>());
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(refkern, m) {
   m.def("q4_gemm(Tensor x, Tensor packed, Tensor scale, Tensor minimum) -> Tensor");
   m.def("q8_gemm(Tensor x, Tensor weight, Tensor scale) -> Tensor");
+  m.def("f32_gemm(Tensor x, Tensor weight) -> Tensor");
   m.def(
       "decode_layer(Tensor x, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) kv_pool, "
       "Tensor slots, Tensor block_tables, Tensor context_lens, int num_heads, float eps, "
@@ -383,5 +512,6 @@ TORCH_LIBRARY(refkern, m) {
 TORCH_LIBRARY_IMPL(refkern, CPU, m) {
   m.impl("q4_gemm", q4_gemm);
   m.impl("q8_gemm", q8_gemm);
+  m.impl("f32_gemm", f32_gemm);
   m.impl("decode_layer", decode_layer);
 }
