@@ -38,6 +38,8 @@ import torch.nn.functional as F
 # together) while short contexts still share one call.
 DECODE_GROUP_SPAN = 1.5
 DECODE_GROUP_SLACK = 16
+# The most nodes a token tree may have for its ancestry to travel as one int64 per row.
+TREE_BITS_MAX_NODES = 63
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,13 @@ class AttentionMetadata:
     # True when a tree mask replaced the causal one for some prefill rows: a row then does not
     # attend to every position before it.
     has_tree_mask: bool = False
+    # With tree masks of at most TREE_BITS_MAX_NODES nodes, per row [T] long (CPU), what the
+    # fused layer reads instead of the masks: the positions (by slot) the row may see, the
+    # first position of its tree (its context length when it is in none), and a bit per tree
+    # node it attends (bit c: position tree_start + c).
+    tree_context_lens: torch.Tensor | None = None
+    tree_start: torch.Tensor | None = None
+    tree_bits: torch.Tensor | None = None
 
 
 def kv_pool_shape(
@@ -167,6 +176,8 @@ def build_attention_metadata(
     def to(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device, non_blocking=True)
 
+    tree_rows = _tree_rows(start_positions, num_new_tokens, tree_masks or {})
+
     return AttentionMetadata(
         slot_mapping=slot_mapping,
         kv_write_index=to(kv_write_index),
@@ -180,7 +191,36 @@ def build_attention_metadata(
         prefill_mask=None if prefill_mask is None else _additive(prefill_mask, dtype, device),
         prefill_q_max=q_max,
         has_tree_mask=bool(tree_masks),
+        **tree_rows,
     )
+
+
+def _tree_rows(
+    start_positions: list[int], num_new_tokens: list[int], tree_masks: dict[int, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The per-row tree fields of `AttentionMetadata` (empty without trees, or when one has
+    more than TREE_BITS_MAX_NODES nodes)."""
+    if not tree_masks or any(m.shape[0] > TREE_BITS_MAX_NODES for m in tree_masks.values()):
+        return {}
+    context_lens: list[int] = []
+    tree_start: list[int] = []
+    bits: list[int] = []
+    for i, (start, n) in enumerate(zip(start_positions, num_new_tokens, strict=True)):
+        allowed = tree_masks.get(i)
+        rows = None if allowed is None else allowed.tolist()
+        for r in range(n):
+            context_lens.append(start + r + 1)
+            if rows is None:
+                tree_start.append(start + r + 1)
+                bits.append(0)
+            else:
+                tree_start.append(start)
+                bits.append(sum(1 << c for c, a in enumerate(rows[r]) if a))
+    return {
+        "tree_context_lens": torch.tensor(context_lens, dtype=torch.long),
+        "tree_start": torch.tensor(tree_start, dtype=torch.long),
+        "tree_bits": torch.tensor(bits, dtype=torch.long),
+    }
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -238,11 +238,12 @@ class LlamaModel(nn.Module):
 
     def _can_fuse(self, x: torch.Tensor, meta: AttentionMetadata, kv_caches) -> bool:
         """At most `fused_max_rows` rows, each attending to every position up to its own
-        (decode rows, prefill chunks, chain drafts; not token trees)."""
+        (decode rows, prefill chunks, chain drafts), or to those before its token tree and its
+        ancestors in it (trees of up to TREE_BITS_MAX_NODES nodes)."""
         return (
             self.fused_decode is not None
             and 0 < x.shape[0] <= self.fused_max_rows
-            and not meta.has_tree_mask
+            and (not meta.has_tree_mask or meta.tree_bits is not None)
             and x.dtype == torch.float32
             and all(c.dtype == torch.float32 for c in kv_caches)
         )
@@ -261,7 +262,11 @@ class LlamaModel(nn.Module):
             width = max(t.shape[1] for t in tables)
             table = torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
         table = table.contiguous()  # once a step, not once a layer
-        lens = positions + 1
+        if meta.tree_bits is not None:  # a tree node's position is its depth, not its slot
+            lens, tree_start, tree_bits = meta.tree_context_lens, meta.tree_start, meta.tree_bits
+        else:
+            lens = positions + 1
+            tree_start = tree_bits = torch.empty(0, dtype=torch.long)
         cos = self.rope_cos[positions].contiguous()
         sin = self.rope_sin[positions].contiguous()
         attn = self.layers[0].self_attn
@@ -277,6 +282,8 @@ class LlamaModel(nn.Module):
                 slots,
                 table,
                 lens,
+                tree_start,
+                tree_bits,
                 attn.num_heads,
                 eps,
                 attn.scale,

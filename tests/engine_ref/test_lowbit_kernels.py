@@ -17,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams
 from engine_ref.core import kernels
+from engine_ref.core.attention import TREE_BITS_MAX_NODES, build_attention_metadata
 from engine_ref.core.engine_config import SpeculativeConfig
 from engine_ref.core.quant import Int4Groups, Int4Linear, Int8Linear, int8_per_row
 
@@ -297,6 +298,68 @@ def test_fused_decode_matches_with_speculation_and_sampling(quantization):
         verify_rows += engine.stats().spec_decode.num_draft_tokens
     assert verify_rows > 0  # some steps verified drafts
     assert runs[0] == runs[1]
+
+
+def test_tree_rows_for_the_fused_layer_by_hand():
+    # A decode row at position 4, then a 3-node tree at 10..12: node 1 under node 0, node 2
+    # under node 0 too (a sibling of node 1, so it must not see it).
+    allowed = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    meta = build_attention_metadata(
+        start_positions=[4, 10], num_new_tokens=[1, 3], block_tables=[[0], [1]],
+        block_size=16, num_queries_per_kv=1, num_kv_heads=1, num_pool_blocks=2,
+        device=CPU, tree_masks={1: allowed},
+    )  # fmt: skip
+    assert meta.tree_context_lens.tolist() == [5, 11, 12, 13]
+    assert meta.tree_start.tolist() == [5, 10, 10, 10]  # the decode row: no window at all
+    assert meta.tree_bits.tolist() == [0, 0b001, 0b011, 0b101]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "has_bits"), [(TREE_BITS_MAX_NODES, True), (TREE_BITS_MAX_NODES + 1, False)]
+)
+def test_trees_past_the_bit_width_are_left_to_the_python_layers(nodes, has_bits):
+    chain_of_nodes = torch.ones(nodes, nodes, dtype=torch.bool).tril()
+    meta = build_attention_metadata(
+        start_positions=[0], num_new_tokens=[nodes], block_tables=[[0, 1, 2, 3, 4]],
+        block_size=16, num_queries_per_kv=1, num_kv_heads=1, num_pool_blocks=5,
+        device=CPU, tree_masks={0: chain_of_nodes},
+    )  # fmt: skip
+    assert (meta.tree_bits is not None) == has_bits
+    if has_bits:  # the last node sees all 63 before it and itself: 63 bits set
+        assert meta.tree_bits[-1].item() == (1 << TREE_BITS_MAX_NODES) - 1
+
+
+@needs_kernels
+@pytest.mark.parametrize("quantization", ["w4a16", None])
+@pytest.mark.parametrize("temperature", [0.0, 1.5])
+def test_token_tree_verify_steps_are_fused_and_give_the_python_layers_tokens(
+    quantization, temperature
+):
+    spec = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=1,
+                             num_tree_branches=3, disable_by_batch_size=None)  # fmt: skip
+    params = SamplingParams(max_tokens=40, temperature=temperature, seed=4, ignore_eos=True)
+    runs, seen = [], {}
+    for fused in (True, False):
+        engine = _engine(quantization=quantization, speculative_config=spec)
+        if not fused:
+            _python_layers(engine)
+        prompt = engine.tokenizer.encode("a b c a b d a b e a b c a b d a b e a b")
+        can_fuse, seen[fused] = engine.model._can_fuse, []
+
+        def spy(x, meta, kv_caches, can_fuse=can_fuse, log=seen[fused]):
+            log.append((meta.has_tree_mask, can_fuse(x, meta, kv_caches)))
+            return log[-1][1]
+
+        engine.model._can_fuse = spy
+        engine.add_request("t", prompt, params)
+        tokens = []
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens += out.outputs[0].new_token_ids
+        runs.append(tokens)
+    assert (True, True) in seen[True]  # some tree verify steps ran the fused layer
+    assert not any(fused for _, fused in seen[False])
+    assert runs[0] == runs[1] and len(runs[0]) == 40
 
 
 def test_kernels_off_by_environment_leave_torchs_kernels_running():

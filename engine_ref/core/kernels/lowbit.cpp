@@ -72,10 +72,12 @@ inline float sum(const float* a, int64_t n) {
   return total;
 }
 
-// e^x for 8 lanes, within about 2 ulp of expf for x in [-87, 88] (clamped there): e^x =
+// e^x for 8 lanes, within about 2 ulp of expf for x in [-87, 88] (0 below, e^88 above; -inf
+// and NaN give 0): e^x =
 // 2^n e^r with n = round(x log2 e) and |r| <= ln 2 / 2, e^r from Cephes' expf polynomial.
 // The layer's SiLU and softmax run it: std::exp does not vectorise without -ffast-math.
 inline __m256 exp8(__m256 x) {
+  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);  // else 0
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -88,7 +90,7 @@ inline __m256 exp8(__m256 x) {
   poly = _mm256_add_ps(_mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
   const __m256i two_n =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(poly, _mm256_castsi256_ps(two_n));
+  return _mm256_and_ps(_mm256_mul_ps(poly, _mm256_castsi256_ps(two_n)), live);
 }
 
 // a[i] = e^(a[i] - shift) for i < n; returns their sum.
@@ -345,11 +347,14 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
 // weights: ln1 [D], qkv (packed, scale, minimum), o (3), ln2 [D], gate_up (3), down (3); a
 // float32 projection is (weight [N, K], then two unused tensors) and runs f32_gemm.
 // kv_pool [2 kvh, blocks, block_size, hd] float32; block_tables [M, nb] int64;
-// slots, context_lens [M] int64; cos, sin [M, hd] float32.
+// slots, context_lens [M] int64; cos, sin [M, hd] float32. Token trees: tree_start and
+// tree_bits [M] int64 (both empty without trees); row m then attends to position p <
+// context_lens[m] only if p < tree_start[m] or bit p - tree_start[m] of tree_bits[m] is set.
 at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor& cos,
                         const at::Tensor& sin, const at::Tensor& kv_pool,
                         const at::Tensor& slots, const at::Tensor& block_tables,
-                        const at::Tensor& context_lens, int64_t num_heads, double eps,
+                        const at::Tensor& context_lens, const at::Tensor& tree_start,
+                        const at::Tensor& tree_bits, int64_t num_heads, double eps,
                         double attn_scale) {
   TORCH_CHECK(w.size() == 14, "decode_layer takes 14 weight tensors, got ", w.size());
   const int64_t M = x.size(0), D = x.size(1);
@@ -381,6 +386,15 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
     TORCH_CHECK(cl[m] >= 1 && cl[m] <= nb * bs, "context length ", cl[m], " outside the table");
     TORCH_CHECK(st[m] >= 0 && st[m] < slots_per_head, "slot outside the pool");
   }
+  const bool tree = tree_start.numel() > 0;
+  TORCH_CHECK(!tree || (tree_start.scalar_type() == at::kLong && tree_start.numel() == M &&
+                        tree_bits.scalar_type() == at::kLong && tree_bits.numel() == M &&
+                        tree_start.is_contiguous() && tree_bits.is_contiguous()),
+              "tree_start and tree_bits must be int64 [M], or both empty");
+  const int64_t* tsp = tree ? tree_start.data_ptr<int64_t>() : nullptr;
+  const int64_t* tbp = tree ? tree_bits.data_ptr<int64_t>() : nullptr;
+  for (int64_t m = 0; tree && m < M; ++m)
+    TORCH_CHECK(tsp[m] >= 0 && cl[m] - tsp[m] <= 63, "a tree row's window exceeds 63 nodes");
 
   at::Tensor out = x.clone();
   float* xr = out.data_ptr<float>();
@@ -440,8 +454,14 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
       const float* q = big.data() + m * qkv_n + qh * hd;
       const float* keys = pool + kh * slots_per_head * hd;
       const float* values = pool + (kvh + kh) * slots_per_head * hd;
+      const int64_t ts = tree ? tsp[m] : len;
+      const uint64_t bits = tree ? static_cast<uint64_t>(tbp[m]) : 0;
       float top = -INFINITY;
       for (int64_t pos = 0; pos < len; ++pos) {
+        if (pos >= ts && !((bits >> (pos - ts)) & 1)) {  // not an ancestor: weight exactly 0
+          p[pos] = -INFINITY;
+          continue;
+        }
         const float* k = keys + (bt[m * nb + pos / bs] * bs + pos % bs) * hd;
         p[pos] = dot(q, k, hd) * sc;
         top = std::max(top, p[pos]);
@@ -505,8 +525,8 @@ TORCH_LIBRARY(refkern, m) {
   m.def("f32_gemm(Tensor x, Tensor weight) -> Tensor");
   m.def(
       "decode_layer(Tensor x, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) kv_pool, "
-      "Tensor slots, Tensor block_tables, Tensor context_lens, int num_heads, float eps, "
-      "float attn_scale) -> Tensor");
+      "Tensor slots, Tensor block_tables, Tensor context_lens, Tensor tree_start, "
+      "Tensor tree_bits, int num_heads, float eps, float attn_scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(refkern, CPU, m) {
