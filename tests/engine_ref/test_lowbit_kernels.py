@@ -17,7 +17,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams
 from engine_ref.core import kernels
-from engine_ref.core.attention import TREE_BITS_MAX_NODES, build_attention_metadata
+from engine_ref.core.attention import (
+    TREE_BITS_MAX_NODES,
+    build_attention_metadata,
+    kv_pool_shape,
+)
 from engine_ref.core.engine_config import SpeculativeConfig
 from engine_ref.core.quant import Int4Groups, Int4Linear, Int8Linear, int8_per_row
 
@@ -298,6 +302,42 @@ def test_fused_decode_matches_with_speculation_and_sampling(quantization):
         verify_rows += engine.stats().spec_decode.num_draft_tokens
     assert verify_rows > 0  # some steps verified drafts
     assert runs[0] == runs[1]
+
+
+def _chunked_logits(engine: LLMEngine, ids: list[int], chunk: int) -> torch.Tensor:
+    """Logits of every position, `ids` fed `chunk` at a time into a scratch pool."""
+    mc, bs = engine.model_config, engine.config.block_size
+    blocks = -(-len(ids) // bs)
+    shape = kv_pool_shape(blocks, bs, mc.num_key_value_heads, mc.head_dim)
+    pools = [torch.zeros(shape) for _ in range(mc.num_hidden_layers)]
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(ids), chunk):
+            piece = ids[start : start + chunk]
+            meta = build_attention_metadata(
+                start_positions=[start], num_new_tokens=[len(piece)],
+                block_tables=[list(range(blocks))], block_size=bs,
+                num_queries_per_kv=mc.num_attention_heads // mc.num_key_value_heads,
+                num_kv_heads=mc.num_key_value_heads, num_pool_blocks=blocks, device=CPU,
+            )  # fmt: skip
+            positions = torch.arange(start, start + len(piece))
+            hidden = engine.model(torch.tensor(piece), positions, meta, pools)
+            out.append(engine.model.compute_logits(hidden))
+    return torch.cat(out)
+
+
+@needs_kernels
+@pytest.mark.parametrize("chunk", [1, 7, DENSE])
+def test_float32_fused_logits_match_the_python_layers(chunk):
+    # The fused layer's own exp (SiLU, softmax) and GEMMs against torch's over 100 positions:
+    # softmax lengths of every remainder mod 8 (the exp's tail) and several KV blocks.
+    engine = _engine(quantization=None)
+    ids = [(13 * j) % 400 + 1 for j in range(100)]
+    fused = _chunked_logits(engine, ids, chunk)
+    _python_layers(engine)
+    python = _chunked_logits(engine, ids, chunk)
+    assert fused.shape == (100, engine.model_config.vocab_size)
+    assert _relative_error(fused, python.double()) < 1e-5
 
 
 def test_tree_rows_for_the_fused_layer_by_hand():

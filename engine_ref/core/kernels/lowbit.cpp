@@ -72,10 +72,10 @@ inline float sum(const float* a, int64_t n) {
   return total;
 }
 
-// e^x for 8 lanes, within about 2 ulp of expf for x in [-87, 88] (0 below, e^88 above; -inf
-// and NaN give 0): e^x =
-// 2^n e^r with n = round(x log2 e) and |r| <= ln 2 / 2, e^r from Cephes' expf polynomial.
-// The layer's SiLU and softmax run it: std::exp does not vectorise without -ffast-math.
+// e^x for 8 lanes, within about 2 ulp of expf for x in [-87, 88]; 0 below (-inf and NaN
+// too), e^88 above. e^x = 2^n e^r with n = round(x log2 e) and |r| <= ln 2 / 2, e^r from
+// Cephes' expf polynomial. The layer's SiLU and softmax run it: std::exp does not vectorise
+// without -ffast-math.
 inline __m256 exp8(__m256 x) {
   const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);  // else 0
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
@@ -201,8 +201,8 @@ void q8_rows(const float* x, const int8_t* weight, const float* scale, float* y,
   }
 }
 
-// Weight rows n .. n + B - 1 against activation rows [m0, m0 + R): B rows share each load of
-// x, so with B = 2 a pass issues 2 + R / B loads per 8 FMAs instead of 1 + R.
+// Weight rows n .. n + B - 1 against activation rows [m0, m0 + R). Per 16 columns a pass
+// loads 2 B weight and 2 R activation vectors for 2 B R FMAs: B = 2 halves the x loads.
 template <int R, int B>
 inline void f32_block(const float* x, const float* weight, float* y, int64_t K, int64_t N,
                       int64_t m0, int64_t n) {
@@ -335,10 +335,11 @@ at::Tensor q4_gemm(const at::Tensor& x, const at::Tensor& packed, const at::Tens
   return y;
 }
 
-// One Llama decoder layer for M rows with int4 or float32 projections, each row attending to every
-// position up to its own (decode rows, prefill chunks, chain drafts: all rows' K/V are in the
-// pool before any row attends), in place of the ~45 small torch ops and nine module calls it
-// takes in Python (`model.py`):
+// One Llama decoder layer for M rows with int4 or float32 projections, each row attending to
+// every position up to its own (decode rows, prefill chunks, chain drafts: all rows' K/V are
+// in the pool before any row attends) or, in a token tree, to those before the tree and its
+// ancestors, in place of the ~45 small torch ops and nine module calls it takes in Python
+// (`model.py`):
 // RMSNorm, qkv, RoPE (rotate_half pairing, signed sin as `rope_tables` builds it), the new
 // K/V stored at `slots`, attention of each row over its `context_lens` positions through its
 // block table, o_proj and the residual, RMSNorm, gate_up, silu(gate) * up, down_proj and the
