@@ -35,7 +35,7 @@ from harness.targets import Target, launch_plan_for, preflight, target_for, targ
 from harness.tokenizer_choice import (
     TokenizerChoice,
     chat_overhead_tokens,
-    choose_tokenizer,
+    choose_for_run,
     load_chosen,
 )
 from harness.transport import Transport
@@ -79,7 +79,7 @@ def default_run_dir(config: RunConfig) -> Path:
 def load_tokenizer_for(config: RunConfig, plan=None):
     """The tokenizer that counts prompt tokens (and output tokens where usage is missing): the
     model under test's (see `harness.tokenizer_choice`)."""
-    return load_chosen(choose_tokenizer(config, plan))
+    return load_chosen(choose_for_run(config, plan))
 
 
 def warn(console: Console | None, sentence: str) -> None:
@@ -167,7 +167,7 @@ def run_benchmark(
     with removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
         plan = launch_plan_for(config) if target is None else target.plan
-        choice = choose_tokenizer(config, plan)
+        choice = choose_for_run(config, plan)
         if choice.warning and tokenizer is None:
             warn(console, choice.warning)
         tokenizer = tokenizer or load_chosen(choice)

@@ -3,8 +3,9 @@
 The reference engine's own model; for an external target `--tokenizer` (a Hugging Face
 directory or its `tokenizer.json`, a GGUF file, or a reference model name), else what the
 managed engine serves (the exported directory, the GGUF file), else `--model` when it names a
-reference model. When none of these says, the default model's tokenizer is used and the run
-says so: its prompt lengths and token counts may be off.
+reference model, else (`choose_for_run`, which may ask the target) the model a reference
+server's `/info` names. When none of these says, the default model's tokenizer is used and
+the run says so: its prompt lengths and token counts may be off.
 """
 
 from __future__ import annotations
@@ -60,6 +61,25 @@ def choose_tokenizer(config: RunConfig, plan: LaunchPlan | None = None) -> Token
             "reference model name) for figures in the target's tokens."
         ),
     )
+
+
+def choose_for_run(config: RunConfig, plan: LaunchPlan | None = None) -> TokenizerChoice:
+    """`choose_tokenizer`, and for a URL target it leaves unplaced, what the target says it
+    serves: a reference server's `/info` names its model (one GET; an unreachable target or
+    another engine leaves the default and its warning)."""
+    choice = choose_tokenizer(config, plan)
+    if choice.warning is None or plan is not None:
+        return choice
+    kind, url = ("url", config.url) if config.url is not None else parse_target(config.target)
+    if kind != "url" or url is None:
+        return choice
+    from harness.targets import target_info
+
+    info = target_info(url, config.api_key, config.headers)
+    model = info.get("model") if info.get("engine") == "engine_ref" else None
+    if isinstance(model, str) and names_a_model(model):
+        return TokenizerChoice(model, "the reference server's /info names its model")
+    return choice
 
 
 def load_chosen(choice: TokenizerChoice):

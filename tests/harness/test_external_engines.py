@@ -20,6 +20,7 @@ from harness.config import RunConfig
 from harness.engines import ENGINES, parse_assignments, parse_target, plan_launch
 from harness.errors import HarnessError
 from harness.launch import free_port, launched
+from harness.managed import ManagedServerConfig, managed_server
 from harness.tokenizer_choice import choose_tokenizer
 from slo.runrecord import RequestColumn
 
@@ -191,6 +192,34 @@ def test_the_tokenizer_follows_the_model_under_test(config, source, known):
     assert (choice.source, choice.warning is None) == (source, known)
     if not known:
         assert "--tokenizer" in choice.warning
+
+
+def _url_run(tmp_path, url: str, name: str):
+    out = tmp_path / name
+    result = CliRunner().invoke(
+        bench,
+        ["run", "--url", url, "--workload", "random", "--num-requests", "3", "--input-len", "8",
+         "--output-len", "2", "--request-rate", "inf", "--out", str(out), "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    target = json.loads((out / "manifest.json").read_text())["target"]
+    return result.output, target["tokenizer"]
+
+
+@pytest.mark.slow  # starts a reference server
+def test_a_url_to_a_reference_server_counts_with_the_model_its_info_names(tmp_path, mock_server):
+    # No --model, no --tokenizer: the reference server's /info says it serves tiny-random.
+    config = ManagedServerConfig(model="tiny-random", startup_timeout_s=120)
+    with managed_server(config) as server:
+        output, tokenizer = _url_run(tmp_path, server.base_url, "ref")
+    assert "warning" not in output
+    assert tokenizer == {"source": "tiny-random", "known": True,
+                         "how": "the reference server's /info names its model"}  # fmt: skip
+    # Another engine (the mock has no /info) leaves the default and its one-sentence warning.
+    with mock_server("--ttft-ms", "1", "--itl-ms", "1") as url:
+        output, tokenizer = _url_run(tmp_path, url, "mock")
+    assert "tokenizer is not known" in output and "--tokenizer" in output
+    assert tokenizer["source"] == "smollm2-135m" and not tokenizer["known"]
 
 
 def test_tiny_random_served_with_the_smollm2_tokenizer_warns(tmp_path, smollm2_tokenizer):
