@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from engine_ref.core import kernels  # noqa: E402
 
 
 def make_prompts(rng: np.random.Generator, num: int, length: int, vocab: int) -> list[list[int]]:
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="store_true", help="print torch.profiler's top ops for decode steps"
     )
     args = parser.parse_args(argv)
+    # A float32 engine does not wait for the engine kernels' first build; build them now.
+    kernels.available()
 
     torch.set_num_threads(args.threads)
     from engine_ref.loading.weights import load_model

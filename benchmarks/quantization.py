@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from engine_ref.core import kernels  # noqa: E402
 from engine_ref.core.attention import build_attention_metadata, kv_pool_shape  # noqa: E402
 from engine_ref.loading.weights import load_model  # noqa: E402
 
@@ -241,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    # A float32 engine does not wait for the engine kernels' first build; build them now.
+    kernels.available()
     modes = args.modes.split(",")
     unknown = [m for m in modes if m not in MODES]
     if unknown or BASELINE not in modes:

@@ -33,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from engine_ref.core import kernels
+
 BENCH = [sys.executable, "-m", "harness.cli"]
 WORKLOAD = ["--workload", "random", "--input-len", "128", "--output-len", "128", "--num-requests", "64",
             "--request-rate", "inf", "--ignore-eos"]  # fmt: skip
@@ -118,6 +120,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    # A float32 engine does not wait for the engine kernels' first build; build them now.
+    kernels.available()
 
     work = Path(tempfile.mkdtemp(prefix="server-vs-vllm-"))
     model_dir = args.model_dir or work / "smollm2-hf"

@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from engine_ref.core import kernels  # noqa: E402
 from engine_ref.core.engine_config import SpeculativeConfig  # noqa: E402
 from engine_ref.loading.weights import load_model  # noqa: E402
 
@@ -115,6 +116,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    # A float32 engine does not wait for the engine kernels' first build; build them now.
+    kernels.available()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3 (medians of alternating runs).")
     loaded = load_model("smollm2-135m", dtype="float32", keep_int4=args.quantization == "w4a16")

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from engine_ref.core import kernels
+
 CONFIGS = ("llamacpp", "ref-w4a16", "ref-w4a16-torch", "ref-float32")
 
 
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("/tmp/w4a16-vs-llamacpp"))
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    # A float32 engine does not wait for the engine kernels' first build; build them now.
+    kernels.available()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:

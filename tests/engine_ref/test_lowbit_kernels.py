@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -400,6 +401,36 @@ def test_token_tree_verify_steps_are_fused_and_give_the_python_layers_tokens(
     assert (True, True) in seen[True]  # some tree verify steps ran the fused layer
     assert not any(fused for _, fused in seen[False])
     assert runs[0] == runs[1] and len(runs[0]) == 40
+
+
+@needs_kernels
+@pytest.mark.slow  # builds the kernels once more, into an empty cache (about 20 s)
+def test_a_float32_engine_builds_the_kernels_in_the_background(tmp_path):
+    # A float32 engine (a server's) must not wait for the first build: it runs torch's
+    # kernels and leaves a detached build behind, whose library the next engine loads.
+    code = (
+        "from engine_ref import EngineConfig, LLMEngine\n"
+        "e = LLMEngine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
+        " num_threads=1))\n"
+        "print(e.model.fused_decode is not None, e.model.small_head)\n"
+    )
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+
+    def engine_line() -> list[str]:
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                text=True, timeout=300, check=True)  # fmt: skip
+        return result.stdout.split()
+
+    assert engine_line() == ["False", "False"]
+    kernel_dirs = tmp_path / "llm-bench" / "kernels"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        built = [d for d in kernel_dirs.glob("refkern-*") if (d / "refkern.so").is_file()]
+        if built and not any((d / "lock").exists() for d in built):
+            break
+        time.sleep(1)
+    assert built, "the background build left no library within 300 s"
+    assert engine_line() == ["True", "True"]
 
 
 def test_kernels_off_by_environment_leave_torchs_kernels_running():

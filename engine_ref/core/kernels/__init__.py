@@ -19,7 +19,9 @@ from about 32 rows on (measured while writing these), so the int4 layers use the
 most `SMALL_BATCH_ROWS` rows.
 
 The extension is compiled once per torch version and source (about 20 s) into the bench
-cache, the first time an engine on the CPU loads, and loaded as a torch library, so a
+cache: in the foreground by the first quantized engine (and the tests), in a detached
+low-priority process by the first float32 engine, which runs torch's kernels meanwhile so a
+server's start is not held. It is loaded as a torch library, so a
 profiler sees `refkern::q4_gemm`, `refkern::f32_gemm` and the rest like any aten op. Without a
 C++ compiler, ninja or AVX2 + FMA + F16C, or with `BENCH_REF_KERNELS=0`, `available()` is
 false, the reason is in `unavailable_reason()`, and the layers run torch's kernels alone.
@@ -31,6 +33,8 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -118,10 +122,35 @@ def _load() -> None:
     _state["reason"] = reason
 
 
-def available() -> bool:
-    """True when the `refkern` ops are loaded (built on the first call)."""
+def _built() -> bool:
+    """The library is in the cache and no build of it is under way (torch's build lock)."""
+    path = _build_dir()
+    return (path / "refkern.so").is_file() and not (path / "lock").exists()
+
+
+def _build_in_background() -> None:
+    """Build the library in a detached, low-priority process (once per process), so the
+    next engine finds it; it outlives this process if this one exits first."""
+    if _state.get("background"):
+        return
+    _state["background"] = True
+    nice = ["nice", "-n", "19"] if shutil.which("nice") else []
+    code = "from engine_ref.core import kernels; kernels.available()"
+    subprocess.Popen([*nice, sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)  # fmt: skip
+
+
+def available(build: bool = True) -> bool:
+    """True when the `refkern` ops are loaded. The first call builds them (about 20 s) unless
+    `build` is false: then, when they are not built yet, it starts a background build for
+    the next engine and returns False, leaving a later call free to build or load them."""
     with _lock:
         if "reason" not in _state:
+            if not build and _why_not() is None and not _built():
+                _build_in_background()
+                log.info("engine_ref kernels not built yet: building them in the background")
+                return False
             _load()
     return _state["reason"] is None
 
@@ -167,12 +196,14 @@ def f32_gemm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def dense_ok(weight: torch.Tensor) -> bool:
-    """Whether `f32_gemm` (and `decode_layer`) can take this weight as it is held."""
+    """Whether `f32_gemm` (and `decode_layer`) can take this weight as it is held. A float32
+    engine does not wait for a first build (it would hold a server's start by some 20 s): it
+    runs torch's kernels until a later engine finds the library built."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and weight.dim() == 2
         and weight.is_contiguous()
         and weight.shape[1] % F32_K_MULTIPLE == 0
-        and available()
+        and available(build=False)
     )
