@@ -68,7 +68,7 @@ def choose_for_run(config: RunConfig, plan: LaunchPlan | None = None) -> Tokeniz
     serves: a reference server's `/info` names its model (one GET; an unreachable target or
     another engine leaves the default and its warning)."""
     choice = choose_tokenizer(config, plan)
-    if choice.warning is None or plan is not None:
+    if choice.warning is None:  # placed (a managed engine's plan always is)
         return choice
     kind, url = ("url", config.url) if config.url is not None else parse_target(config.target)
     if kind != "url" or url is None:

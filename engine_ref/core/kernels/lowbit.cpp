@@ -93,6 +93,13 @@ inline __m256 exp8(__m256 x) {
   return _mm256_and_ps(_mm256_mul_ps(poly, _mm256_castsi256_ps(two_n)), live);
 }
 
+// exp8 on one value: the loops' tails, so a position's value does not depend on where it falls.
+inline float exp1(float x) {
+  float lane[8] = {x};
+  _mm256_storeu_ps(lane, exp8(_mm256_loadu_ps(lane)));
+  return lane[0];
+}
+
 // a[i] = e^(a[i] - shift) for i < n; returns their sum.
 inline float exp_shifted(float* a, int64_t n, float shift) {
   const __m256 s = _mm256_set1_ps(shift);
@@ -104,11 +111,7 @@ inline float exp_shifted(float* a, int64_t n, float shift) {
     acc = _mm256_add_ps(acc, e);
   }
   float total = hsum(acc);
-  for (; i < n; ++i) {  // the tail through the same exp8, so a position's value is the same
-    float lane[8] = {a[i] - shift};
-    _mm256_storeu_ps(lane, exp8(_mm256_loadu_ps(lane)));
-    total += (a[i] = lane[0]);
-  }
+  for (; i < n; ++i) total += (a[i] = exp1(a[i] - shift));
   return total;
 }
 
@@ -122,11 +125,7 @@ inline void silu_mul(const float* gate, const float* up, float* out, int64_t n) 
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
                                             _mm256_loadu_ps(up + i)));
   }
-  for (; i < n; ++i) {
-    float lane[8] = {-gate[i]};
-    _mm256_storeu_ps(lane, exp8(_mm256_loadu_ps(lane)));
-    out[i] = gate[i] / (1.0f + lane[0]) * up[i];
-  }
+  for (; i < n; ++i) out[i] = gate[i] / (1.0f + exp1(-gate[i])) * up[i];
 }
 
 inline __m256 widen_i8(const int8_t* p) {
