@@ -62,7 +62,24 @@ class FaultSession:
             self.options = dataclasses.replace(self.options, base_url=proxied)
         self.client = ClientFaults(self.plan, self.options, max_connections=self.max_connections)
         await self.client.__aenter__()
+        await self._open_engine_windows_at_zero()
         return self
+
+    async def _open_engine_windows_at_zero(self) -> None:
+        """Apply the engine faults of windows open from the start before any request is sent
+        (warm-up included): applied by the scheduler after t0, a fast engine ran a run's
+        first steps before the fault's HTTP call reached it."""
+        from faults.plan import Layer, WindowTracker
+
+        active = WindowTracker(self.plan).poll(0.0, 0)
+        for i, w in enumerate(self.plan.windows):
+            if w not in active or w.layer is not Layer.ENGINE:
+                continue
+            entry = {"kind": w.kind.value, "layer": w.layer.value, "start_s": 0.0}
+            self._started.add(i)
+            self._open[i] = entry
+            self.applied.append(entry)
+            await self._engine_fault(w, entry, start=True)
 
     async def __aexit__(self, *exc_info) -> None:
         from faults.plan import FaultKind
