@@ -76,8 +76,11 @@ class ClientOptions:
 
 
 def build_body(options: ClientOptions, spec: dict) -> bytes:
-    """Encode one RequestSpec row (a dict) as the JSON body for the chosen endpoint."""
-    return orjson.dumps(body_fields(options, spec))
+    """Encode one RequestSpec row (a dict) as the JSON body for the chosen endpoint.
+
+    Copied to its own size: orjson's result keeps the 1 KiB buffer it wrote into, which a
+    plan of many short bodies would otherwise hold (15 MB for 15,000 requests)."""
+    return bytes(memoryview(orjson.dumps(body_fields(options, spec))))
 
 
 def body_fields(options: ClientOptions, spec: dict) -> dict:

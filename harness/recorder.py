@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from harness.client import RawResult
 from harness.errors import HarnessError
 from harness.records import RecordContext, to_rows
@@ -80,22 +82,30 @@ class RunRecorder:
         if not self._pending:
             return
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        records, warm_records, chunk_rows = [], [], []
+        records, warm_records, chunks = [], [], []
         for raw in pending:
             rid = raw.request_id
-            record, chunks = to_rows(
+            record, rows = to_rows(
                 raw, self.input_tokens.get(rid), self.context, self.sessions.get(rid)
             )
             if raw.is_warmup:
                 warm_records.append(record)
             else:
                 records.append(record)
-                chunk_rows.extend(chunks)
+                if len(rows):
+                    chunks.append(rows)
         if self.on_records is not None:
             self.on_records(records)
         self.writer.append_requests(records)
         self.writer.append_warmup(warm_records)
-        self.writer.append_chunks(chunk_rows)
+        if chunks:
+            self.writer.append_chunk_columns(
+                [rows.request_id for rows in chunks],
+                np.array([len(rows) for rows in chunks], np.int64),
+                np.concatenate([rows.t_ns for rows in chunks]),
+                np.concatenate([rows.n_tokens for rows in chunks]),
+                np.concatenate([rows.n_chars for rows in chunks]),
+            )
 
     def close(self, *, complete: bool, reason: str | None = None, **manifest_changes) -> None:
         """Flush, close the tables and rewrite the manifest with the run's end state. Idempotent."""

@@ -7,6 +7,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from harness.client import RawResult
 from harness.output_checks import CheckResult, OutputChecks
 from harness.sse import ParsedStream, parse_body, parse_stream
@@ -47,13 +49,40 @@ def _rel(t_ns: int | None, t0_ns: int) -> int | None:
 
 def _retokenise_chunks(parsed: ParsedStream, count_tokens: TokenCounter) -> None:
     """Count each text event's tokens with the run's tokenizer (the server said neither its
-    usage so far nor token ids): each event's text on its own, at least one token."""
-    texts = iter(parsed.text_parts)
-    parsed.chunks = [
-        (t_ns, max(1, count_tokens(next(texts))) if n_chars else 0, n_chars)
-        for t_ns, _, n_chars in parsed.chunks
-    ]
+    usage so far nor token ids): each event's text on its own, at least one token. Each
+    distinct text is counted once."""
+    counts = np.array([max(1, count_tokens(text)) for text in parsed.texts] + [0], np.int64)
+    parsed.n_tokens = counts[parsed.text_id]  # text_id -1 (no text) reads the trailing 0
     parsed.chunk_tokens_source = TokenSource.TOKENIZER
+
+
+@dataclass(slots=True)
+class ChunkRows:
+    """One request's `chunks.parquet` rows as columns; `t_ns` relative to the run's t0."""
+
+    request_id: str
+    t_ns: np.ndarray
+    n_tokens: np.ndarray
+    n_chars: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.t_ns)
+
+    def __iter__(self):
+        return iter(self.rows())
+
+    def rows(self) -> list[tuple[str, int, int, int]]:
+        """`(request_id, t_ns, n_tokens, n_chars)` per chunk."""
+        rid = self.request_id
+        return [
+            (rid, t, n, c)
+            for t, n, c in zip(
+                self.t_ns.tolist(), self.n_tokens.tolist(), self.n_chars.tolist(), strict=True
+            )
+        ]
+
+
+_NO_CHUNKS = np.zeros(0, np.int64)
 
 
 def to_rows(
@@ -61,15 +90,15 @@ def to_rows(
     input_tokens: int | None,
     ctx: RecordContext,
     session: tuple[str, int] | None = None,
-) -> tuple[RequestRecord, list[tuple]]:
-    """Build the request record and its chunk rows `(request_id, t_ns, n_tokens, n_chars)`;
-    `session` is the request's (session id, turn index) in a multi-turn workload."""
+) -> tuple[RequestRecord, ChunkRows]:
+    """Build the request record and its chunk rows; `session` is the request's (session id,
+    turn index) in a multi-turn workload."""
     parsed: ParsedStream | None = None
     status, error_class, error_message = raw.status, raw.error_class, raw.error_message
     if status is None:
         if raw.body is not None:
             parsed = parse_body(raw.body, chat=ctx.is_chat)
-            parsed.chunks.append((raw.t_done_ns, 1 if parsed.text else 0, len(parsed.text)))
+            parsed.set_chunks([raw.t_done_ns], [1 if parsed.text else 0], [len(parsed.text)])
         else:
             parsed = parse_stream(raw.reads, chat=ctx.is_chat)
         if parsed.error_class is None:
@@ -89,10 +118,10 @@ def to_rows(
     # A non-streamed response arrives whole: no token was seen before the last byte, so the
     # first and last token times are unknown (TTFT, TPOT and ITL undefined), not t_done.
     streamed = raw.body is None
-    token_times = [t for t, n, _ in parsed.chunks if n > 0] if parsed and streamed else []
+    token_times = parsed.t_ns[parsed.n_tokens > 0] if parsed and streamed else _NO_CHUNKS
     text = parsed.text if parsed else ""
     usage = (parsed.usage if parsed else None) or {}
-    client_tokens = sum(n for _, n, _ in parsed.chunks) if parsed else 0
+    client_tokens = int(parsed.n_tokens.sum()) if parsed else 0
     usage_completion = usage.get("completion_tokens")
     if status is RequestStatus.NOT_SENT:
         output_tokens, source = None, None
@@ -104,10 +133,9 @@ def to_rows(
         output_tokens, source = ctx.count_tokens(text), TokenSource.TOKENIZER
     else:
         output_tokens, source = client_tokens, TokenSource.CHUNK_COUNT
-    if raw.body is not None and parsed is not None and parsed.chunks:
+    if raw.body is not None and parsed is not None and len(parsed.t_ns):
         # A non-streamed response is one chunk holding every token.
-        t, _, n_chars = parsed.chunks[-1]
-        parsed.chunks[-1] = (t, output_tokens, n_chars)
+        parsed.n_tokens = np.array([output_tokens], np.int64)
         client_tokens = output_tokens
 
     checked = CheckResult()
@@ -122,14 +150,14 @@ def to_rows(
             streamed=raw.body is None,
         )
     t0 = ctx.t0_ns
-    chunk_source = parsed.chunk_tokens_source if parsed and token_times else None
+    chunk_source = parsed.chunk_tokens_source if parsed and len(token_times) else None
     record = RequestRecord(
         request_id=raw.request_id,
         t_scheduled_ns=_rel(raw.t_scheduled_ns, t0),
         t_sent_ns=_rel(raw.t_sent_ns, t0),
         t_first_byte_ns=_rel(raw.t_first_byte_ns, t0),
-        t_first_token_ns=_rel(token_times[0], t0) if token_times else None,
-        t_last_token_ns=_rel(token_times[-1], t0) if token_times else None,
+        t_first_token_ns=int(token_times[0]) - t0 if len(token_times) else None,
+        t_last_token_ns=int(token_times[-1]) - t0 if len(token_times) else None,
         t_done_ns=_rel(raw.t_done_ns, t0),
         status=status,
         http_status=raw.http_status,
@@ -144,7 +172,7 @@ def to_rows(
         output_tokens_source=source,
         output_chars=len(text),
         output_sha256=hashlib.sha256(text.encode()).hexdigest() if parsed else None,
-        num_chunks=len(parsed.chunks) if parsed else 0,
+        num_chunks=len(parsed.t_ns) if parsed else 0,
         is_warmup=raw.is_warmup,
         output_valid=checked.valid,
         response_id=parsed.response_id if parsed else None,
@@ -158,6 +186,7 @@ def to_rows(
         session_id=session[0] if session else None,
         turn_index=session[1] if session else None,
     )
-    rid = raw.request_id
-    chunks = [(rid, t - t0, n, c) for t, n, c in parsed.chunks] if parsed else []
+    if parsed is None:
+        return record, ChunkRows(raw.request_id, _NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)
+    chunks = ChunkRows(raw.request_id, parsed.t_ns - t0, parsed.n_tokens, parsed.n_chars)
     return record, chunks

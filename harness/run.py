@@ -257,6 +257,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         chunk_usage=_chunk_usage(config, target.get("engine")),
     )
     plan, input_tokens = _plan(config, workload, options, inputs.tokenizer)
+    release_free_memory()
     manifest = RunManifest(
         harness_version=harness.__version__,
         git_sha=git_sha(),
@@ -431,6 +432,24 @@ def _session_plan(config, workload, options: ClientOptions, rows, warmup, tokeni
     return LoadPlan(
         turns, arrivals, users or config.concurrency, config.duration_s, warmup, sessions
     )
+
+
+def release_free_memory() -> None:
+    """Hand back to the system what building the workload and the plan freed, before the load:
+    glibc's malloc and Arrow's pool otherwise keep it, and the run's memory then grows with
+    the workload's size (30,000 generated requests kept about 90 MB this way). No-op where
+    glibc is not the allocator."""
+    import ctypes
+    import gc
+
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _plan(

@@ -13,28 +13,39 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from harness import sse_native
 from slo.runrecord import ErrorClass, TokenSource
 
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
 DONE = b"[DONE]"
 
 
-@dataclass(slots=True)
+_EMPTY_I64 = np.zeros(0, np.int64)
+_EMPTY_I32 = np.zeros(0, np.int32)
+
+
+@dataclass(slots=True, eq=False)
 class ParsedStream:
     """What one OpenAI-style SSE stream said, with a timestamp per data event.
 
-    `chunks` holds one `(t_ns, n_tokens, n_chars)` per data event other than `[DONE]`. A
-    text-bearing event's tokens are counted from the tokens themselves where the server says
-    them, never from the event count alone: the growth of the usage so far that each event
-    carries (vLLM's `stream_options.continuous_usage_stats`), else the length of the choice's
-    `token_ids` (vLLM's `return_token_ids`); `chunk_tokens_source` says which. Only when
-    neither is there does a text event count one token (`CHUNK_COUNT`; `harness.records` then
-    retokenises each event's text where it has a tokenizer); a text event counts at least one
-    token either way. Role-only and usage-only events count zero.
+    The chunks are columns, one entry per data event other than `[DONE]`: its time `t_ns`,
+    `n_tokens` and `n_chars`, and `text_id`, the index of its text in `texts` (each distinct
+    event text once, in order of first use; -1: the event has no text). A text-bearing event's
+    tokens are counted from the tokens themselves where the server says them, never from the
+    event count alone: the growth of the usage so far that each event carries (vLLM's
+    `stream_options.continuous_usage_stats`), else the length of the choice's `token_ids`
+    (vLLM's `return_token_ids`); `chunk_tokens_source` says which. Only when neither is there
+    does a text event count one token (`CHUNK_COUNT`; `harness.records` then retokenises each
+    event's text where it has a tokenizer); a text event counts at least one token either way.
+    Role-only and usage-only events count zero.
     """
 
-    chunks: list[tuple[int, int, int]] = field(default_factory=list)
-    text_parts: list[str] = field(default_factory=list)
+    t_ns: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    n_tokens: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    n_chars: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
+    text_id: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
+    texts: list[str] = field(default_factory=list)
+    text: str = ""
     finish_reason: str | None = None
     usage: dict | None = None
     response_id: str | None = None  # the `id` of the first event that has one
@@ -43,9 +54,32 @@ class ParsedStream:
     error_message: str | None = None
     chunk_tokens_source: TokenSource | None = None  # None: no text-bearing event
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ParsedStream):
+            return NotImplemented
+        return all(
+            np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+            for a, b in zip(self._values(), other._values(), strict=True)
+        )
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
     @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
+    def chunks(self) -> list[tuple[int, int, int]]:
+        """The chunks as `(t_ns, n_tokens, n_chars)` rows."""
+        return list(
+            zip(self.t_ns.tolist(), self.n_tokens.tolist(), self.n_chars.tolist(), strict=True)
+        )
+
+    def set_chunks(self, t_ns, n_tokens, n_chars, text_id=None) -> None:
+        """Replace the chunk columns (`text_id` None: no chunk has a text of `texts`)."""
+        self.t_ns = np.asarray(t_ns, np.int64)
+        self.n_tokens = np.asarray(n_tokens, np.int64)
+        self.n_chars = np.asarray(n_chars, np.int64)
+        self.text_id = (
+            np.full(len(self.t_ns), -1, np.int32) if text_id is None else np.asarray(text_id)
+        )
 
 
 def split_events(
@@ -132,7 +166,14 @@ def _fast_events(reads: list[tuple[int, bytes]]) -> tuple[list[int], list, bool]
 
 
 def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
-    """Parse a whole streamed response of `/v1/completions` (`chat=False`) or chat completions."""
+    """Parse a whole streamed response of `/v1/completions` (`chat=False`) or chat completions.
+
+    The common form (every event one `data: ` line of a well-formed object) is read by the
+    compiled scanner where there is one (`harness.sse_native`); anything else, and every
+    stream where there is no scanner, by the Python parser below. Both give the same result."""
+    scanned = sse_native.scan(reads, chat=chat)
+    if scanned is not None:
+        return _from_scan(scanned)
     out = ParsedStream()
     fast = _fast_events(reads)
     if fast is not None:
@@ -150,15 +191,22 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
         if isinstance(objects, str):
             return _fail(out, ErrorClass.MALFORMED_JSON, objects)
         times = [t_ns for t_ns, _ in events]
-    parts = out.text_parts
-    # (t_ns, n_chars, usage so far or None, len(token_ids) or None) per event; n_chars 0: no text
-    rows: list[tuple[int, int, int | None, int | None]] = []
-    for t_ns, obj in zip(times, objects, strict=True):
+    parts: list[str] = []
+    text_ids: dict[str, int] = {}
+    # per event: n_chars (0: no text), its text's id, the usage so far, len(token_ids)
+    chars: list[int] = []
+    ids_of_text: list[int] = []
+    said: list[int] = []
+    n_ids: list[int] = []
+    failed = None
+    for obj in objects:
         if type(obj) is not dict:
-            return _fail(out, ErrorClass.MALFORMED_JSON, "an event is JSON but not an object")
+            failed = (ErrorClass.MALFORMED_JSON, "an event is JSON but not an object")
+            break
         choices = obj.get("choices")
         if "error" in obj:
-            return _fail(out, ErrorClass.STREAM_ERROR, _error_text(obj["error"]))
+            failed = (ErrorClass.STREAM_ERROR, _error_text(obj["error"]))
+            break
         usage = obj.get("usage")
         if usage:
             out.usage = usage
@@ -168,9 +216,11 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
         if choices:
             choice = choices[0] if type(choices) is list else None
             if type(choice) is not dict:
-                return _fail(
-                    out, ErrorClass.MALFORMED_JSON, "an event lacks the expected choices structure"
+                failed = (
+                    ErrorClass.MALFORMED_JSON,
+                    "an event lacks the expected choices structure",
                 )
+                break
             if chat:
                 delta = choice.get("delta")
                 text = delta.get("content") if type(delta) is dict else None
@@ -180,34 +230,76 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             if choice.get("finish_reason"):
                 out.finish_reason = choice["finish_reason"]
         elif choices is not None and type(choices) is not list:
-            return _fail(
-                out, ErrorClass.MALFORMED_JSON, "an event lacks the expected choices structure"
-            )
+            failed = (ErrorClass.MALFORMED_JSON, "an event lacks the expected choices structure")
+            break
         if text:
             if type(text) is not str:
-                return _fail(out, ErrorClass.MALFORMED_JSON, "an event's text is not a string")
+                failed = (ErrorClass.MALFORMED_JSON, "an event's text is not a string")
+                break
             parts.append(text)
+            ids_of_text.append(text_ids.setdefault(text, len(text_ids)))
+        else:
+            ids_of_text.append(-1)
+        chars.append(len(text) if text else 0)
         completion = usage.get("completion_tokens") if type(usage) is dict else None
-        rows.append((
-            t_ns,
-            len(text) if text else 0,
-            completion if type(completion) is int else None,
-            len(token_ids) if type(token_ids) is list else None,
-        ))  # fmt: skip
-    out.chunks, out.chunk_tokens_source = _count_chunk_tokens(rows)
+        said.append(
+            completion if type(completion) is int and _I64 < completion < -_I64 else NO_USAGE
+        )
+        n_ids.append(len(token_ids) if type(token_ids) is list else -1)
+    out.text = "".join(parts)
+    if failed is not None:
+        return _fail(out, *failed)  # a broken event keeps no chunk, as ever
+    out.texts = list(text_ids)
+    _set_counted_chunks(
+        out,
+        np.array(times, np.int64),
+        np.array(chars, np.int64),
+        np.array(ids_of_text, np.int32),
+        np.array(said, np.int64),
+        np.array(n_ids, np.int64),
+    )
     if problem is not None:
         return _fail(out, ErrorClass.MALFORMED_SSE, problem)
     if trailing.strip():
         return _fail(out, ErrorClass.INCOMPLETE_STREAM, "the stream ended inside an event")
+    return _check_done(out)
+
+
+def _check_done(out: ParsedStream) -> ParsedStream:
     if not out.saw_done:
         return _fail(out, ErrorClass.INCOMPLETE_STREAM, "the stream ended before [DONE]")
     return out
 
 
-def _count_chunk_tokens(
-    rows: list[tuple[int, int, int | None, int | None]],
-) -> tuple[list[tuple[int, int, int]], TokenSource | None]:
-    """`(t_ns, n_tokens, n_chars)` per event, and what counted the tokens (None: no text).
+def _from_scan(scanned: sse_native.Scan) -> ParsedStream:
+    out = ParsedStream(saw_done=scanned.saw_done)
+    out.text = scanned.text.decode()
+    out.texts = [text.decode() for text in scanned.distinct]
+    if scanned.response_id is not None:
+        out.response_id = orjson.loads(scanned.response_id)
+    if scanned.finish_reason is not None:
+        out.finish_reason = orjson.loads(scanned.finish_reason)
+    if scanned.usage_object is not None:
+        out.usage = orjson.loads(scanned.usage_object)
+    _set_counted_chunks(
+        out, scanned.t_ns, scanned.chars, scanned.text_id, scanned.usage, scanned.n_ids
+    )
+    return _check_done(out)
+
+
+NO_USAGE = sse_native.NONE_USAGE  # an event that carries no usage so far
+_I64 = NO_USAGE  # a usage so far outside int64 counts as none (orjson reads up to uint64)
+
+
+def _set_counted_chunks(
+    out: ParsedStream,
+    t_ns: np.ndarray,
+    chars: np.ndarray,
+    text_id: np.ndarray,
+    usage: np.ndarray,
+    n_ids: np.ndarray,
+) -> None:
+    """Set the chunk columns, with each event's tokens and what counted them (None: no text).
 
     The usage so far is used only when every text event carries it (a server that puts its
     one final usage on the last text event would otherwise credit that event with every
@@ -215,27 +307,23 @@ def _count_chunk_tokens(
     without text (an EOS on the finishing event) land on no text event. Else `token_ids` when
     every text event has them, else one per text event. A text event counts at least one.
     """
-    if not any(row[1] for row in rows):
-        return [(t_ns, 0, 0) for t_ns, *_ in rows], None
-    if all(row[2] is not None for row in rows if row[1]):
-        source = TokenSource.USAGE
-    elif all(row[3] is not None for row in rows if row[1]):
-        source = TokenSource.TOKEN_IDS
-    else:  # one token per text event: the common case, in one pass
-        return [(t_ns, 1 if n_chars else 0, n_chars) for t_ns, n_chars, _, _ in rows], (
-            TokenSource.CHUNK_COUNT
-        )
-    chunks = []
-    so_far = 0
-    for t_ns, n_chars, completion, n_ids in rows:
-        if source is TokenSource.USAGE and completion is not None:
-            n_tokens, so_far = completion - so_far, completion
-        elif source is TokenSource.TOKEN_IDS:
-            n_tokens = n_ids or 0
-        else:
-            n_tokens = 1
-        chunks.append((t_ns, max(n_tokens, 1) if n_chars else 0, n_chars))
-    return chunks, source
+    has_text = chars > 0
+    if not has_text.any():
+        out.set_chunks(t_ns, np.zeros(len(t_ns), np.int64), chars, text_id)
+        return
+    if (usage[has_text] != NO_USAGE).all():
+        out.chunk_tokens_source = TokenSource.USAGE
+        counted = usage != NO_USAGE
+        n_tokens = np.ones(len(t_ns), np.int64)
+        n_tokens[counted] = np.diff(usage[counted], prepend=0)
+    elif (n_ids[has_text] >= 0).all():
+        out.chunk_tokens_source = TokenSource.TOKEN_IDS
+        n_tokens = n_ids.astype(np.int64)
+    else:  # one token per text event: the common case
+        out.chunk_tokens_source = TokenSource.CHUNK_COUNT
+        out.set_chunks(t_ns, has_text.astype(np.int64), chars, text_id)
+        return
+    out.set_chunks(t_ns, np.where(has_text, np.maximum(n_tokens, 1), 0), chars, text_id)
 
 
 def _decode_all(payloads: list[bytes]) -> list | str:
@@ -282,7 +370,7 @@ def parse_body(body: bytes, *, chat: bool) -> ParsedStream:
     text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
     if text is not None and not isinstance(text, str):
         return _fail(out, ErrorClass.MALFORMED_JSON, "the response's text is not a string")
-    out.text_parts.append(text or "")
+    out.text = text or ""
     out.finish_reason = choice.get("finish_reason")
     out.usage = obj.get("usage")
     out.response_id = obj["id"] if isinstance(obj.get("id"), str) else None

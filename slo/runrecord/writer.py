@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -89,6 +90,23 @@ class RunWriter:
     def append_chunks(self, rows: list[tuple[str, int, int, int]]) -> None:
         """Append `(request_id, t_ns, n_tokens, n_chars)` rows."""
         self._write(CHUNKS_FILE, columns_table(rows, CHUNKS_SCHEMA))
+
+    def append_chunk_columns(
+        self,
+        request_ids: list[str],
+        counts: np.ndarray,
+        t_ns: np.ndarray,
+        n_tokens: np.ndarray,
+        n_chars: np.ndarray,
+    ) -> None:
+        """Append chunk rows given as columns: `request_ids[i]` owns the next `counts[i]`
+        entries of `t_ns`, `n_tokens` and `n_chars` (the same rows as `append_chunks`)."""
+        if int(np.sum(counts)) != len(t_ns) or not len(t_ns) == len(n_tokens) == len(n_chars):
+            raise ValueError("chunk columns differ in length from the rows they are said to hold")
+        owners = np.repeat(np.arange(len(request_ids), dtype=np.int64), counts)
+        columns = [pa.array(request_ids, pa.string()).take(owners), t_ns, n_tokens, n_chars]
+        arrays = [pa.array(c, type=f.type) for c, f in zip(columns, CHUNKS_SCHEMA, strict=True)]
+        self._write(CHUNKS_FILE, pa.Table.from_arrays(arrays, schema=CHUNKS_SCHEMA))
 
     def _write(self, name: str, table: pa.Table) -> None:
         if self.closed:

@@ -79,7 +79,7 @@ def test_documents_refuse_unknown_fields_and_non_objects(cls):
 
 def _writer(tmp_path: Path) -> RunWriter:
     run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(parents=True)
     return RunWriter(run, RunManifest(t0_ns=0, config={"seed": 1}))
 
 
@@ -142,6 +142,30 @@ def test_parts_are_readable_while_open_and_merged_on_close(tmp_path):
     done = open_run(run)
     assert done.requests.num_rows == 6 and done.manifest.complete is True
     assert done.manifest.num_requests_recorded == 6 and done.manifest.config == {"seed": 1}
+
+
+def test_chunk_columns_write_the_same_rows_as_chunk_tuples(tmp_path):
+    import numpy as np
+
+    rows = [("a", 5, 1, 2), ("a", 9, 0, 0), ("c", -3, 2**31 - 1, 7)]
+    by_rows, by_columns = _writer(tmp_path / "r"), _writer(tmp_path / "c")
+    by_rows.append_chunks(rows)
+    # "b" owns no chunk: a count of 0 is a request with none
+    by_columns.append_chunk_columns(
+        ["a", "b", "c"], np.array([2, 0, 1]), np.array([5, 9, -3]),
+        np.array([1, 0, 2**31 - 1]), np.array([2, 0, 7]),
+    )  # fmt: skip
+    for writer in (by_rows, by_columns):
+        writer.close(complete=True, reason=None)
+    assert open_run(by_rows.run_dir).chunks.equals(open_run(by_columns.run_dir).chunks)
+    with pytest.raises(ValueError, match="differ in length"):
+        _writer(tmp_path / "bad").append_chunk_columns(
+            ["a"], np.array([2]), np.array([1]), np.array([1]), np.array([1])
+        )
+    with pytest.raises(Exception, match="not in range"):  # an int32 column overflows loudly
+        _writer(tmp_path / "big").append_chunk_columns(
+            ["a"], np.array([1]), np.array([1]), np.array([2**31]), np.array([1])
+        )
 
 
 def test_a_killed_writer_leaves_every_appended_row(tmp_path):

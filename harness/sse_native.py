@@ -1,0 +1,181 @@
+"""The compiled scanner of common OpenAI streams (`sse_scan.c`), built and loaded on demand.
+
+`scan(reads, chat)` returns a `Scan` of one whole stream's events as arrays, or None when the
+stream is anything but the common form (the Python parser in `harness.sse` then decides), or
+when there is no scanner: no C compiler, a failed build, or `BENCH_NATIVE_SSE=0`. The library
+is built once per source (about a second with `cc -O2`) into the user cache, written to a
+temporary name and renamed, so processes that build at once never load half a file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SOURCE = Path(__file__).with_name("sse_scan.c")
+NONE_USAGE = np.iinfo(np.int64).min  # the scanner's "this event carries no usage so far"
+
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+@dataclass(slots=True)
+class Scan:
+    """One stream's events (`[DONE]` not counted), as the scanner read them."""
+
+    t_ns: np.ndarray  # int64: the time of the read that completed each event
+    chars: np.ndarray  # int32: code points of each event's text (0: no text)
+    text_id: np.ndarray  # int32: the event's distinct text, in order of first use; -1: none
+    usage: np.ndarray  # int64: the usage so far the event carries; NONE_USAGE: none
+    n_ids: np.ndarray  # int32: the length of the event's token_ids; -1: none
+    text: bytes  # every event's text, joined, UTF-8
+    distinct: list[bytes]  # each distinct text's UTF-8 bytes
+    saw_done: bool
+    response_id: bytes | None  # raw JSON spans, decoded by the caller
+    finish_reason: bytes | None
+    usage_object: bytes | None
+
+
+def library_path() -> Path:
+    from platformdirs import user_cache_dir
+
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return Path(user_cache_dir("llm-bench")) / "native" / f"sse_scan-{digest}.so"
+
+
+def _build(path: Path) -> bool:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, "-O2", "-std=c99", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+            capture_output=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            return False
+        os.replace(tmp, path)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded scanner, built first if needed; None where it cannot be had."""
+    global _lib, _tried
+    if os.environ.get("BENCH_NATIVE_SSE", "1") == "0":
+        return None
+    if _tried:
+        return _lib
+    _tried = True
+    try:
+        path = library_path()
+        if not path.exists() and not _build(path):
+            return None
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    p = ctypes.c_void_p
+    i64 = ctypes.c_int64
+    lib.sse_scan.restype = i64
+    lib.sse_scan.argtypes = [p, i64, p, p, i64, ctypes.c_int32, i64, *[p] * 10, i64, p]
+    _lib = lib
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _ptr(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+class _Scratch(threading.local):
+    """Per-thread buffers, grown as needed and reused: fresh ones would cost page faults."""
+
+    def __init__(self) -> None:
+        self.cap = self.n = 0
+
+    def ensure(self, n: int, cap: int) -> None:
+        if n > self.n:
+            self.n = max(n, 2 * self.n)
+            self.text = np.empty(self.n, np.uint8)
+        if cap > self.cap:
+            self.cap = max(cap, 2 * self.cap)
+            self.wide = np.empty((3, self.cap), np.int64)  # time, usage, text start
+            self.ints = np.empty((5, self.cap), np.int32)  # chars, bytes, text id, ids, first
+            self.table = np.empty(1 << (2 * self.cap - 1).bit_length(), np.int32)
+            self.info = np.empty(10, np.int64)
+            self.wide_ptrs = [_ptr(self.wide) + i * self.wide.strides[0] for i in range(3)]
+            self.int_ptrs = [_ptr(self.ints) + i * self.ints.strides[0] for i in range(5)]
+
+
+_scratch = _Scratch()
+
+
+def scan(reads: list[tuple[int, bytes]], *, chat: bool) -> Scan | None:
+    """Scan one whole stream; None: not the common form, or no scanner."""
+    lib = library()
+    if lib is None or not reads:
+        return None
+    stream = b"".join([data for _, data in reads])
+    n = len(stream)
+    if n == 0:
+        return None
+    ends = np.cumsum(np.fromiter((len(d) for _, d in reads), np.int64, len(reads)))
+    times = np.fromiter((t for t, _ in reads), np.int64, len(reads))
+    cap = n // 9 + 1  # the most events `n` bytes can hold: `data: X\n\n` is 9 bytes
+    b = _scratch
+    b.ensure(n, cap)
+    table_size = 1 << (2 * cap - 1).bit_length()  # at most the scratch table's size
+    t_ptr, usage_ptr, start_ptr = b.wide_ptrs
+    chars_ptr, bytes_ptr, text_ptr, ids_ptr, first_ptr = b.int_ptrs
+    status = lib.sse_scan(
+        stream, n, _ptr(ends), _ptr(times), len(reads), int(chat), cap,
+        t_ptr, chars_ptr, bytes_ptr, text_ptr, usage_ptr, ids_ptr,
+        _ptr(b.text), first_ptr, start_ptr, _ptr(b.table), table_size, _ptr(b.info),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    info = b.info.tolist()
+    count, saw_done, text_len, n_distinct = info[:4]
+    text_bytes = b.text[:text_len].tobytes()
+    wide = b.wide[:, :count].copy()
+    ints = b.ints[:, :count].copy()
+    starts = b.wide[2, :n_distinct].tolist()
+    lengths = b.ints[1][b.ints[4, :n_distinct]].tolist() if n_distinct else []
+    distinct = [text_bytes[s : s + k] for s, k in zip(starts, lengths, strict=True)]
+
+    def span(i: int) -> bytes | None:
+        return stream[info[i] : info[i + 1]] if info[i] >= 0 else None
+
+    return Scan(
+        t_ns=wide[0],
+        chars=ints[0],
+        text_id=ints[2],
+        usage=wide[1],
+        n_ids=ints[3],
+        text=text_bytes,
+        distinct=distinct,
+        saw_done=bool(saw_done),
+        response_id=span(4),
+        finish_reason=span(6),
+        usage_object=span(8),
+    )
