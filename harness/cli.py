@@ -163,7 +163,7 @@ def _drop_none(**kwargs) -> dict:
     "--workers",
     metavar="N|auto",
     help="Split the schedule across N local worker processes (each its own event loop and "
-    "connection pool; all recorded into one run directory), or 'auto': one per ~300k "
+    "connection pool; all recorded into one run directory), or 'auto': one per ~600k "
     "expected output tokens/s (closed loop: per 64 users), at most cores - 1. With --ray: "
     "the number of Ray actors (default one per node).",
 )

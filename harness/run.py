@@ -14,6 +14,7 @@ import aiohttp
 from rich.console import Console
 
 import harness
+from harness import sse_native
 from harness.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.config import RunConfig
 from harness.environment import git_sha, hardware_info, software_versions
@@ -257,6 +258,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         chunk_usage=_chunk_usage(config, target.get("engine")),
     )
     plan, input_tokens = _plan(config, workload, options, inputs.tokenizer)
+    sse_native.available()  # build the stream scanner now (about a second), not in the load
     release_free_memory()
     manifest = RunManifest(
         harness_version=harness.__version__,
@@ -360,7 +362,7 @@ def _record_workers(run_dir: Path, split, entries: list[dict]) -> None:
     from slo import metrics
     from slo.runrecord import RequestColumn, float_column, open_run
 
-    requests = open_run(run_dir).requests
+    requests = open_run(run_dir, chunks=False).requests
     owner = split.worker_of()
     ids = requests[RequestColumn.REQUEST_ID].to_pylist()
     lag = metrics.dispatch_lag_ms(
@@ -385,7 +387,7 @@ def _not_found_hint(run_dir: Path, options: ClientOptions) -> str | None:
 
     from slo.runrecord import RequestColumn, float_column, open_run
 
-    requests = open_run(run_dir).requests
+    requests = open_run(run_dir, chunks=False).requests
     sent = float_column(requests, RequestColumn.T_SENT_NS)
     status = float_column(requests, RequestColumn.HTTP_STATUS)
     if not (~np.isnan(sent)).any():

@@ -30,6 +30,7 @@ from reports.series import (
 )
 from reports.taxonomy import classify_outcomes, count_outcomes
 from slo.frame import RequestMetrics
+from slo.metrics import ChunkOrder
 from slo.runrecord import (
     RunManifest,
     RunRecordError,
@@ -330,14 +331,16 @@ def build_card(
     manifest = read_manifest(run_dir)
     spec = slo_spec if slo_spec is not None else manifest.slo
     try:
-        tables = open_run(run_dir)
+        tables = open_run(run_dir, chunks=False)  # the chunks are read as an order, below
         if summary is None:
             summary = slo.summarize(
                 run_dir, spec, client_bound_ms=client_bound_ms(manifest), conventions="all"
             )
+        chunks = ChunkOrder.read(run_dir)
     except (slo.SLOError, RunRecordError) as exc:
         raise ReportError(str(exc)) from exc
-    rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
+    rm = RequestMetrics.from_tables(tables.requests, chunks)
+    del chunks
     kinds = classify_outcomes(tables.requests)
     counts = count_outcomes(kinds)
     failures = Failures(

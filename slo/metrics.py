@@ -95,6 +95,43 @@ class ChunkOrder:
         t_ns = _int_column(chunks, ChunkColumn.T_NS, np.int64)
         n_tokens = _int_column(chunks, ChunkColumn.N_TOKENS, np.int32)
         n_chars = _int_column(chunks, ChunkColumn.N_CHARS, np.int32)
+        return cls._ordered(names, codes, t_ns, n_tokens, n_chars)
+
+    @classmethod
+    def read(cls, run_dir) -> ChunkOrder:
+        """The order of a run directory's chunks, read one row group at a time with the ids
+        dictionary-encoded, so no column of id strings is ever built: the same order as
+        `ChunkOrder.of(open_run(run_dir).chunks)`, without holding the table (about 60 bytes
+        a chunk) beside it."""
+        import pyarrow.parquet as pq
+
+        from slo.runrecord import RunRecordError
+        from slo.runrecord.reader import CHUNKS_FILE, table_files
+
+        names: list[str] = []
+        code_of: dict[str, int] = {}
+        columns: list[list[np.ndarray]] = [[], [], [], []]
+        for path in table_files(run_dir, CHUNKS_FILE):
+            try:
+                file = pq.ParquetFile(path, read_dictionary=[ChunkColumn.REQUEST_ID.value])
+                for group in range(file.num_row_groups):
+                    table = file.read_row_group(group)
+                    columns[0].append(_codes(table[ChunkColumn.REQUEST_ID], names, code_of))
+                    columns[1].append(_int_column(table, ChunkColumn.T_NS, np.int64))
+                    columns[2].append(_int_column(table, ChunkColumn.N_TOKENS, np.int32))
+                    columns[3].append(_int_column(table, ChunkColumn.N_CHARS, np.int32))
+                    del table
+            except (OSError, pa.ArrowException) as exc:
+                raise RunRecordError(f"{path} is not a readable parquet file ({exc}).") from exc
+        codes, t_ns, n_tokens, n_chars = (
+            _concat(parts, dtype)
+            for parts, dtype in zip(columns, (np.int32, np.int64, np.int32, np.int32), strict=True)
+        )
+        del columns
+        return cls._ordered(names, codes, t_ns, n_tokens, n_chars)
+
+    @classmethod
+    def _ordered(cls, names, codes, t_ns, n_tokens, n_chars) -> ChunkOrder:
         if not _grouped_in_time_order(codes, t_ns, len(names)):
             order = np.lexsort((t_ns, codes))
             codes, t_ns, n_tokens, n_chars = (a[order] for a in (codes, t_ns, n_tokens, n_chars))
@@ -119,6 +156,31 @@ class ChunkOrder:
             names[code]: gaps_ms[s : e - 1]
             for code, s, e in zip(codes[starts].tolist(), starts, ends, strict=True)
         }
+
+
+def _codes(ids: pa.ChunkedArray, names: list[str], code_of: dict[str, int]) -> np.ndarray:
+    """Global codes of one row group's dictionary-encoded ids, new ids taking the next codes
+    in order of first appearance (as `dictionary_encode` numbers them); a null id is ""."""
+    parts = []
+    for chunk in ids.chunks:
+        indices = pc.fill_null(chunk.indices, 0) if chunk.null_count else chunk.indices
+        local = indices.to_numpy(zero_copy_only=False)
+        if chunk.null_count:
+            # a null id reads as "": give it its own local index past the dictionary's
+            missing = len(chunk.dictionary)
+            local = np.where(chunk.is_null().to_numpy(zero_copy_only=False), missing, local)
+        dictionary = chunk.dictionary.to_pylist() + [""]
+        seen, first = np.unique(local, return_index=True)
+        mapping = np.empty(len(dictionary), np.int32)
+        for index in seen[np.argsort(first)].tolist():
+            name = dictionary[index]
+            code = code_of.get(name)
+            if code is None:
+                code = code_of[name] = len(names)
+                names.append(name)
+            mapping[index] = code
+        parts.append(mapping[local] if local.size else np.empty(0, np.int32))
+    return _concat(parts, np.int32)
 
 
 def request_runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -74,8 +74,19 @@ def _read_table(path: Path, empty: pa.Schema | None) -> pa.Table:
         raise RunRecordError(f"{path} is not a readable parquet file ({exc}).") from exc
 
 
-def open_run(run_dir: Path | str) -> RunTables:
-    """Read a run directory written by `RunWriter`.
+def table_files(run_dir: Path | str, name: str) -> list[Path]:
+    """The files that hold table `name` of a run, as `open_run` reads them: the writer's parts
+    while it has not closed, else the table's file; none when the run has no such table."""
+    parts = part_paths(Path(run_dir), name)
+    if parts:
+        return parts
+    path = Path(run_dir) / name
+    return [path] if path.is_file() else []
+
+
+def open_run(run_dir: Path | str, *, chunks: bool = True) -> RunTables:
+    """Read a run directory written by `RunWriter`; with `chunks=False` its chunks table is
+    left on disk (an empty table stands for it: see `slo.metrics.ChunkOrder.read`).
 
     Raises `RunRecordError` when the directory or its `requests.parquet` is missing or
     unreadable, or its manifest has an unknown schema version. Warm-up rows (`is_warmup` true),
@@ -94,7 +105,11 @@ def open_run(run_dir: Path | str) -> RunTables:
     manifest_path = run_dir / MANIFEST_FILE
     return RunTables(
         requests=requests,
-        chunks=_read_table(run_dir / CHUNKS_FILE, CHUNKS_SCHEMA),
+        chunks=(
+            _read_table(run_dir / CHUNKS_FILE, CHUNKS_SCHEMA)
+            if chunks
+            else CHUNKS_SCHEMA.empty_table()
+        ),
         manifest=read_manifest(run_dir) if manifest_path.is_file() else None,
         warmup=_read_table(run_dir / WARMUP_FILE, REQUESTS_SCHEMA),
         server_metrics=_read_table(run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA),

@@ -201,9 +201,10 @@ def test_split_closed_loop_follows_the_users():
 @pytest.mark.parametrize(
     ("arrivals", "max_tokens", "users", "cores", "expected"),
     [
-        # 100 requests over 1 s x 6,000 tokens = 600k tokens/s: 2 workers of 300k.
-        ([i / 99 for i in range(100)], 6000, None, 8, 2),
-        ([i / 99 for i in range(100)], 6001, None, 8, 3),  # just above 600k: 3
+        # 100 requests over 1 s x 12,000 tokens = 1.2M tokens/s: 2 workers of 600k.
+        ([i / 99 for i in range(100)], 12_000, None, 8, 2),
+        ([i / 99 for i in range(100)], 12_001, None, 8, 3),  # just above 1.2M: 3
+        ([i / 99 for i in range(100)], 6000, None, 8, 1),  # 600k: exactly one worker's worth
         ([i / 99 for i in range(100)], 100, None, 8, 1),  # 10k tokens/s: 1
         ([0.0] * 100, 100, None, 8, 7),  # all at once (inf rate): cores - 1
         ([i / 99 for i in range(100)], 60_000, None, 4, 3),  # 20 wanted, at most cores - 1
