@@ -26,7 +26,7 @@ from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sent
 from harness.progress import ProgressDisplay
 from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
-from harness.run_checks import output_checks, request_rows
+from harness.run_checks import iter_request_rows, output_checks, request_rows
 from harness.run_context import ErrorLimits, RunContext
 from harness.saturation_watch import Observers, SaturationWatch
 from harness.scraper import MetricsScraper
@@ -457,29 +457,41 @@ def release_free_memory() -> None:
 def _plan(
     config: RunConfig, workload, options: ClientOptions, tokenizer=None
 ) -> tuple[LoadPlan, dict[str, int]]:
-    rows = request_rows(config, workload)
-    if not rows:
+    payloads: list[RequestPayload] = []
+    input_tokens: dict[str, int] = {}
+    arrivals: list[float | None] = []
+    head: list[dict] = []  # the rows the warm-up requests repeat
+    for r in iter_request_rows(config, workload):
+        if r.get("session_id") is not None:  # multi-turn: the sessions need every row
+            rows = request_rows(config, workload)
+            warmup = _warmup(config, options, rows)
+            input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
+            return _session_plan(config, workload, options, rows, warmup, tokenizer), input_tokens
+        payloads.append(RequestPayload(r["request_id"], build_body(options, r)))
+        input_tokens[r["request_id"]] = r["input_tokens"]
+        arrivals.append(None if r["arrival_s"] is None else float(r["arrival_s"]))
+        if len(head) < config.warmup:
+            head.append(r)
+    if not payloads:
         raise HarnessError("the workload has no requests; raise --num-requests or --duration.")
-    payloads = [RequestPayload(r["request_id"], build_body(options, r)) for r in rows]
-    warmup = [
-        RequestPayload(f"warmup-{i}", build_body(options, rows[i % len(rows)]), is_warmup=True)
-        for i in range(config.warmup)
-    ]
-    input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
-    if any(r.get("session_id") is not None for r in rows):
-        return _session_plan(config, workload, options, rows, warmup, tokenizer), input_tokens
-    closed = workload.closed_loop_concurrency is not None or any(
-        r["arrival_s"] is None for r in rows
-    )
+    warmup = _warmup(config, options, head)
+    closed = workload.closed_loop_concurrency is not None or any(a is None for a in arrivals)
     if closed:
         users = workload.closed_loop_concurrency or config.concurrency
         if not users:
             raise HarnessError("a closed-loop workload needs --concurrency (the number of users).")
         plan = LoadPlan(payloads, None, users, config.duration_s, warmup)
     else:
-        arrivals = [float(r["arrival_s"]) for r in rows]
         plan = LoadPlan(payloads, arrivals, config.concurrency, config.duration_s, warmup)
     return plan, input_tokens
+
+
+def _warmup(config: RunConfig, options: ClientOptions, rows: list[dict]) -> list[RequestPayload]:
+    """`config.warmup` requests repeating the first rows in turn."""
+    return [
+        RequestPayload(f"warmup-{i}", build_body(options, rows[i % len(rows)]), is_warmup=True)
+        for i in range(config.warmup)
+    ]
 
 
 @contextlib.asynccontextmanager

@@ -40,6 +40,7 @@ p)] (nearest rank, no interpolation). No ITL.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,12 +117,18 @@ class ChunkView:
 
 
 def chunk_view(
-    chunks: pa.Table | metrics.ChunkOrder, request_ids: np.ndarray, kind: str
+    chunks: pa.Table | metrics.ChunkOrder,
+    request_ids: np.ndarray,
+    kind: str,
+    *,
+    with_gaps: bool = True,
 ) -> ChunkView:
     """Chunk times over the chunks of `kind`: "token" (n_tokens > 0), "content" (tokens or
     text), "any", or "through_last_token" (every chunk up to a request's last token-bearing
     one: a chat stream's leading role chunk in, a trailing usage-only chunk out). Pass a
-    `metrics.ChunkOrder` to reuse one ordering for several kinds."""
+    `metrics.ChunkOrder` to reuse one ordering for several kinds. `with_gaps=False` leaves
+    the gaps out (empty), for a caller that needs only the first and last times: on a run of
+    millions of chunks the gaps are most of the view's memory."""
     if kind not in CHUNK_KINDS:
         raise ValueError(f"kind must be one of {CHUNK_KINDS}")
     n_ids = len(request_ids)
@@ -142,8 +149,8 @@ def chunk_view(
         np.maximum.at(last_token, codes[has_tokens], position[has_tokens])
         keep = position <= last_token[codes]
         del position
-    by_request = order.gaps_by_request(keep)
-    gaps = metrics.pooled_itl_ms(by_request, request_ids)
+    by_request = order.gaps_by_request(keep) if with_gaps else {}
+    gaps = metrics.pooled_itl_ms(by_request, request_ids) if with_gaps else np.empty(0)
     first = np.full(n_ids, np.nan)
     last = np.full(n_ids, np.nan)
     kept_codes = codes if keep is None else codes[keep]
@@ -190,7 +197,7 @@ def vllm_metrics(
     chunks = metrics.ChunkOrder.of(chunks)
     if endpoint == Endpoint.CHAT:
         view = chunk_view(chunks, ids, "through_last_token")
-        last_any = chunk_view(chunks, ids, "any").last_ns
+        last_any = chunk_view(chunks, ids, "any", with_gaps=False).last_ns
         end = np.where(np.isnan(last_any), rm.t_done_ns[ok], last_any)
     else:
         view = chunk_view(chunks, ids, "token")
@@ -218,13 +225,17 @@ def conventions_summary(
     sent = rm.t_sent_ns[ok]
     done = rm.t_done_ns[ok]
     chunks = metrics.ChunkOrder.of(chunks)  # one ordering for every kind of chunk below
-    any_chunk = chunk_view(chunks, ids, "any")
+    any_chunk = chunk_view(chunks, ids, "any", with_gaps=False)
     last_chunk = np.where(np.isnan(any_chunk.last_ns), done, any_chunk.last_ns)
     multi = np.where(n_out >= 2, n_out - 1, np.nan)
     ttft = (first - sent) / metrics.NS_PER_MS
-    pooled_itl = rm.pooled_itl_ms(ok)
-
+    # The pooled gap arrays hold a float per chunk each: reduce each to its distribution as
+    # soon as it exists, so a run of millions of chunks holds one such array at a time.
+    itl = _dist(rm.pooled_itl_ms(ok), _linear)
     vllm = vllm_metrics(rm, chunks, endpoint)
+    vllm_itl = _dist(vllm.chunks.gaps_ms, _linear)
+    vllm = dataclasses.replace(vllm, chunks=None)
+    inter_chunk = _dist(chunk_view(chunks, ids, "content").gaps_ms, _linear)
     aiperf_tpot = (last_chunk - first) / metrics.NS_PER_MS / multi
     guidellm_tpot = (last_token - sent) / metrics.NS_PER_MS / np.where(n_out >= 1, n_out, np.nan)
     guidellm_itl = (last_token - first) / metrics.NS_PER_MS / multi
@@ -267,13 +278,13 @@ def conventions_summary(
             "ttft": (_dist(ttft, _linear), "send to first token-bearing chunk"),
             "tpot": (_dist(rm.tpot_ms[ok], _linear),
                      "(last token - first token) / (output_tokens - 1), per request"),
-            "itl": (_dist(pooled_itl, _linear), "token-bearing chunk gaps, pooled"),
+            "itl": (itl, "token-bearing chunk gaps, pooled"),
         }),
         "vllm": _convention(f"vllm/benchmarks/serve.py calculate_metrics ({endpoint})", linear, {
             "ttft": (_dist(vllm.ttft_ms, _linear), "send to the first chunk with choices"),
             "tpot": (_dist(vllm.tpot_ms, _linear),
                      "(latency - ttft) / (output_len - 1), per request"),
-            "itl": (_dist(vllm.chunks.gaps_ms, _linear),
+            "itl": (vllm_itl,
                     "gaps between chunks with choices, pooled"),
             "e2el": (_dist(vllm.e2el_ms, _linear),
                      "send to the last chunk timed (chat: any chunk; completions: with text)"),
@@ -292,7 +303,7 @@ def conventions_summary(
             "inter_token_latency": (_dist(aiperf_tpot, _linear),
                                     "(request_latency - ttft) / (output_sequence_length - 1), "
                                     "per request"),
-            "inter_chunk_latency": (_dist(chunk_view(chunks, ids, "content").gaps_ms, _linear),
+            "inter_chunk_latency": (inter_chunk,
                                     "gaps between consecutive non-empty chunks, pooled"),
         }),
         "mlperf": _convention("mlcommons/inference loadgen", nearest, {

@@ -150,7 +150,9 @@ class ChunkOrder:
         if n == 0:
             return {}
         starts, ends = request_runs(codes)
-        gaps_ms = np.diff(t_ns).astype(float) / NS_PER_MS  # gaps_ms[i] = t[i + 1] - t[i]
+        # gaps_ms[i] = t[i + 1] - t[i], in one float array (times below 2**53 ns are exact)
+        gaps_ms = np.subtract(t_ns[1:], t_ns[:-1], dtype=np.float64)
+        gaps_ms /= NS_PER_MS
         names = self.names
         return {
             names[code]: gaps_ms[s : e - 1]

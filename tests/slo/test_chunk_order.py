@@ -29,6 +29,11 @@ def test_hand_worked_gaps_per_request():
     assert view.gaps_by_request["r2"].tolist() == [152, 120]
     assert view.first_ns[1] == ms(150) and view.last_ns[1] == ms(422)
     assert np.isnan(view.first_ns[3]) and np.isnan(view.last_ns[3])
+    for kind in ("any", "token"):  # without gaps: the same first and last times, no gaps
+        full, bare = (chunk_view(_table(chunks), ids, kind, with_gaps=g) for g in (True, False))
+        assert np.array_equal(full.first_ns, bare.first_ns, equal_nan=True)
+        assert np.array_equal(full.last_ns, bare.last_ns, equal_nan=True)
+        assert bare.gaps_ms.size == 0 and bare.gaps_by_request == {} and full.gaps_ms.size
 
 
 @pytest.mark.parametrize(
