@@ -294,6 +294,11 @@ async def _serve(conn, share: WorkerShare) -> None:
             conn.send(("results", batch))
 
     loop.add_reader(conn.fileno(), on_message)
+    # uvloop leaves a descriptor it watches non-blocking, and this pipe carries the results
+    # too: when the parent reads more slowly than this worker streams, a send must wait for
+    # room, not raise BlockingIOError half-way through a message (which killed the worker
+    # and left a broken message in the pipe).
+    os.set_blocking(conn.fileno(), True)
     batcher = asyncio.create_task(sender())
     stats = {}
     try:
@@ -408,11 +413,14 @@ class WorkerPool:
             while True:
                 message = worker.conn.recv()
                 loop.call_soon_threadsafe(self._handle, worker, message)
-        except (EOFError, OSError):
-            with contextlib.suppress(RuntimeError):  # the loop is gone: the run is over
-                loop.call_soon_threadsafe(self._on_exit, worker)
         except RuntimeError:  # the loop closed while the worker still spoke: the run is over
             return
+        except Exception:  # noqa: BLE001 - EOF, a broken pipe or a garbled message: it is gone
+            # Whatever ended the pipe, the worker is over for this run: without this, a
+            # message that does not unpickle would end this thread silently and the run
+            # would wait for the worker's exit forever.
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the run is over
+                loop.call_soon_threadsafe(self._on_exit, worker)
 
     def _handle(self, worker: _Worker, message: tuple) -> None:
         kind = message[0]
@@ -445,6 +453,9 @@ class WorkerPool:
 
     def _on_exit(self, worker: _Worker) -> None:
         worker.process.join(timeout=10)
+        if worker.process.is_alive():  # its pipe broke but it runs on: it is lost all the same
+            worker.process.kill()
+            worker.process.join()
         worker.exited = True
         worker.exit_code = worker.process.exitcode
         if not worker.finished:

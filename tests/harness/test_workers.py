@@ -79,6 +79,21 @@ def test_two_workers_measure_what_one_process_measures(mock_server, tmp_path):
     assert sched[0] == sched[1]
 
 
+@pytest.mark.slow
+def test_workers_outpacing_this_process_wait_for_it_instead_of_dying(mock_server, tmp_path):
+    """Two workers streaming as fast as the mock can send (no delays), with results far
+    bigger than a pipe holds: when this process reads the pipes more slowly than the workers
+    fill them, a worker's send must wait. (uvloop leaves a pipe it watches non-blocking; a
+    full one then raised BlockingIOError in the worker, which died and lost its requests.)"""
+    with mock_server("--ttft-ms", "0", "--itl-ms", "0") as url:
+        proc = _bench_run(url, tmp_path / "r", "--output-len", "1024", "--num-requests", "600",
+                          "--concurrency", "64", "--workers", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    summary = _summary(tmp_path / "r")
+    assert summary["ledger"]["lost"] == 0 and summary["ledger"]["outcomes"]["ok"] == 600
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "many"])  # more in the config test below
 def test_bad_workers_is_one_sentence(value, tmp_path):
     proc = _bench_run(
