@@ -192,8 +192,13 @@ _EQUIVALENCE_STREAMS = {
 @pytest.mark.parametrize("name", sorted(_EQUIVALENCE_STREAMS))
 def test_the_whole_stream_fast_path_agrees_with_the_event_by_event_parser(name, monkeypatch):
     """`parse_stream` decodes a well-formed stream in whole-stream passes; every stream, split
-    at every byte, parses exactly as the general event-by-event path parses it."""
+    at every byte, parses exactly as the general event-by-event path parses it. Both are the
+    Python parser's paths: the compiled scanner (tested against them in test_sse_native.py)
+    is switched off here."""
     import harness.sse as sse
+    from harness import sse_native
+
+    monkeypatch.setattr(sse_native, "scan", lambda _reads, chat: None)
 
     blob = _EQUIVALENCE_STREAMS[name]
     splits = [[cut] for cut in range(1, len(blob))] + [[len(blob)], [1] * len(blob)]
