@@ -56,9 +56,11 @@ def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) ->
     requests (cached per workload)."""
     from harness.oracle import reference_texts
 
+    # the reference outputs need every row at once; otherwise a batch of dicts at a time
+    rows = request_rows(config, workload) if config.check_outputs else None
     shared: dict[tuple, Expectation] = {}  # one object per distinct expectation, not per row
     expectations = {}
-    for r in iter_request_rows(config, workload):
+    for r in rows if rows is not None else iter_request_rows(config, workload):
         key = (int(r["max_output_tokens"]), bool(r.get("ignore_eos")), id(r.get("constraint")))
         if key not in shared:
             shared[key] = Expectation(key[0], key[1], r.get("constraint"))
@@ -66,7 +68,7 @@ def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) ->
     references = None
     if config.check_outputs:
         references = reference_texts(
-            request_rows(config, workload),
+            rows,
             model=oracle_model(config),
             endpoint=endpoint,
             workload_sha256=str(workload.manifest.get("sha256")),

@@ -92,10 +92,7 @@ class ChunkOrder:
             [c.indices.to_numpy(zero_copy_only=False) for c in encoded.chunks], np.int32
         )
         del encoded, ids
-        t_ns = _int_column(chunks, ChunkColumn.T_NS, np.int64)
-        n_tokens = _int_column(chunks, ChunkColumn.N_TOKENS, np.int32)
-        n_chars = _int_column(chunks, ChunkColumn.N_CHARS, np.int32)
-        return cls._ordered(names, codes, t_ns, n_tokens, n_chars)
+        return cls._ordered(names, codes, *_count_columns(chunks))
 
     @classmethod
     def read(cls, run_dir) -> ChunkOrder:
@@ -117,9 +114,8 @@ class ChunkOrder:
                 for group in range(file.num_row_groups):
                     table = file.read_row_group(group)
                     columns[0].append(_codes(table[ChunkColumn.REQUEST_ID], names, code_of))
-                    columns[1].append(_int_column(table, ChunkColumn.T_NS, np.int64))
-                    columns[2].append(_int_column(table, ChunkColumn.N_TOKENS, np.int32))
-                    columns[3].append(_int_column(table, ChunkColumn.N_CHARS, np.int32))
+                    for parts, column in zip(columns[1:], _count_columns(table), strict=True):
+                        parts.append(column)
                     del table
             except (OSError, pa.ArrowException) as exc:
                 raise RunRecordError(f"{path} is not a readable parquet file ({exc}).") from exc
@@ -158,6 +154,15 @@ class ChunkOrder:
             names[code]: gaps_ms[s : e - 1]
             for code, s, e in zip(codes[starts].tolist(), starts, ends, strict=True)
         }
+
+
+def _count_columns(table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chunks table's `t_ns` (int64), `n_tokens` and `n_chars` (int32, null as 0)."""
+    return (
+        _int_column(table, ChunkColumn.T_NS, np.int64),
+        _int_column(table, ChunkColumn.N_TOKENS, np.int32),
+        _int_column(table, ChunkColumn.N_CHARS, np.int32),
+    )
 
 
 def _codes(ids: pa.ChunkedArray, names: list[str], code_of: dict[str, int]) -> np.ndarray:

@@ -19,6 +19,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_sse import _reads  # the same read splitter as the Python parser's tests
 
 from harness import sse, sse_native
 from harness.client import RawResult
@@ -51,19 +52,6 @@ def _delta(content, **choice) -> dict:
 
 DONE = b"data: [DONE]\n\n"
 USAGE = _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
-
-
-def _reads(blob: bytes, sizes: list[int]) -> list[tuple[int, bytes]]:
-    out, pos, t = [], 0, 1_000
-    for size in sizes:
-        if pos >= len(blob):
-            break
-        out.append((t, blob[pos : pos + size]))
-        pos += size
-        t += 7
-    if pos < len(blob):
-        out.append((t, blob[pos:]))
-    return out
 
 
 def _splits(blob: bytes) -> list[list[int]]:
