@@ -28,7 +28,7 @@ from reports.series import (
     outcomes_over_time,
     percentiles_over_time,
 )
-from reports.taxonomy import classify_outcomes, count_outcomes
+from reports.taxonomy import OutcomeKind, classify_outcomes, count_outcomes
 from slo.frame import RequestMetrics
 from slo.metrics import ChunkOrder
 from slo.runrecord import (
@@ -246,7 +246,9 @@ def _memory(tables: RunTables) -> Memory:
     return Memory(available=False, reason="the target does not report memory per request")
 
 
-def _series(tables: RunTables, rm: RequestMetrics, kinds: np.ndarray, run_dir: Path) -> Series:
+def _series(tables: RunTables, rm: RequestMetrics, sent_kinds: np.ndarray, run_dir: Path) -> Series:
+    """Chart data over the requests that were sent: `rm` leaves `not_sent` rows out (they have
+    no time to place them at), so `sent_kinds` is the outcome of each of `rm`'s rows."""
     ok = rm.is_ok
     ends = np.where(np.isnan(rm.t_done_ns), rm.t_sent_ns, rm.t_done_ns)
     span_s = float(np.nanmax(ends)) / 1e9 if np.any(~np.isnan(ends)) else None
@@ -268,7 +270,7 @@ def _series(tables: RunTables, rm: RequestMetrics, kinds: np.ndarray, run_dir: P
             "ttft": percentiles_over_time(rm.t_sent_ns[ok], rm.ttft_ms[ok], bin_s),
             "tpot": percentiles_over_time(rm.t_sent_ns[ok], rm.tpot_ms[ok], bin_s),
         },
-        failures_over_time=outcomes_over_time(ends, kinds, bin_s),
+        failures_over_time=outcomes_over_time(ends, sent_kinds, bin_s),
         fault_windows=windows,
         capacity=read_capacity(run_dir),
     )
@@ -381,7 +383,7 @@ def build_card(
         memory=_memory(tables),
         client_health=health,
         environment=env,
-        series=_series(tables, rm, kinds, run_dir),
+        series=_series(tables, rm, kinds[kinds != OutcomeKind.NOT_SENT.value], run_dir),
         window_s=summary.get("window_s"),
         output_tokens_source=summary.get("output_tokens_source"),
         notes=[*check_notes(summary, manifest), *_notes(env, health, summary, failures)],

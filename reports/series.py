@@ -72,15 +72,22 @@ def percentiles_over_time(
 
 def outcomes_over_time(t_ns: np.ndarray, kinds: np.ndarray, bin_s: float | None) -> list[dict]:
     """[{t_s, ok, rejected, ...}, ...]: outcome counts per `bin_s` bin of `t_ns`, with every
-    bin from the first to the last present (zeros included) so gaps show as gaps."""
+    bin from the first to the last present (zeros included) so gaps show as gaps.
+
+    `t_ns` and `kinds` are aligned row by row (one time per outcome); rows without a time
+    are skipped. Raises ValueError when their lengths differ.
+    """
+    t = np.asarray(t_ns, float)
+    kinds = np.asarray(kinds, dtype=object)
+    if t.shape != kinds.shape:
+        raise ValueError(f"{t.size} times for {kinds.size} outcomes: the rows are not aligned")
     if bin_s is None:
         return []
-    t = np.asarray(t_ns, float)
     keep = ~np.isnan(t)
     if not keep.any():
         return []
     bins = _bin_index(t[keep], bin_s)
-    kinds = np.asarray(kinds, dtype=object)[keep]
+    kinds = kinds[keep]
     rows = []
     for b in range(int(bins.min()), int(bins.max()) + 1):
         in_bin = kinds[bins == b]

@@ -62,6 +62,14 @@ def test_outcomes_over_time_keeps_empty_bins():
     ]
 
 
+def test_outcomes_over_time_refuses_times_not_aligned_with_outcomes():
+    """Three sent rows' times against five scheduled rows' outcomes (two never sent)."""
+    t_ns = np.array([0.5e9, 0.7e9, 2.5e9])
+    kinds = np.array(["error", "error", "error", "not_sent", "not_sent"], dtype=object)
+    with pytest.raises(ValueError, match="3 times for 5 outcomes"):
+        outcomes_over_time(t_ns, kinds, 1.0)
+
+
 def test_taxonomy_hand_table():
     table = pa.table(
         {
