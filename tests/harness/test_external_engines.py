@@ -44,11 +44,10 @@ def _cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def smollm2_tokenizer():
-    from engine_ref.loading.model_files import find_spec, is_cached
-
-    if not is_cached(find_spec("smollm2-135m")):
-        pytest.skip("the SmolLM2 model is not in the cache (bench model fetch smollm2-135m)")
+def smollm2_tokenizer(smollm2_path):
+    """The SmolLM2 file is fetched (session fixture, before `_cache` moves the cache), so
+    these tests never depend on another test having fetched it first."""
+    return smollm2_path
 
 
 def _run(tmp_path, *args: str):

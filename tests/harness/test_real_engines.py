@@ -18,16 +18,6 @@ PROMPTS = ["--workload", "random", "--num-requests", "5", "--input-len", "32", "
            "16", "--request-rate", "inf", "--check-outputs", "--diverge-before", "16"]  # fmt: skip
 
 
-@pytest.fixture
-def smollm2_path():
-    from engine_ref.loading.model_files import cached_model_path, find_spec, is_cached
-
-    spec = find_spec("smollm2-135m")
-    if not is_cached(spec):
-        pytest.skip("the SmolLM2 model is not in the cache (bench model fetch smollm2-135m)")
-    return cached_model_path(spec)
-
-
 def _python(variable: str) -> str:
     path = os.environ.get(variable)
     if not path or not os.path.exists(path):
