@@ -32,6 +32,15 @@ needs_kernels = pytest.mark.skipif(
 )
 
 
+def test_the_kernels_build_where_a_compiler_is_here():
+    """A C++ compiler, ninja and AVX2/FMA/F16C are here, so a failed build of `lowbit.cpp` is a
+    failure of this test (with the compiler's first line), not ~200 skips."""
+    prerequisite_missing = kernels.missing_prerequisite()
+    if prerequisite_missing is not None:
+        pytest.skip(f"engine kernels off: {prerequisite_missing}")
+    assert kernels.available(), f"engine kernels off: {kernels.unavailable_reason()}"
+
+
 def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref).norm() / ref.norm())
 

@@ -72,7 +72,9 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _why_not() -> str | None:
+def missing_prerequisite() -> str | None:
+    """Why the kernels cannot even be built here (switched off, CPU flags, no compiler or
+    ninja), in a few words; None when a build can be tried."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return f"{DISABLE_ENV}=0"
     missing = {"avx2", "fma", "f16c"} - _cpu_flags()
@@ -97,7 +99,7 @@ def _build_dir() -> Path:
 
 
 def _load() -> None:
-    reason = _why_not()
+    reason = missing_prerequisite()
     if reason is None:
         try:
             from torch.utils.cpp_extension import load
@@ -147,7 +149,7 @@ def available(build: bool = True) -> bool:
     the next engine and returns False, leaving a later call free to build or load them."""
     with _lock:
         if "reason" not in _state:
-            if not build and _why_not() is None and not _built():
+            if not build and missing_prerequisite() is None and not _built():
                 _build_in_background()
                 log.info("engine_ref kernels not built yet: building them in the background")
                 return False
