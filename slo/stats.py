@@ -155,6 +155,35 @@ def early_stopping_min_passing(
     return low
 
 
+def samples_to_pass(n_bad: int, max_bad_fraction: float, confidence: float) -> int | None:
+    """The smallest sample size n at which `n_bad` bad samples pass `binomial_verdict`: the
+    run size that would decide the claim if every further sample were good. None when no
+    size can (a zero allowed fraction with a bad sample). With no bad sample, a 1% allowance
+    and 99% confidence this is MLPerf's 459 (0.99^459 <= 0.01 < 0.99^458)."""
+    if max_bad_fraction >= 1:
+        return max(n_bad, 1)
+    if max_bad_fraction <= 0:
+        return None if n_bad else 1
+    from scipy import stats as scipy_stats
+
+    alpha = 1 - confidence
+
+    def passes(n: int) -> bool:
+        return bool(scipy_stats.binom.cdf(n_bad, n, max_bad_fraction) <= alpha)
+
+    high = max(n_bad, 1)
+    while not passes(high):  # the CDF falls as n grows: double, then bisect
+        high *= 2
+    low = high // 2
+    while low + 1 < high:
+        mid = (low + high) // 2
+        if passes(mid):
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 def binomial_verdict(n_bad: int, n: int, max_bad_fraction: float, confidence: float) -> str:
     """pass, fail or inconclusive for the claim "the true bad fraction <= max_bad_fraction".
 

@@ -31,6 +31,7 @@ from slo.stats import (
     binomial_verdict,
     bootstrap_proportion_ci,
     bootstrap_quantile_ci,
+    samples_to_pass,
 )
 
 
@@ -55,6 +56,21 @@ def _gate_min_samples(verdict: str, n: int, spec: SLOSpec) -> tuple[str, str | N
     return verdict, None
 
 
+def _to_decide(verdict: str, n_bad: int, n: int, allowed: float, spec: SLOSpec) -> int | None:
+    """For an inconclusive verdict: the sample size that would pass it if every further sample
+    were good (at least `min_samples`); None otherwise, or when no size could."""
+    if verdict != INCONCLUSIVE:
+        return None
+    needed = samples_to_pass(n_bad, allowed, spec.early_stopping_confidence)
+    return None if needed is None else max(needed, spec.min_samples, n + 1)
+
+
+def _with_needed(reason: str, needed: int | None, n: int) -> str:
+    if needed is None:
+        return reason
+    return f"{reason}; {needed} samples with no further miss would pass ({needed - n} more)"
+
+
 def percentile_verdict(
     rm: RequestMetrics, objective: PercentileObjective, spec: SLOSpec, rng: np.random.Generator
 ) -> dict:
@@ -65,6 +81,7 @@ def percentile_verdict(
     allowed = 1 - objective.percentile / 100
     verdict = binomial_verdict(n_over, n, allowed, spec.early_stopping_confidence)
     verdict, reason = _gate_min_samples(verdict, n, spec)
+    needed = _to_decide(verdict, n_over, n, allowed, spec)
     ci = bootstrap_quantile_ci(values, objective.percentile, rng=rng, confidence=spec.confidence)
     return {
         "name": objective.name,
@@ -78,8 +95,12 @@ def percentile_verdict(
         "n_bad": n_over,
         "allowed_bad_fraction": allowed,
         "verdict": verdict,
-        "reason": reason
-        or _reason(verdict, n_over, n, allowed, f"were over {objective.max_ms:g} ms"),
+        "samples_to_pass": needed,
+        "reason": _with_needed(
+            reason or _reason(verdict, n_over, n, allowed, f"were over {objective.max_ms:g} ms"),
+            needed,
+            n,
+        ),
     }
 
 
@@ -106,6 +127,7 @@ def rate_verdict(
     n_bad = int(bad.sum())
     verdict = binomial_verdict(n_bad, n, allowed, spec.early_stopping_confidence)
     verdict, reason = _gate_min_samples(verdict, n, spec)
+    needed = _to_decide(verdict, n_bad, n, allowed, spec)
     flags = ~bad if measured_good else bad
     ci = bootstrap_proportion_ci(flags, rng=rng, confidence=spec.confidence)
     return {
@@ -118,7 +140,8 @@ def rate_verdict(
         "n_bad": n_bad,
         "allowed_bad_fraction": allowed,
         "verdict": verdict,
-        "reason": reason or _reason(verdict, n_bad, n, allowed, missed),
+        "samples_to_pass": needed,
+        "reason": _with_needed(reason or _reason(verdict, n_bad, n, allowed, missed), needed, n),
     }
 
 

@@ -106,3 +106,38 @@ def test_objective_names_carry_units(hand_run):
     names = [o["name"] for o in slo.summarize(hand_run, spec)["slo"]["objectives"]]
     assert names == ["ttft_ms p99 <= 200 ms", "attainment >= 99% of requests",
                      "error_rate <= 1% of requests"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("n_bad", "allowed", "confidence", "expected"),
+    [
+        # 0.99^459 = 0.00992 <= 0.01 < 0.99^458 = 0.01002: MLPerf's 459.
+        (0, 0.01, 0.99, 459),
+        # 0.95^90 = 0.00989 <= 0.01 < 0.95^89 = 0.01041.
+        (0, 0.05, 0.99, 90),
+        # One miss: P(X <= 1; 662, 0.01) = 0.99^662 + 662 * 0.01 * 0.99^661 = 0.009914 <= 0.01,
+        # and at 661 it is 0.010001.
+        (1, 0.01, 0.99, 662),
+        (0, 0.0, 0.99, 1),  # a zero allowance passes on no miss at any size...
+        (1, 0.0, 0.99, None),  # ...and no size passes one miss
+        (3, 1.0, 0.99, 3),  # everything allowed
+    ],
+)
+def test_samples_to_pass_by_hand(n_bad, allowed, confidence, expected):
+    from slo.stats import samples_to_pass
+
+    assert samples_to_pass(n_bad, allowed, confidence) == expected
+
+
+def test_an_inconclusive_verdict_says_how_many_samples_would_decide_it():
+    """The flagship run's case: 64 clean samples of a p99 objective cannot pass; the verdict
+    names the 459 that would (395 more), never fewer than min_samples."""
+    o = only(evaluate(ttft_run([10.0] * 64), P99_TTFT, rng=np.random.default_rng(0)))
+    assert o["verdict"] == "inconclusive" and o["samples_to_pass"] == 459
+    assert o["reason"].endswith("459 samples with no further miss would pass (395 more)")
+    spec = SLOSpec(name="t", percentiles=P99_TTFT.percentiles, min_samples=500)
+    o = only(evaluate(ttft_run([10.0] * 459), spec, rng=np.random.default_rng(0)))
+    assert o["samples_to_pass"] == 500 and "(41 more)" in o["reason"]
+    passed = only(evaluate(ttft_run([10.0] * 459), P99_TTFT, rng=np.random.default_rng(0)))
+    assert passed["verdict"] == "pass" and passed["samples_to_pass"] is None
+    assert "would pass" not in passed["reason"]
