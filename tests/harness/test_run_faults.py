@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from test_run_outcome import MockProcess, one_row_per_scheduled
+
+from slo.runrecord import ChunkColumn, RequestColumn, float_column, open_run
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +97,39 @@ def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text):
         assert statuses["ok"] < 48  # the kill cost requests
     else:
         assert statuses["ok"] >= 40  # a pause delays, it does not kill
+        _assert_the_pause_stopped_every_stream(run, manifest)
     # Reported: seconds to get back to 90% of the goodput before, or None (never, in this run).
     assert "recovery_s" in window and window["goodput_before_per_s"] is not None, window
+
+
+# The engine is stopped a scheduler poll and a task switch after the window opens, and the
+# client still reads what the engine had written before: chunks may land this long after start.
+PAUSE_SETTLE_S = 0.15
+
+
+def _assert_the_pause_stopped_every_stream(run: Path, manifest: dict) -> None:
+    """The pause was applied (no error recorded) and it stopped the engine: requests were sent
+    during the window, yet no chunk of any stream arrived in it, so the chunk-free stretch of
+    all streams together spans the window. A no-op pause fails here (requests sent in the
+    window would be answered in it)."""
+    windows = manifest["fault_plan"]["windows"]
+    assert [w["error"] for w in windows if "error" in w] == [], windows
+    (window,) = windows
+    start_s, end_s = window["start_s"], window["end_s"]
+    paused_s = end_s - start_s
+    assert 1.4 < paused_s < 2.0, window  # the plan's 1.5 s, to a few scheduler polls
+
+    tables = open_run(run)
+    sent_s = float_column(tables.requests, RequestColumn.T_SENT_NS) / 1e9
+    assert np.any((sent_s > start_s + PAUSE_SETTLE_S) & (sent_s < end_s - PAUSE_SETTLE_S)), (
+        f"no request was sent during the pause window {start_s:.2f}-{end_s:.2f} s"
+    )
+    chunk_s = np.sort(float_column(tables.chunks, ChunkColumn.T_NS) / 1e9)
+    in_window = chunk_s[(chunk_s > start_s + PAUSE_SETTLE_S) & (chunk_s < end_s)]
+    assert in_window.size == 0, f"{in_window.size} chunks arrived while paused: {in_window[:5]}"
+    last_before = chunk_s[chunk_s <= start_s + PAUSE_SETTLE_S].max()
+    first_after = chunk_s[chunk_s >= end_s].min()
+    assert first_after - last_before >= paused_s - PAUSE_SETTLE_S, (last_before, first_after)
 
 
 def test_fifty_cancelled_streams_leave_the_reference_engine_idle(tmp_path):
