@@ -229,7 +229,11 @@ class Card:
 
     def chunking_sentence(self) -> str | None:
         """One sentence on how TPOT (per token) and ITL (per chunk) relate in this run: the
-        tokens each token-bearing chunk carried and what counted them; None without chunks."""
+        tokens each token-bearing chunk carried and what counted them; None without chunks, and
+        None where TPOT or ITL is undefined (a non-streamed run's one "chunk" is the whole
+        answer, so there are no chunk gaps to relate)."""
+        if {"tpot", "itl"} & set(self.undefined_metrics):
+            return None
         block = self.chunking or {}
         dist = block.get("tokens_per_chunk") or {}
         mean = dist.get("mean")

@@ -171,3 +171,16 @@ def test_capacity_search_directory_reports_the_probe_at_capacity(tmp_path):
         {"rate": 4.0, "attainment": 0.7, "goodput": 2.5},
     ]
     assert build_card(tmp_path / "probe-00-2rps").series.capacity == card.series.capacity
+
+
+def test_chunk_sentence_only_where_tpot_and_itl_are_defined(tmp_path):
+    """A non-streamed run's one "chunk" per request is its whole answer: the card does not
+    relate ITL to TPOT there, though the summary still counts tokens per chunk."""
+    run = write_run(tmp_path / "r", SyntheticRun(n_requests=20))
+    assert build_card(run).chunking_sentence().startswith("TPOT is per token, ITL per chunk")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"]["stream"] = False
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    card = build_card(run)
+    assert card.chunking["tokens_per_chunk"]["mean"] is not None
+    assert card.chunking_sentence() is None
