@@ -128,6 +128,59 @@ def test_vllm_command_line_with_save_result_and_goodput(mock_server, tmp_path):
     assert limits == {"ttft_ms": 1000.0, "tpot_ms": 100.0}
 
 
+def _assert_vllm_latency_units(data: dict) -> None:
+    """Latencies against a mock with a 50 ms TTFT and 20 ms between tokens, in vLLM's units:
+    the `*_ms` keys in ms, `ttfts` and `itls` in seconds. Each band admits one unit only (a
+    value in seconds, 0.02, fails the ms band; 20 fails the seconds band). Means over 31 gaps
+    a stream, not medians: the mock sends tokens it is late for back to back, so single gaps
+    can be near 0 on a busy machine while each stream's span stays 31 x 20 ms or more."""
+    for key in ("mean_itl_ms", "mean_tpot_ms", "median_tpot_ms"):
+        assert 15 <= data[key] <= 60, (key, data[key])
+    for key in ("mean_ttft_ms", "median_ttft_ms"):
+        assert 40 <= data[key] <= 500, (key, data[key])
+    assert len(data["ttfts"]) == 8 and all(0.04 <= t <= 0.5 for t in data["ttfts"]), data["ttfts"]
+    assert [len(gaps) for gaps in data["itls"]] == [31] * 8
+    assert all(0.015 <= sum(gaps) / len(gaps) <= 0.06 for gaps in data["itls"]), data["itls"]
+
+
+def test_save_result_and_export_report_latencies_in_vllm_units(mock_server, tmp_path):
+    """`bench run --save-result` and `bench export --format vllm` of the same run, against a
+    mock with known latencies: ms where vLLM writes ms, seconds where it writes seconds."""
+    with mock_server("--ttft-ms", "50", "--itl-ms", "20") as url:
+        argv = ["run", "--url", url, "--model", "mock", "--tokenizer", "tiny-random",
+                "--workload", "random", "--input-len", "8", "--output-len", "32",
+                "--num-requests", "8", "--concurrency", "4", "--save-result", "--save-detailed",
+                "--result-dir", str(tmp_path / "results"), "--out", str(tmp_path / "r"),
+                "--quiet"]  # fmt: skip
+        result = CliRunner().invoke(bench, argv)
+    assert result.exit_code == 0, result.output
+    (path,) = (tmp_path / "results").iterdir()
+    saved = json.loads(path.read_text())
+    exported_path = tmp_path / "exported.json"
+    result = CliRunner().invoke(bench, ["export", str(tmp_path / "r"), "--format", "vllm",
+                                        "--detailed", "-o", str(exported_path)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    exported = json.loads(exported_path.read_text())
+    for data in (saved, exported):
+        assert data["completed"] == 8 and data["output_lens"] == [32] * 8
+        _assert_vllm_latency_units(data)
+
+
+def test_the_unit_bands_refuse_the_other_unit():
+    """Negative control for `_assert_vllm_latency_units`: the mock's latencies written in ms
+    pass; the same figures with ms keys in seconds, or seconds lists in ms, fail."""
+    right = {"mean_itl_ms": 20.0, "mean_tpot_ms": 20.0, "median_tpot_ms": 20.0,
+             "mean_ttft_ms": 50.0, "median_ttft_ms": 50.0, "ttfts": [0.05] * 8,
+             "itls": [[0.02] * 31] * 8}  # fmt: skip
+    _assert_vllm_latency_units(right)
+    ms_in_seconds = {k: v / 1e3 if k.endswith("_ms") else v for k, v in right.items()}
+    seconds_in_ms = {**right, "ttfts": [50.0] * 8, "itls": [[20.0] * 31] * 8}
+    itls_in_ms = {**right, "itls": [[20.0] * 31] * 8}
+    for wrong in (ms_in_seconds, seconds_in_ms, itls_in_ms):
+        with pytest.raises(AssertionError):
+            _assert_vllm_latency_units(wrong)
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
