@@ -87,12 +87,19 @@ def judge(
 
 
 def not_found_sentence(
-    base_url: str, url: str, first_status: int | None, n_not_found: int, total: int
+    base_url: str,
+    url: str,
+    first_status: int | None,
+    n_not_found: int,
+    total: int,
+    *,
+    not_sent: int = 0,
 ) -> str | None:
     """What to try when the target answered HTTP 404: None unless the first request got one.
 
     `url` is the request URL tried under `base_url`; a base URL without `/v1` is the usual
-    cause (vLLM's `--base-url` form), an unknown model name the other (vLLM answers 404)."""
+    cause (vLLM's `--base-url` form), an unknown model name the other (vLLM answers 404).
+    `total` counts the requests sent; `not_sent` those the run's stop at the 404 kept back."""
     if first_status != 404:
         return None
     base = base_url.rstrip("/")
@@ -100,4 +107,7 @@ def not_found_sentence(
         hint = f"the OpenAI API usually lives under /v1: try --url {base}/v1"
     else:
         hint = f"check that {base} is the OpenAI base URL and that the target serves the model asked for (--model)"
-    return f"{n_not_found} of {total} requests got HTTP 404 from POST {url}; {hint}."
+    stopped = (
+        f" The run stopped at the first 404; {not_sent} requests were not sent." if not_sent else ""
+    )
+    return f"{n_not_found} of {total} requests got HTTP 404 from POST {url}; {hint}.{stopped}"

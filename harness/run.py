@@ -390,12 +390,20 @@ def _not_found_hint(run_dir: Path, options: ClientOptions) -> str | None:
     requests = open_run(run_dir, chunks=False).requests
     sent = float_column(requests, RequestColumn.T_SENT_NS)
     status = float_column(requests, RequestColumn.HTTP_STATUS)
-    if not (~np.isnan(sent)).any():
+    n_sent = int((~np.isnan(sent)).sum())
+    if not n_sent:
         return None
     first = status[int(np.nanargmin(sent))]
     first_status = None if np.isnan(first) else int(first)
     n_not_found = int((status == 404).sum())
-    return not_found_sentence(options.base_url, options.url, first_status, n_not_found, len(status))
+    return not_found_sentence(
+        options.base_url,
+        options.url,
+        first_status,
+        n_not_found,
+        n_sent,
+        not_sent=len(status) - n_sent,
+    )
 
 
 def _record_outcome(run_dir: Path, verdict: Verdict) -> None:
@@ -537,12 +545,13 @@ async def _run_services(run: RunContext):
 
 
 def _observer(run: RunContext, total: int):
-    """The progress display (unless quiet) and the saturation watch, as one observer."""
+    """The progress display (unless quiet), the saturation watch and the run's own count of
+    requests in flight, as one observer."""
     display = (
         ProgressDisplay(total, run.console) if (not run.quiet and run.console is not None) else None
     )
     watch = SaturationWatch(run.request_stop) if run.config.stop_on_saturation else None
-    return display, Observers(display, watch)
+    return display, Observers(display, watch, run)
 
 
 async def _drive(

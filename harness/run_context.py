@@ -20,6 +20,10 @@ from harness.records import RecordContext
 from harness.scraper import MetricsScraper
 from slo.runrecord import RequestStatus, RunManifest
 
+# How long a stop that lets the requests in flight finish (see `request_stop`) waits for them.
+DRAIN_GRACE_S = 5.0
+NOT_FOUND = 404
+
 
 @dataclass
 class RunContext:
@@ -27,6 +31,9 @@ class RunContext:
 
     `start(t0_ns)` opens the recorder when the measured phase begins; results that finish
     before that (warm-up) wait in `early`. `close` always leaves a readable run directory.
+    It is also a load observer (`on_sent`, `on_done`): it counts the requests in flight, so
+    a stop can let them finish. The first request answered (any HTTP status) with 404 stops
+    the run: a wrong URL or model would fail every request the same way.
     """
 
     config: RunConfig
@@ -48,6 +55,11 @@ class RunContext:
     watch: PromptTokenWatch | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
     workers: list[dict] | None = None  # `--workers`/`--ray`: one entry per worker, at the end
+    in_flight: int = 0
+    first_http_status: int | None = None  # of the first request answered, warm-up included
+    _draining: bool = False
+    _drain_timer: asyncio.TimerHandle | None = None
+    _cancelled: bool = False
 
     @property
     def t0_ns(self) -> int | None:
@@ -84,17 +96,48 @@ class RunContext:
             self.early.append(raw)
         else:
             self.recorder.add(raw)
+        if self.first_http_status is None and raw.http_status is not None:
+            self.first_http_status = raw.http_status
+            if raw.http_status == NOT_FOUND:
+                # the requests already out went to the same URL: let their 404s come back
+                self.request_stop(
+                    f"the first request answered got HTTP 404 from POST {self.options.url}",
+                    let_in_flight_finish=True,
+                )
         if self.errors is not None and not raw.is_warmup and self.stop_reason is None:
             reason = self.errors.observe(raw)
             if reason is not None:
                 self.request_stop(reason)
 
-    def request_stop(self, reason: str) -> None:
-        """Stop the run early for `reason` (judged like the error limits: exit 3)."""
-        if self.stop_reason is None:
-            self.stop_reason = reason
-            if self.stop is not None:
-                self.stop.cancel()
+    def on_sent(self, raw: RawResult) -> None:
+        self.in_flight += 1
+
+    def on_done(self, raw: RawResult) -> None:
+        self.in_flight -= 1
+        if self._draining and self.in_flight <= 0:
+            self._cancel()
+
+    def request_stop(self, reason: str, *, let_in_flight_finish: bool = False) -> None:
+        """Stop the run early for `reason` (judged like the error limits: exit 3); the first
+        reason given is kept. Requests not yet sent are recorded `not_sent`; those in flight
+        are cancelled, or with `let_in_flight_finish` waited for (at most DRAIN_GRACE_S)."""
+        if self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        if let_in_flight_finish and self.in_flight > 0 and self.stop is not None:
+            self._draining = True
+            self._drain_timer = self.stop.get_loop().call_later(DRAIN_GRACE_S, self._cancel)
+        else:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        # Once only: a second cancel would interrupt the load loop's own clean-up, which
+        # records the in-flight requests as cancelled and the unsent ones as not_sent.
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        if not self._cancelled and self.stop is not None:
+            self._cancelled = True
+            self.stop.cancel()
 
     def flush(self) -> None:
         if self.recorder is not None:
