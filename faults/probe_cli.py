@@ -18,6 +18,7 @@ from rich.text import Text
 
 from faults.probe_cases.case import Category
 from faults.probe_report import Verdict
+from reports.terminal import cli_console
 
 if TYPE_CHECKING:
     from faults.probe_report import ProbeReport
@@ -89,7 +90,7 @@ def bad_input(
         report = asyncio.run(_run_with_progress(config, run_probe))
     except ProbeError as exc:
         raise ProbeUsageError(str(exc)) from None
-    Console().print(render_report(report, all_cases=all_cases))
+    cli_console().print(render_report(report, all_cases=all_cases))
     if json_path is not None:
         try:
             json_path.write_text(report.to_json() + "\n", encoding="utf-8")

@@ -185,16 +185,15 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     """Drive a target with a workload, record every request and chunk, and summarise.
 
     vLLM's `bench serve` flags are accepted with vLLM's meaning (listed last)."""
-    from rich.console import Console
-
     from harness.config import RunConfig
     from harness.run import run_benchmark
+    from reports.terminal import cli_console
 
     targets, repeat = kwargs.pop("targets"), kwargs.pop("repeat")
     kwargs["target"] = targets[0] if targets else None
     kwargs, result_request, no_progress = translate(_drop_none(**kwargs))
     config = RunConfig(stream=not no_stream, server_args=server_args, **kwargs)
-    console = Console(stderr=False)
+    console = cli_console()
     quiet = quiet or no_progress
     if len(targets) > 1 or repeat != 1:
         sys.exit(

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from reports.build import build_card
 from reports.compare import compare_runs
@@ -21,6 +20,7 @@ from reports.gate import run_gate
 from reports.gate_config import GateConfig, load_gate_config
 from reports.gate_report import to_dict, to_junit_xml, to_markdown
 from reports.html import render_comparison_html, render_html
+from reports.terminal import cli_console
 from slo.errors import SLOError
 from slo.spec import load_slo
 
@@ -78,7 +78,7 @@ def report(
     Several runs must share the workload (manifest workload.sha256) and SLO unless
     --allow-mismatch. Exit codes: 0 written, 2 unusable input or refused comparison.
     """
-    console = Console()
+    console = cli_console()
     if len(runs) == 1:
         card = build_card(runs[0])
         console.print(card_renderable(card))
@@ -152,7 +152,7 @@ def compare(
     result = run_gate(
         baseline, candidate, config=config, slo_spec=spec, allow_mismatch=allow_mismatch
     )
-    Console().print(gate_renderable(result))
+    cli_console().print(gate_renderable(result))
     if markdown_path:
         _write(markdown_path, to_markdown(result))
     if junit_path:
