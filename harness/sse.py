@@ -37,7 +37,8 @@ class ParsedStream:
     (vLLM's `return_token_ids`); `chunk_tokens_source` says which. Only when neither is there
     does a text event count one token (`CHUNK_COUNT`; `harness.records` then retokenises each
     event's text where it has a tokenizer); a text event counts at least one token either way.
-    Role-only and usage-only events count zero.
+    An event without text counts the tokens the server says it carries (an incomplete UTF-8
+    character held back, an EOS); role-only and usage-only events count zero.
     """
 
     t_ns: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
@@ -303,9 +304,11 @@ def _set_counted_chunks(
 
     The usage so far is used only when every text event carries it (a server that puts its
     one final usage on the last text event would otherwise credit that event with every
-    token); the growth since the previous event that said it is that event's count, so tokens
-    without text (an EOS on the finishing event) land on no text event. Else `token_ids` when
-    every text event has them, else one per text event. A text event counts at least one.
+    token); then every event that carries it counts its growth since the previous one that
+    did, text or not: a server holding back an incomplete UTF-8 character sends its tokens in
+    events without text, and an EOS lands on the finishing event. Else `token_ids` when every
+    text event has them, and every event counts the ids it carries. Else one per text event,
+    none per event without text. A text event counts at least one, an event never below 0.
     """
     has_text = chars > 0
     if not has_text.any():
@@ -314,16 +317,17 @@ def _set_counted_chunks(
     if (usage[has_text] != NO_USAGE).all():
         out.chunk_tokens_source = TokenSource.USAGE
         counted = usage != NO_USAGE
-        n_tokens = np.ones(len(t_ns), np.int64)
+        n_tokens = np.zeros(len(t_ns), np.int64)
         n_tokens[counted] = np.diff(usage[counted], prepend=0)
     elif (n_ids[has_text] >= 0).all():
         out.chunk_tokens_source = TokenSource.TOKEN_IDS
-        n_tokens = n_ids.astype(np.int64)
+        n_tokens = np.maximum(n_ids.astype(np.int64), 0)  # -1: the event has no token_ids
     else:  # one token per text event: the common case
         out.chunk_tokens_source = TokenSource.CHUNK_COUNT
         out.set_chunks(t_ns, has_text.astype(np.int64), chars, text_id)
         return
-    out.set_chunks(t_ns, np.where(has_text, np.maximum(n_tokens, 1), 0), chars, text_id)
+    floor = has_text.astype(np.int64)  # a text event counts at least one
+    out.set_chunks(t_ns, np.maximum(n_tokens, floor), chars, text_id)
 
 
 def _decode_all(payloads: list[bytes]) -> list | str:

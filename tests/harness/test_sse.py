@@ -131,9 +131,22 @@ def _final_usage(n: int) -> bytes:
         # vLLM's continuous usage: each event's count is the growth of the usage so far.
         ([_event("a", so_far=1), _event("bcd", so_far=4), _event("e", so_far=5), _final_usage(5)],
          [1, 3, 1, 0], TokenSource.USAGE),
-        # a token without text (EOS on the finishing event) lands on no text event
+        # a token without text (EOS on the finishing event) counts on the event that said it
         ([_event("a", so_far=2), _event("", so_far=3, finish="stop"), _final_usage(3)],
-         [2, 0, 0], TokenSource.USAGE),
+         [2, 1, 0], TokenSource.USAGE),
+        # an incomplete UTF-8 character held back: its tokens come in events without text,
+        # the usage so far still growing; the character's text arrives on a later event
+        ([_event("a", so_far=1), _event("", so_far=2), _event("", so_far=3),
+          _event("\u00e9", so_far=4), _event("b", so_far=5), _final_usage(5)],
+         [1, 1, 1, 1, 1, 0], TokenSource.USAGE),
+        # a text-less event that says no growth, or less, counts none
+        ([_event("", so_far=0), _event("a", so_far=2), _event("", so_far=1), _final_usage(2)],
+         [0, 2, 0, 1], TokenSource.USAGE),
+        # return_token_ids: an event without text counts the ids it carries
+        ([_event("a", ids=1), _event("", ids=2), _event("bc", ids=1), _event("", ids=0)],
+         [1, 2, 1, 0], TokenSource.TOKEN_IDS),
+        # neither: events without text say nothing of their tokens
+        ([_event("a"), _event(""), _event("b")], [1, 0, 1], TokenSource.CHUNK_COUNT),
         # return_token_ids: the ids each event carries
         ([_event("ab", ids=2), _event("c", ids=1), _event("d", ids=5)], [2, 1, 5],
          TokenSource.TOKEN_IDS),

@@ -140,6 +140,26 @@ STREAMS = {
         False,
         True,
     ),
+    "usage-so-far-with-held-back-utf8": (  # tokens in events without text, usage growing
+        _event({"choices": [{"text": "a"}], "usage": {"completion_tokens": 1}})
+        + _event({"choices": [{"text": ""}], "usage": {"completion_tokens": 2}})
+        + _event({"choices": [{"text": None}], "usage": {"completion_tokens": 3}})
+        + _event({"choices": [{"text": "\u00e9"}], "usage": {"completion_tokens": 4}})
+        + _event({"choices": [], "usage": {"completion_tokens": 4}})
+        + DONE,
+        False,
+        True,
+    ),
+    "chat-usage-so-far-with-held-back-utf8": (
+        _event({"choices": [{"delta": {"role": "assistant"}}], "usage": {"completion_tokens": 0}})
+        + _event({"choices": [{"delta": {"content": "a"}}], "usage": {"completion_tokens": 1}})
+        + _event({"choices": [{"delta": {"content": ""}}], "usage": {"completion_tokens": 3}})
+        + _event({"choices": [{"delta": {}}], "usage": {"completion_tokens": 4}})
+        + _event({"choices": [{"delta": {"content": "\u6771"}}], "usage": {"completion_tokens": 5}})
+        + DONE,
+        True,
+        True,
+    ),
     "usage-so-far-shrinking-and-negative": (
         _event({"choices": [{"text": "ab"}], "usage": {"completion_tokens": 5}})
         + _event({"choices": [{"text": "c"}], "usage": {"completion_tokens": -1}})
@@ -185,6 +205,15 @@ STREAMS = {
         _event({"choices": [{"text": "ab", "token_ids": [5, 6]}]})
         + _event({"choices": [{"text": "c", "token_ids": []}]})
         + _event({"choices": [{"text": "", "token_ids": [7], "finish_reason": "stop"}]})
+        + DONE,
+        False,
+        True,
+    ),
+    "token-ids-on-events-without-text": (
+        _event({"choices": [{"text": "a", "token_ids": [5]}]})
+        + _event({"choices": [{"text": "", "token_ids": [6, 7]}]})
+        + _event({"choices": [{"text": "b", "token_ids": [8]}]})
+        + _event({"choices": [{"text": ""}]})
         + DONE,
         False,
         True,
