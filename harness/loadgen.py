@@ -1,14 +1,17 @@
 """The load generator: schedules, sends and records. It computes nothing about latency.
 
 Open loop: every request has a fixed arrival offset, decided before the run; an optional
-concurrency cap holds requests back (the hold shows up as dispatch lag). Closed loop: N users,
-each sending its next request as soon as its previous one is done.
+concurrency cap holds requests back (the hold is client queueing, scheduled to sent; each
+request records when the slot it took was freed, so dispatch lag counts only the load
+generator's own lateness). Closed loop: N users, each sending its next request as soon as its previous one is
+done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -55,6 +58,43 @@ class LoadPlan:
             raise ValueError("concurrency must be at least 1")
 
 
+@dataclass(slots=True)
+class DispatchedResult(RawResult):
+    """A `RawResult` the load generator dispatched, with `slot_freed_offset_ns`: when the
+    concurrency-cap slot it took had been freed, relative to its scheduled time (negative:
+    freed before it was due; None: no cap, or a slot free from the start). An offset, not a
+    time, so a result moved onto another clock (`ray_workers.shift_raw` moves the times it
+    knows) keeps it right; the row holds the moment (`t_slot_freed_ns`)."""
+
+    slot_freed_offset_ns: int | None = None
+
+
+class ConcurrencyCap(asyncio.Semaphore):
+    """The cap on in-flight requests: a semaphore that remembers when each free slot was
+    freed. `last_freed_ns` is, for the acquire that returned last, when the slot it took was
+    freed (a `clock` time; None: free from the start); read it right after the acquire,
+    before any await.
+
+    Free slots are taken oldest first: the earliest a request could have gone is when the
+    first slot that is free for it was freed, so any later wait (a dispatcher that came late,
+    a woken waiter slow to run) is the load generator's own lateness."""
+
+    def __init__(self, value: int, clock: Callable[[], int] = time.perf_counter_ns) -> None:
+        super().__init__(value)
+        self._clock = clock
+        self._freed_ns: deque[int | None] = deque([None] * value)  # one per free slot
+        self.last_freed_ns: int | None = None
+
+    async def acquire(self) -> bool:
+        await super().acquire()
+        self.last_freed_ns = self._freed_ns.popleft()
+        return True
+
+    def release(self) -> None:
+        self._freed_ns.append(self._clock())
+        super().release()
+
+
 @dataclass
 class LoadResult:
     """Facts about the load phase itself (the requests are with the recorder)."""
@@ -95,14 +135,18 @@ async def run_load(
     outcome = LoadResult()
     clock = time.perf_counter_ns
     tasks: set[asyncio.Task] = set()
-    limit = asyncio.Semaphore(plan.concurrency) if plan.concurrency else None
+    limit = ConcurrencyCap(plan.concurrency, clock) if plan.concurrency else None
     dispatched: set[str] = set()
     t0: int | None = None
     finished = False
 
-    async def one(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> RawResult:
+    async def one(
+        payload: RequestPayload, t_scheduled_ns: int, acquired: bool, freed_ns: int | None
+    ) -> RawResult:
         dispatched.add(payload.request_id)
-        raw = RawResult(payload.request_id, payload.is_warmup, t_scheduled_ns)
+        raw = DispatchedResult(payload.request_id, payload.is_warmup, t_scheduled_ns)
+        if freed_ns is not None:
+            raw.slot_freed_offset_ns = freed_ns - t_scheduled_ns
         try:
             if observer is not None:
                 observer.on_sent(raw)
@@ -120,8 +164,14 @@ async def run_load(
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
+    def freed(acquired: bool) -> int | None:  # called right after the acquire, no await between
+        return limit.last_freed_ns if acquired else None
+
+    def send(payload: RequestPayload, t_scheduled_ns: int, acquired: bool):
+        return one(payload, t_scheduled_ns, acquired, freed(acquired))
+
     def launch(payload: RequestPayload, t_scheduled_ns: int, acquired: bool) -> None:
-        spawn(one(payload, t_scheduled_ns, acquired))
+        spawn(send(payload, t_scheduled_ns, acquired))
 
     try:
         if plan.warmup:
@@ -149,7 +199,7 @@ async def run_load(
                 deadline_ns=deadline_ns,
                 limit=limit,
                 users=plan.concurrency if plan.arrival_s is None else None,
-                send=one,
+                send=send,
                 spawn=spawn,
                 dispatched=dispatched,
                 on_result=on_result,

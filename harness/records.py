@@ -47,6 +47,16 @@ def _rel(t_ns: int | None, t0_ns: int) -> int | None:
     return None if t_ns is None else t_ns - t0_ns
 
 
+def _slot_freed(raw: RawResult, t0_ns: int) -> int | None:
+    """When the concurrency-cap slot the request took was freed, relative to t0 (None: no
+    cap, or a slot free from the start). The load generator hands it as an offset from the
+    scheduled time (see `harness.loadgen.DispatchedResult`); other results have none."""
+    offset_ns = getattr(raw, "slot_freed_offset_ns", None)
+    if offset_ns is None or raw.t_scheduled_ns is None:
+        return None
+    return raw.t_scheduled_ns + offset_ns - t0_ns
+
+
 def _retokenise_chunks(parsed: ParsedStream, count_tokens: TokenCounter) -> None:
     """Count each text event's tokens with the run's tokenizer (the server said neither its
     usage so far nor token ids): each event's text on its own, at least one token. Each
@@ -185,6 +195,7 @@ def to_rows(
         usage_cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
         session_id=session[0] if session else None,
         turn_index=session[1] if session else None,
+        t_slot_freed_ns=_slot_freed(raw, t0),
     )
     if parsed is None:
         return record, ChunkRows(raw.request_id, _NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)

@@ -13,7 +13,7 @@ from slo.consistency import littles_law
 from slo.conventions import conventions_summary
 from slo.correctness import correctness_summary
 from slo.errors import SLOError
-from slo.frame import RequestMetrics, not_sent_count
+from slo.frame import RequestMetrics, attempted_requests, not_sent_count
 from slo.goodput import goodput_summary
 from slo.ledger import ledger_summary
 from slo.prompt_tokens import prompt_token_check
@@ -56,7 +56,10 @@ DEFINITIONS = {
     "throughput": "ok requests, and input/output tokens of ok requests, per second of window; "
     "attempted_request_per_s counts every request",
     "percentiles": "linear interpolation between order statistics (numpy default, as vLLM)",
-    "dispatch_lag": "t_sent - t_scheduled over all sent requests (ms)",
+    "dispatch_lag": "t_sent - max(t_scheduled, t_slot_freed) over all sent requests (ms): how "
+    "late the load generator sent each request once it was free to go (its scheduled time, or "
+    "when a slot of the concurrency cap freed for it, whichever is later); waiting for the cap "
+    "is client queueing (`queue`), not lag",
     "queue": "client queueing time: t_sent - t_scheduled over all sent requests (ms); time a "
     "request waited in the client (behind a concurrency cap, or a late dispatcher) before "
     "TTFT and E2E start counting",
@@ -151,13 +154,23 @@ def output_tokens_source(rm: RequestMetrics) -> tuple[str | None, dict]:
     return label, dict(sorted(sources.items()))
 
 
-def dispatch_summary(rm: RequestMetrics, client_bound_ms: float) -> tuple[dict, bool]:
+def dispatch_summary(
+    rm: RequestMetrics, client_bound_ms: float, t_slot_freed_ns: np.ndarray | None = None
+) -> tuple[dict, bool]:
     """(`{p50, p99, max, n}` of dispatch lag in ms, client_bound) over all sent requests.
 
+    A request's lag runs from when it was free to go, the later of its scheduled time and
+    `t_slot_freed_ns` (when the concurrency-cap slot it took was freed, ns relative to t0,
+    aligned with `rm`; NaN or None: no cap, or a slot free from the start), to when it was
+    sent: a cap holding requests back is the load the run asked for, not a late load
+    generator.
     `client_bound` is true when the p99 lag exceeds `client_bound_ms`: the load generator
     could not keep to the schedule, so the offered load was lower than asked.
     """
-    dist = metrics.distribution(metrics.dispatch_lag_ms(rm.t_scheduled_ns, rm.t_sent_ns))
+    t_free_ns = rm.t_scheduled_ns
+    if t_slot_freed_ns is not None:
+        t_free_ns = np.fmax(t_free_ns, t_slot_freed_ns)  # NaN in one: the other
+    dist = metrics.distribution(metrics.dispatch_lag_ms(t_free_ns, rm.t_sent_ns))
     lag = {"p50": dist["p50"], "p99": dist["p99"], "max": dist["max"], "n": dist["n"]}
     return lag, bool(lag["p99"] is not None and lag["p99"] > client_bound_ms)
 
@@ -168,13 +181,15 @@ def core_summary(
     client_bound_ms: float = DEFAULT_CLIENT_BOUND_MS,
     rng: np.random.Generator | None = None,
     ci_confidence: float = DEFAULT_CI_CONFIDENCE,
+    t_slot_freed_ns: np.ndarray | None = None,
 ) -> dict:
     """Counts, window, throughput, latencies, dispatch lag and token source for `rm`.
 
     `rng` (optional) adds bootstrap intervals to the latency blocks; see `latency_summary`.
+    `t_slot_freed_ns` (aligned with `rm`) is what `dispatch_summary` takes.
     """
     window_s = rm.window_s()
-    lag, client_bound = dispatch_summary(rm, client_bound_ms)
+    lag, client_bound = dispatch_summary(rm, client_bound_ms, t_slot_freed_ns)
     source, source_counts = output_tokens_source(rm)
     return {
         "counts": metrics.outcome_counts(rm.status, rm.error_class),
@@ -247,7 +262,11 @@ def summarize_tables(
     rm = RequestMetrics.from_tables(tables.requests, chunks)
     summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "definitions": DEFINITIONS}
     ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    summary.update(core_summary(rm, client_bound_ms=client_bound_ms, rng=ci_rng))
+    # the same rows as `rm`: the sent requests, in table order
+    slot_freed = float_column(attempted_requests(tables.requests), RequestColumn.T_SLOT_FREED_NS)
+    summary.update(
+        core_summary(rm, client_bound_ms=client_bound_ms, rng=ci_rng, t_slot_freed_ns=slot_freed)
+    )
     summary["counts"]["not_sent"] = not_sent_count(tables.requests)
     summary["counts"]["first_message_by_error_class"] = first_messages(rm)
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE

@@ -61,12 +61,16 @@ MEANINGS = {
     RequestColumn.USAGE_CACHED_TOKENS: "`usage.prompt_tokens_details.cached_tokens`: prompt tokens the server served from its prefix cache; null when absent",
     RequestColumn.SESSION_ID: "the multi-turn session (conversation) the request is a turn of; null outside sessions",
     RequestColumn.TURN_INDEX: "the turn's position in its session, from 0; null outside sessions",
+    RequestColumn.T_SLOT_FREED_NS: "when the slot of the concurrency cap that the request took "
+    "was freed: it was free to go at the later of this and `t_scheduled_ns`; null: no cap, or "
+    "a slot free from the start",
 }
 CHUNK_MEANINGS = {
     ChunkColumn.REQUEST_ID: "the request the event belongs to",
     ChunkColumn.T_NS: "arrival of the socket read that completed the event",
     ChunkColumn.N_TOKENS: "tokens in the event, counted as the request's `chunk_tokens_source` "
-    "says; 0 for role- or usage-only events",
+    "says (an event without text counts the tokens the server says it carries: a held-back "
+    "incomplete UTF-8 character, an EOS); 0 for role- or usage-only events",
     ChunkColumn.N_CHARS: "characters of text in the event",
 }
 SCHEDULE_MEANINGS = {

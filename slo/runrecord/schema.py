@@ -54,6 +54,8 @@ class RequestColumn(StrEnum):
     USAGE_CACHED_TOKENS = "usage_cached_tokens"  # usage.prompt_tokens_details.cached_tokens
     SESSION_ID = "session_id"  # the conversation a multi-turn request belongs to; null: none
     TURN_INDEX = "turn_index"  # 0 for a session's first turn; null outside sessions
+    # when the concurrency-cap slot it took was freed; null: no cap, or free from the start
+    T_SLOT_FREED_NS = "t_slot_freed_ns"
 
 
 class ChunkColumn(StrEnum):
@@ -89,6 +91,7 @@ REQUEST_TIME_COLUMNS = (
     RequestColumn.T_FIRST_TOKEN_NS,
     RequestColumn.T_LAST_TOKEN_NS,
     RequestColumn.T_DONE_NS,
+    RequestColumn.T_SLOT_FREED_NS,
 )
 
 _C = RequestColumn
@@ -192,6 +195,7 @@ class RequestRecord:
     usage_cached_tokens: int | None = None
     session_id: str | None = None
     turn_index: int | None = None
+    t_slot_freed_ns: int | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""

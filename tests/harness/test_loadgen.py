@@ -155,6 +155,38 @@ def test_open_loop_cap_holds_requests_back_as_dispatch_lag():
     _assert_each_sent_reported_once(run)
 
 
+def test_each_request_records_when_the_cap_slot_it_took_was_freed():
+    """The slot a held request takes was freed when an earlier request ended (after its done
+    time, before the held one was sent); the cap's first requests took slots free from the
+    start. The freed times are what dispatch lag starts from (`slo.summary`)."""
+    cap, n = 2, 6
+    transport = FakeTransport(stream(["a"], first_byte_s=0.01, itl_s=0.005))
+    run = _run(transport, LoadPlan(_payloads(n), [0.0] * n, concurrency=cap))
+    results = [run.by_id()[f"r{i}"] for i in range(n)]
+    assert [r.slot_freed_offset_ns for r in results[:cap]] == [None] * cap
+    freed = [r.t_scheduled_ns + r.slot_freed_offset_ns for r in results[cap:]]
+    assert freed == sorted(freed)
+    for k, (held, t_freed) in enumerate(zip(results[cap:], freed, strict=True), start=cap):
+        assert t_freed <= held.t_sent_ns
+        # the k - cap + 1 -th slot freed: that many earlier requests had ended by then
+        assert sum(r.t_done_ns <= t_freed for r in results[:k]) >= k - cap + 1
+
+
+def test_a_slot_freed_before_a_request_was_due_records_that_time():
+    """Slots freed by the warm-up are free before t0: the measured requests' offsets are
+    negative, so they were free to go at their scheduled time."""
+    warmup = _payloads(2, prefix="w", is_warmup=True)
+    transport = FakeTransport(stream(["a"]))
+    plan = LoadPlan(_payloads(2), [0.0, 0.0], concurrency=2, warmup=warmup)
+    run = _run(transport, plan)
+    by_id = run.by_id()
+    warmup_done = sorted(by_id[p.request_id].t_done_ns for p in warmup)
+    freed = [by_id[rid].t_scheduled_ns + by_id[rid].slot_freed_offset_ns for rid in ("r0", "r1")]
+    assert all(by_id[rid].slot_freed_offset_ns < 0 for rid in ("r0", "r1"))
+    # the oldest free slot first: each warm-up's slot, freed after it ended
+    assert warmup_done[0] <= freed[0] and warmup_done[1] <= freed[1] and freed[1] < run.t0_ns
+
+
 @pytest.mark.parametrize("cap", [None, 2])
 def test_warmup_goes_first_and_ends_before_t0(cap):
     warmup = _payloads(3, prefix="w", is_warmup=True)

@@ -104,6 +104,40 @@ def test_dispatch_lag_and_client_bound(hand_run):
     assert slo.summarize(hand_run, client_bound_ms=30.0)["client_bound"] is False
 
 
+def _capped(rid: str, scheduled: float, freed: float | None, sent: float) -> dict:
+    return dict(request_id=rid, t_scheduled_ns=ms(scheduled), t_slot_freed_ns=ms(freed),
+                t_sent_ns=ms(sent), t_first_token_ns=ms(sent + 50), t_last_token_ns=ms(sent + 50),
+                t_done_ns=ms(sent + 51), status="ok", input_tokens=8, output_tokens=1,
+                output_tokens_source="usage")  # fmt: skip
+
+
+def test_waiting_for_a_concurrency_cap_slot_is_queueing_not_dispatch_lag(tmp_path):
+    """Cap 2, all due at 0: c and d waited for the slots a and b freed at 51 and 52 and went
+    0.5 and 1 ms after; lag runs from the later of the scheduled and freed times."""
+    rows = [_capped("a", 0, None, 0), _capped("b", 0, None, 0.5),
+            _capped("c", 0, 51, 51.5), _capped("d", 0, 52, 53)]  # fmt: skip
+    s = slo.summarize(write_run(tmp_path / "run", rows, []))
+    # lags 0, 0.5, 0.5, 1 -> p50 0.5, p99 at h = 2.97: 0.5 + 0.97 * 0.5
+    assert s["dispatch_lag_ms"] == {
+        "p50": approx(0.5), "p99": approx(0.5 + 0.97 * 0.5), "max": approx(1), "n": 4
+    }  # fmt: skip
+    assert s["client_bound"] is False
+    assert s["latency_ms"]["queue"]["max"] == approx(53)  # scheduled to sent, cap included
+
+
+def test_a_late_dispatch_is_still_client_bound_with_a_cap(tmp_path):
+    """The negative control: e's slot was freed at 10, before it was due at 40, and it went
+    at 70 (30 ms late); f's slot freed at 100 and it went at 125 (25 ms late); g was on time.
+    Neither cap nor schedule held them: the load generator did."""
+    rows = [_capped("e", 40, 10, 70), _capped("f", 60, 100, 125), _capped("g", 0, None, 0)]
+    s = slo.summarize(write_run(tmp_path / "run", rows, []))
+    # lags 30, 25, 0 -> sorted 0, 25, 30; p99 at h = 1.98: 25 + 0.98 * 5
+    assert s["dispatch_lag_ms"] == {
+        "p50": approx(25), "p99": approx(25 + 0.98 * 5), "max": approx(30), "n": 3
+    }  # fmt: skip
+    assert s["client_bound"] is True
+
+
 def test_output_tokens_source_recorded(hand_run):
     s = slo.summarize(hand_run)
     assert s["output_tokens_source"] == "mixed"
