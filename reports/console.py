@@ -19,6 +19,7 @@ from reports.build import THROUGHPUT_LABELS, build_card, latency_rows_from_summa
 from reports.card import Card, LatencyRow, SLOVerdict, Throughput
 from reports.checks_view import checks_renderables
 from reports.errors import ReportError
+from reports.faults_view import recovery_text
 from reports.sessions_view import sessions_renderable
 from reports.taxonomy import OUTCOME_KINDS
 
@@ -250,7 +251,7 @@ def faults_table(windows: list[dict]) -> Table:
             _num(w.get("end_s"), 2),
             _num(w.get("goodput_before_per_s"), 2),
             _num(w.get("goodput_during_per_s"), 2),
-            "never" if w.get("recovery_s") is None else _num(w.get("recovery_s"), 2),
+            recovery_text(w),
             _num(w.get("attainment_in_window"), 3),
             outcomes or "-",
         )

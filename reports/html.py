@@ -14,6 +14,7 @@ from reports import charts
 from reports.card import LATENCY_METRICS, Card
 from reports.checks_view import RATE_TABLES, correctness_sentence, server_metrics_rows
 from reports.conventions_view import convention_rows, conventions_sources
+from reports.faults_view import recovery_text
 from reports.sessions_view import SESSION_COLUMNS, session_rows, sessions_sentence
 from reports.taxonomy import OUTCOME_KINDS
 from reports.templates import COMPARISON_TEMPLATE, RUN_TEMPLATE
@@ -114,6 +115,7 @@ def _environment(loader_css: str) -> jinja2.Environment:
         session_rows=session_rows,
         SESSION_COLUMNS=SESSION_COLUMNS,
         RATE_TABLES=RATE_TABLES,
+        recovery_text=recovery_text,
     )
     return env
 
