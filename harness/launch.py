@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.engines import LaunchPlan
 from harness.errors import HarnessError
-from harness.managed import log_tail
+from harness.managed import log_tail, unexpected_exit
 
 STOP_GRACE_S = 15.0
 
@@ -54,8 +54,9 @@ def engine_version(plan: LaunchPlan, timeout_s: float = 60.0) -> str | None:
 
 
 class CommandServer:
-    """A running external engine; `kill`, `restart`, `pause`, `resume` as the reference
-    engine's `ManagedServer` offers them, so engine faults work on it too."""
+    """A running external engine; `kill`, `restart`, `pause`, `resume` and `unexpected_exit`
+    as the reference engine's `ManagedServer` offers them, so engine faults and the run's
+    watch for a dead server work on it too."""
 
     def __init__(self, plan: LaunchPlan, port: int, log_path: Path, startup_timeout_s: float):
         self.plan = plan
@@ -64,10 +65,20 @@ class CommandServer:
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self._ended_on_purpose: subprocess.Popen | None = None  # killed or stopped by us
+
+    @property
+    def name(self) -> str:
+        return self.plan.spec.name
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    def unexpected_exit(self) -> int | None:
+        """The engine process's exit code (negative: the signal that ended it) when it ended
+        without the harness asking; None while it runs or is paused, and after `kill`/`stop`."""
+        return unexpected_exit(self.proc, self._ended_on_purpose)
 
     @property
     def pid(self) -> int | None:
@@ -125,6 +136,8 @@ class CommandServer:
                 os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self._ended_on_purpose = self.proc
         self._signal(signal.SIGKILL)
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -145,6 +158,7 @@ class CommandServer:
         """End the process group: SIGTERM, then SIGKILL after STOP_GRACE_S. Idempotent."""
         if self.proc is None:
             return
+        self._ended_on_purpose = self.proc
         self.resume()
         self._signal(signal.SIGTERM)
         try:

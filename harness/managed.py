@@ -33,7 +33,10 @@ class ManagedServerConfig:
 
 class ManagedServer:
     """A running reference server and what engine faults do to it (`kill`, `restart`, `pause`,
-    `resume`). A restart binds the same port, so clients find it at the same URL."""
+    `resume`). A restart binds the same port, so clients find it at the same URL.
+    `unexpected_exit` tells a death the harness did not cause from one it did."""
+
+    name = "reference engine"
 
     def __init__(self, config: ManagedServerConfig, workdir: Path) -> None:
         self.config = config
@@ -42,6 +45,7 @@ class ManagedServer:
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+        self._ended_on_purpose: subprocess.Popen | None = None  # killed or stopped by us
 
     @property
     def base_url(self) -> str:
@@ -68,9 +72,16 @@ class ManagedServer:
         timeout = timeout_s if timeout_s is not None else self.config.startup_timeout_s
         self.port = _wait_ready(self.proc, port_file, self.log_path, timeout)
 
+    def unexpected_exit(self) -> int | None:
+        """The server process's exit code (negative: the signal that ended it) when it ended
+        without the harness asking (`kill`, `restart`, `stop`); None while it runs or is
+        paused, and after an exit the harness caused."""
+        return unexpected_exit(self.proc, self._ended_on_purpose)
+
     def kill(self) -> None:
         """SIGKILL the server (an engine death: nothing is flushed, nothing is answered)."""
         if self.proc is not None and self.proc.poll() is None:
+            self._ended_on_purpose = self.proc
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
@@ -113,6 +124,7 @@ class ManagedServer:
 
     def stop(self) -> None:
         if self.proc is not None:
+            self._ended_on_purpose = self.proc
             self.resume()
             _stop(self.proc)
 
@@ -171,9 +183,36 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def unexpected_exit(
+    proc: subprocess.Popen | None, ended_on_purpose: subprocess.Popen | None
+) -> int | None:
+    """`proc`'s exit code once it ended, unless it is the process the harness ended itself."""
+    if proc is None or proc is ended_on_purpose:
+        return None
+    return proc.poll()
+
+
+def exit_description(returncode: int) -> str:
+    """`SIGSEGV` for a process a signal ended (Popen's negative code), else `code 1`."""
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"code {returncode}"
+
+
+LOG_TAIL_BYTES = 64 * 1024  # a long-running engine's log can be large; its end is enough
+
+
 def log_tail(path: Path, lines: int = 30) -> str:
-    """The last `lines` lines of a server log (\"(no log)\" when it cannot be read)."""
+    """The last `lines` lines of a server log (\"(no log)\" when it cannot be read); only
+    its last LOG_TAIL_BYTES are read."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as log:
+            size = log.seek(0, 2)
+            log.seek(max(0, size - LOG_TAIL_BYTES))
+            text = log.read().decode(errors="replace")
     except OSError:
         return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])

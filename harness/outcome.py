@@ -2,16 +2,17 @@
 
 Exit codes: 0 the run completed (and met its SLO when `--slo` was given); 1 it completed but
 missed its SLO; 2 usage error (bad flags, files or target, before anything ran); 3 the run was
-stopped by its error limits (`--max-error-rate`, `--max-consecutive-errors`) or by
-`--stop-on-saturation`, or most of its
-requests failed (requests the client cancelled itself count for neither); 130 interrupted
-(Ctrl-C, SIGTERM).
+stopped by its error limits (`--max-error-rate`, `--max-consecutive-errors`), by
+`--stop-on-saturation`, by a first request answered 404 or by the death of the server it
+manages, or most of its requests failed (requests the client cancelled itself count for
+neither); 130 interrupted (Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.managed import exit_description
 from slo.runrecord import RequestStatus
 from slo.stats import FAIL
 
@@ -111,3 +112,18 @@ def not_found_sentence(
         f" The run stopped at the first 404; {not_sent} requests were not sent." if not_sent else ""
     )
     return f"{n_not_found} of {total} requests got HTTP 404 from POST {url}; {hint}.{stopped}"
+
+
+def server_exit_sentence(
+    name: str, returncode: int, elapsed_s: float | None, log_name: str, last_lines: list[str]
+) -> str:
+    """`the managed vllm exited with SIGSEGV 1.2 s into the run; last lines of server.log: ...`.
+
+    `elapsed_s` is seconds from the measured phase's start to when the exit was seen (None:
+    during warm-up); `last_lines` the end of the server's log."""
+    when = "during warm-up" if elapsed_s is None else f"{elapsed_s:.1f} s into the run"
+    tail = " | ".join(last_lines) if last_lines else "(empty)"
+    return (
+        f"the managed {name} exited with {exit_description(returncode)} {when}; "
+        f"last lines of {log_name}: {tail}"
+    )

@@ -20,6 +20,7 @@ from harness.config import RunConfig
 from harness.environment import git_sha, hardware_info, software_versions
 from harness.errors import HarnessError
 from harness.fault_session import FaultSession
+from harness.launch import CommandServer
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServer
 from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sentence
@@ -286,6 +287,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         ),
         console=inputs.console,
         quiet=inputs.quiet,
+        server=started.server,
     )
     run.errors = ErrorLimits(config.max_error_rate, config.max_consecutive_errors)
     if plan.sessions is not None:
@@ -312,6 +314,10 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
             reason = asyncio.run(
                 _drive_workers(run, split.shares, lambda i, s: warn(inputs.console, s))
             )
+        death = run.server_death() if reason is None else None
+        if death is not None:  # it died after the watch's last look, before the load ended
+            run.request_stop(death)
+            reason = death
         server_state = settle(
             metrics_url, idle_before, api_key=config.api_key, settle_s=config.settle_s
         )
@@ -502,10 +508,24 @@ def _warmup(config: RunConfig, options: ClientOptions, rows: list[dict]) -> list
     ]
 
 
+SERVER_POLL_S = 0.05  # how often the managed server's process is checked during the load
+
+
+async def _watch_server(run: RunContext) -> None:
+    """Stop the run (exit 3) once the managed server died: the rest would meet a closed port."""
+    while True:
+        await asyncio.sleep(SERVER_POLL_S)
+        death = run.server_death()
+        if death is not None:
+            run.request_stop(death)
+            return
+
+
 @contextlib.asynccontextmanager
 async def _run_services(run: RunContext):
-    """Signal handling (SIGINT/SIGTERM cancel the driving task), periodic flushes and the
-    `/metrics` scraper around one run's load phase; yields `{reason}` set by a signal."""
+    """Signal handling (SIGINT/SIGTERM cancel the driving task), periodic flushes, the
+    `/metrics` scraper and the watch on a managed server's process around one run's load
+    phase; yields `{reason}` set by a signal."""
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     run.stop = main
@@ -525,6 +545,7 @@ async def _run_services(run: RunContext):
             run.flush()
 
     flush_task = asyncio.create_task(flusher())
+    watch_task = asyncio.create_task(_watch_server(run)) if run.server is not None else None
     scrape_task = None
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -537,6 +558,8 @@ async def _run_services(run: RunContext):
                 await run.scraper.scrape_once(session, lambda: run.t0_ns)
     finally:
         flush_task.cancel()
+        if watch_task is not None:
+            watch_task.cancel()
         if scrape_task is not None:
             scrape_task.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -558,7 +581,7 @@ async def _drive(
     run: RunContext,
     transport: Transport | None,
     fault_plan=None,
-    server: ManagedServer | None = None,
+    server: ManagedServer | CommandServer | None = None,
 ) -> str | None:
     """Run the load loop with signal handling and periodic flushes; returns why it stopped early.
 

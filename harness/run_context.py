@@ -7,12 +7,15 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from harness.client import ClientOptions, RawResult
 from harness.config import RunConfig
 from harness.loadgen import LoadPlan
+from harness.managed import log_tail
+from harness.outcome import server_exit_sentence
 from harness.output_checks import OutputChecks
 from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import RunRecorder
@@ -20,9 +23,14 @@ from harness.records import RecordContext
 from harness.scraper import MetricsScraper
 from slo.runrecord import RequestStatus, RunManifest
 
+if TYPE_CHECKING:
+    from harness.launch import CommandServer
+    from harness.managed import ManagedServer
+
 # How long a stop that lets the requests in flight finish (see `request_stop`) waits for them.
 DRAIN_GRACE_S = 5.0
 NOT_FOUND = 404
+SERVER_LOG_LINES = 5  # of a dead managed server's log, in the sentence that names its exit
 
 
 @dataclass
@@ -33,7 +41,8 @@ class RunContext:
     before that (warm-up) wait in `early`. `close` always leaves a readable run directory.
     It is also a load observer (`on_sent`, `on_done`): it counts the requests in flight, so
     a stop can let them finish. The first request answered (any HTTP status) with 404 stops
-    the run: a wrong URL or model would fail every request the same way.
+    the run: a wrong URL or model would fail every request the same way. `server` is the
+    process the harness manages, if any (`server_death` names its exit when it died).
     """
 
     config: RunConfig
@@ -55,6 +64,7 @@ class RunContext:
     watch: PromptTokenWatch | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
     workers: list[dict] | None = None  # `--workers`/`--ray`: one entry per worker, at the end
+    server: ManagedServer | CommandServer | None = None
     in_flight: int = 0
     first_http_status: int | None = None  # of the first request answered, warm-up included
     _draining: bool = False
@@ -138,6 +148,23 @@ class RunContext:
         if not self._cancelled and self.stop is not None:
             self._cancelled = True
             self.stop.cancel()
+
+    def server_death(self) -> str | None:
+        """The sentence naming the managed server's exit (how, when, its log's last lines)
+        when its process ended without the harness asking; None while it runs, or without
+        one. A fault plan's `kill_engine` ends it on purpose and is not a death."""
+        if self.server is None:
+            return None
+        code = self.server.unexpected_exit()
+        if code is None:
+            return None
+        t0 = self.t0_ns
+        elapsed_s = None if t0 is None else (time.perf_counter_ns() - t0) / 1e9
+        path = Path(self.server.log_path)
+        lines = [line.strip()[:200] for line in log_tail(path).splitlines() if line.strip()]
+        return server_exit_sentence(
+            self.server.name, code, elapsed_s, path.name, lines[-SERVER_LOG_LINES:]
+        )
 
     def flush(self) -> None:
         if self.recorder is not None:

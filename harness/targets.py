@@ -15,7 +15,7 @@ from harness.client import auth_headers
 from harness.config import RunConfig, normalise_base_url
 from harness.engines import ENGINES, LaunchPlan, parse_assignments, parse_target, plan_launch
 from harness.errors import HarnessError
-from harness.launch import engine_version, free_port, launched
+from harness.launch import CommandServer, engine_version, free_port, launched
 from harness.managed import ManagedServer, ManagedServerConfig, managed_server
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -75,7 +75,7 @@ class Target:
 
     base_url: str
     entry: dict
-    server: ManagedServer | None = None
+    server: ManagedServer | CommandServer | None = None
     plan: LaunchPlan | None = None
 
 

@@ -54,3 +54,51 @@ def test_a_first_request_answered_404_stops_the_run_at_once(mock_server, tmp_pat
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["complete"] is False and "404" in manifest["interrupted_reason"]
     assert manifest["outcome"]["exit_code"] == 3
+
+
+DYING_ENGINE = Path(__file__).parent / "dying_engine.py"
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """The managed vllm's export of tiny-random lands in a cache of this test's own (two tests
+    exporting into one cache at once would race)."""
+    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+
+
+@pytest.mark.parametrize(("die", "named"), [("segv", "SIGSEGV"), ("exit1", "code 1")])
+def test_a_managed_engine_that_dies_mid_run_is_named_and_stops_the_run(
+    tmp_path, fresh_cache, die, named
+):
+    """The engine starts, passes startup and preflight, then dies on the first completion
+    request: the run stops at once (exit 3) and says how and when it died, with the end of
+    its log, on the console, in the manifest and on the card; one row per scheduled request."""
+    run = tmp_path / "run"
+    engine = (f"vllm={{python}} {DYING_ENGINE} --port {{port}} --model {{served_model}} "
+              f"--die {die}")  # fmt: skip
+    start = time.monotonic()
+    result = bench_run("--target", "vllm", "--engine-command", engine, "--model", "tiny-random",
+                       "--workload", "random", "--input-len", "8", "--output-len", "4",
+                       "--request-rate", "2", "--num-requests", "200", "--out", str(run),
+                       "--quiet", timeout_s=180)  # fmt: skip
+    elapsed_s = time.monotonic() - start
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output
+    assert elapsed_s < 90, elapsed_s  # 200 requests at 2/s would take 100 s
+    assert "Traceback" not in output
+    said = f"the managed vllm exited with {named}"
+    assert said in result.stderr and "s into the run; last lines of server.log:" in result.stderr
+    assert f"dying by {die}" in result.stderr  # the last line the engine wrote to its log
+    statuses = one_row_per_scheduled(run)
+    assert sum(statuses.values()) == 200 and statuses["not_sent"] >= 190, statuses
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert said in manifest["interrupted_reason"] and manifest["outcome"]["exit_code"] == 3
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["run_complete"] is False
+    assert (summary["ledger"]["lost"], summary["ledger"]["unexpected"]) == (0, 0)
+    card = tmp_path / "card.json"
+    shown = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(run), "--json",
+                            str(card)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert any(said in note for note in json.loads(card.read_text())["notes"])
