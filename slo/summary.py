@@ -143,9 +143,13 @@ def error_rate(rm: RequestMetrics) -> float | None:
 
 
 def output_tokens_source(rm: RequestMetrics) -> tuple[str | None, dict]:
-    """(a `TokenSource` value | `mixed` | None, counts per source) over all requests."""
+    """(a `TokenSource` value | `mixed` | None, counts per source) over the requests with
+    output (`output_tokens` above 0). A request rejected or failed before any output still
+    names the client's count of nothing (`chunk_count`); it says nothing of how the run
+    counted tokens, so it makes no run `mixed`."""
     sources: dict[str, int] = {}
-    for s in rm.output_tokens_source:
+    with_output = rm.output_tokens > 0  # NaN (no count) is not output
+    for s in rm.output_tokens_source[with_output]:
         if s is not None:
             sources[s] = sources.get(s, 0) + 1
     if not sources:

@@ -77,3 +77,38 @@ def test_waiting_for_a_concurrency_cap_is_not_client_bound(mock_server, tmp_path
     held = [r for r in requests if r["t_slot_freed_ns"] is not None]
     assert len(held) == 18  # all but the first two waited for a slot
     assert all(r["t_slot_freed_ns"] <= r["t_sent_ns"] for r in held)
+
+
+MIXED_SOURCES = "Output tokens come from mixed sources"
+
+
+def _mock_run(mock_server, tmp_path: Path, *mock_args: str) -> tuple[dict, str]:
+    run_dir = tmp_path / "run"
+    with mock_server("--ttft-ms", "2", "--itl-ms", "1", *mock_args) as url:
+        output = _bench_run("--url", url, "--tokenizer", "tiny-random", "--input-len", "8",
+                            "--output-len", "4", "--request-rate", "inf",
+                            "--num-requests", "10", "--out", str(run_dir))  # fmt: skip
+    return _summary(run_dir), output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["--reject-rate", "--error-rate"])
+def test_requests_without_output_do_not_mix_the_token_sources(mock_server, tmp_path, fault):
+    summary, output = _mock_run(mock_server, tmp_path, fault, "0.5")
+    failed = summary["counts"]["total"] - summary["counts"]["by_status"]["ok"]
+    assert 0 < failed < 10  # some requests failed before any output, some did not
+    assert summary["output_tokens_source"] == "usage"
+    assert summary["output_tokens_source_counts"] == {"usage": 10 - failed}
+    assert MIXED_SOURCES not in output
+
+
+@pytest.mark.slow
+def test_requests_cut_after_some_output_still_mix_the_token_sources(mock_server, tmp_path):
+    """A stream reset half way has output but no usage: the client counted its tokens, a
+    genuine second source beside the usage of the complete ones."""
+    summary, output = _mock_run(mock_server, tmp_path, "--reset-rate", "0.5")
+    cut = summary["counts"]["by_error_class"]["connection_reset"]  # status unknown
+    assert 0 < cut < 10
+    assert summary["output_tokens_source"] == "mixed"
+    assert summary["output_tokens_source_counts"] == {"tokenizer": cut, "usage": 10 - cut}
+    assert MIXED_SOURCES in output

@@ -144,6 +144,33 @@ def test_output_tokens_source_recorded(hand_run):
     assert s["output_tokens_source_counts"] == {"chunk_count": 1, "usage": 2}
 
 
+def _sourced(rid: str, status: str, output_tokens: int | None, source: str | None) -> dict:
+    return dict(request_id=rid, t_scheduled_ns=ms(0), t_sent_ns=ms(0), t_done_ns=ms(10),
+                status=status, output_tokens=output_tokens,
+                output_tokens_source=source)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "label", "counts"),
+    [
+        # rejected and failed before any output: the client counted nothing, no second source
+        ([_sourced("a", "ok", 4, "usage"), _sourced("b", "rejected", 0, "chunk_count"),
+          _sourced("c", "error", 0, "chunk_count"), _sourced("d", "ok", 0, "usage")],
+         "usage", {"usage": 1}),
+        # cut after some output: its tokens were counted by the client, a genuine mix
+        ([_sourced("a", "ok", 4, "usage"), _sourced("b", "unknown", 2, "tokenizer"),
+          _sourced("c", "rejected", 0, "chunk_count")],
+         "mixed", {"tokenizer": 1, "usage": 1}),
+        # nothing had output: no source at all
+        ([_sourced("a", "rejected", 0, "chunk_count"), _sourced("b", "timeout", None, None)],
+         None, {}),
+    ],
+)  # fmt: skip
+def test_token_sources_count_only_requests_with_output(tmp_path, rows, label, counts):
+    s = slo.summarize(write_run(tmp_path / "run", rows, []))
+    assert (s["output_tokens_source"], s["output_tokens_source_counts"]) == (label, counts)
+
+
 def test_summary_is_json_serialisable(hand_run):
     s = slo.summarize(hand_run)
     assert json.loads(json.dumps(s, allow_nan=False)) == s
