@@ -9,6 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
+from server_marks import (  # noqa: F401
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 
 # Ray keeps every node of a test cluster on loopback only when this is set before it is first
@@ -20,11 +25,23 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 SLOW_FIXTURES = frozenset({"mock_server", "smollm2_path", "smollm2_tokenizer", "smollm2_model"})
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak", action="store_true", default=False,
+        help="also run the soak tier (tests marked soak: 100k-sample distributions, long soaks)",
+    )  # fmt: skip
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    if not config.getoption("--soak"):
+        soak = [item for item in items if item.get_closest_marker("soak")]
+        if soak:
+            config.hook.pytest_deselected(items=soak)
+            items[:] = [item for item in items if not item.get_closest_marker("soak")]
 
 
 @pytest.fixture(scope="session")

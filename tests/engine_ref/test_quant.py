@@ -341,6 +341,7 @@ def test_smollm2_w4a16_runs_the_files_q4_1_blocks(smollm2_path):
     assert not FLOAT_MATMULS & set(names)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_smollm2_w4a16_engine_gives_back_its_load_temporaries(smollm2_path):
     # Dequantising and quantising the weights frees ~750 MB in the middle of the malloc heap;

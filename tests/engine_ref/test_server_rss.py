@@ -76,6 +76,7 @@ def _stall_round(url: str, pid: int, stall_s: float) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # two 20 s stalls: a soak
 def test_clients_that_stop_reading_leave_rss_where_it_was(tmp_path):
     with server_process(tmp_path, *SERVER_ARGS) as (url, pid):
         asyncio.run(_read_all(url, max_tokens=1000))  # warm-up: the same load, read

@@ -103,9 +103,9 @@ def chi_square_pvalue(samples: np.ndarray, expected: np.ndarray) -> float:
 
 T1 = SamplingParams(temperature=1.0)
 TOP_P = SamplingParams(temperature=1.0, top_p=0.9)
-# The 100,000-sample runs take about a minute each on a shared 2-core machine: slow. The fast
-# suite runs one case of each test on 20,000 samples.
-slow = pytest.mark.slow
+# The 100,000-sample runs take 10-20 s each on a 2-core machine: the soak tier (`--soak`). The
+# default suite runs one case of each test on 20,000 samples.
+slow = [pytest.mark.slow, pytest.mark.soak]
 CASES = [
     pytest.param(T1, "point", NUM_SAMPLES, id="temperature-1-point-100k", marks=slow),
     pytest.param(T1, "sampled", NUM_SAMPLES, id="temperature-1-sampled-100k", marks=slow),

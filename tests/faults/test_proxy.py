@@ -137,6 +137,7 @@ def test_idle_proxy_forwards_every_byte(loop):
     assert stats["bytes_upstream"] > 0 and stats["bytes_downstream"] > 0
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(
     ("direction", "low_ms", "high_ms"),
     [("downstream", 150, 400), ("upstream", 150, 400), ("both", 350, 650)],
@@ -298,6 +299,7 @@ def test_toxic_meets_connections_already_open():
     assert accepted == 2  # the reset connection was replaced once
 
 
+@pytest.mark.serial
 def test_bandwidth_caps_a_large_response():
     rate_kbps = 4000.0  # 500,000 bytes/s
 

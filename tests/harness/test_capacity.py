@@ -36,6 +36,7 @@ attainment_min: 0.9
 """
 
 
+@pytest.mark.serial
 def test_capacity_search_finds_the_saturation_rate(mock_server, tmp_path):
     (tmp_path / "w.yaml").write_text(WORKLOAD)
     (tmp_path / "slo.yaml").write_text(SLO)

@@ -23,6 +23,7 @@ from harness.run import run_benchmark
 FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8"]
 
 
+@pytest.mark.serial
 def test_measured_ttft_and_itl_match_the_mock(mock_server, tmp_path):
     """Mock at TTFT 50 ms, ITL 10 ms; 20 requests/s Poisson: p50s within 5 and 3 ms (10% and
     30%: wide enough for a loaded CI machine, where the client's own event loop adds a couple

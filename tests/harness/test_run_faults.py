@@ -30,6 +30,7 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@pytest.mark.serial
 def test_latency_plan_adds_its_latency_to_ttft(tmp_path):
     plan = tmp_path / "lat.yaml"
     plan.write_text("name: lat\nwindows:\n  - kind: latency\n    params: {latency_ms: 200}\n")
@@ -49,6 +50,7 @@ def test_latency_plan_adds_its_latency_to_ttft(tmp_path):
     assert faults["windows"][0]["kind"] == "latency" and faults["windows"][0]["start_s"] < 0.1
 
 
+@pytest.mark.serial
 def test_down_window_is_refused_then_recovers(tmp_path):
     plan = tmp_path / "down.yaml"
     plan.write_text("name: down\nwindows:\n  - kind: down\n    at: 1s\n    for: 1s\n")

@@ -183,6 +183,7 @@ def test_the_ledger_reports_a_target_that_leaks_on_cancel(tmp_path):
             assert ledger["verdict"] == "ok"
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("rate", "n", "stops"), [("100", 400, True), ("10", 60, False)])
 def test_stop_on_saturation_stops_a_run_whose_queue_only_grows(tmp_path, rate, n, stops):
     """A mock with 2 slots (about 30 requests/s) offered 100 requests/s: TTFT and the requests

@@ -98,6 +98,7 @@ def test_vllm_documentation_command_line_runs_unchanged(mock_server, tmp_path, m
     assert status == ["ok"] * 10
 
 
+@pytest.mark.serial
 def test_vllm_command_line_with_save_result_and_goodput(mock_server, tmp_path):
     """The same example with vLLM's result flags: the file has vLLM's keys, in its units."""
     _sharegpt_file(tmp_path / "ShareGPT_V3_unfiltered_cleaned_split.json")

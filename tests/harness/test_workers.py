@@ -52,6 +52,7 @@ def _summary(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_two_workers_measure_what_one_process_measures(mock_server, tmp_path):
     """Low load (8 requests/s, about 2 in flight): splitting the schedule over two processes
