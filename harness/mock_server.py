@@ -4,6 +4,12 @@ It is the fixture for the harness's own tests. Latency is scheduled against abso
 (first token at `ttft`, token i at `ttft + i * itl` after service starts), so timing error does
 not accumulate. With `max_concurrency`, requests queue for a slot: the server then saturates at
 `max_concurrency / service_time` requests per second, like a real engine at capacity.
+
+`max_tokens` (and chat's `max_completion_tokens`) must be an integer from 1 to
+`MAX_TOKENS_LIMIT` (1,048,576: the mock has no model and so no context length to bound it);
+null or absent means 16. Anything else is a 400 with an OpenAI error body. A request whose
+client leaves is dropped at once (aiohttp's handler cancellation): no token is scheduled or
+written for it after that.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from dataclasses import dataclass, fields
 from aiohttp import web
 
 FAULT_KINDS = ("error", "reject", "reset", "incomplete", "malformed_sse", "malformed_json", "stall")
+MAX_TOKENS_LIMIT = 1 << 20  # the most output tokens one request may ask for
+DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,8 @@ class MockEngine:
         self.requests_by_path: dict[str, int] = {}
         self.running = 0  # requests being served (the /metrics gauges)
         self.kv_blocks_used = 0
+        self.tokens_generated = 0  # output tokens sent (streamed events, or whole answers)
+        self.streams_abandoned = 0  # requests whose client left before the answer ended
 
     def _draw_fault(self) -> str | None:
         u = self.rng.random()
@@ -86,9 +96,17 @@ class MockEngine:
         return math.exp(self.rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
 
     async def stats(self, _request: web.Request) -> web.Response:
-        """What the mock has served: `{requests_seen, requests_by_path}` (for tests)."""
+        """What the mock has served (for tests): `{requests_seen, requests_by_path,
+        tokens_generated, streams_abandoned, running}`: the output tokens it sent, the requests
+        whose client left before their answer ended, and the requests being served now."""
         return web.json_response(
-            {"requests_seen": self.requests_seen, "requests_by_path": self.requests_by_path}
+            {
+                "requests_seen": self.requests_seen,
+                "requests_by_path": self.requests_by_path,
+                "tokens_generated": self.tokens_generated,
+                "streams_abandoned": self.streams_abandoned,
+                "running": self.running,
+            }
         )
 
     def _authorised(self, request: web.Request) -> bool:
@@ -117,10 +135,13 @@ class MockEngine:
             body = await request.json()
         except json.JSONDecodeError:
             return _error(400, "the request body is not JSON")
+        if not isinstance(body, dict):
+            return _error(400, "the request body must be a JSON object")
+        requested = _max_tokens(body)
+        if isinstance(requested, web.Response):
+            return requested
         chat = request.path.endswith("/chat/completions")
-        n_out = self.config.output_len or int(
-            body.get("max_tokens") or body.get("max_completion_tokens") or 16
-        )
+        n_out = self.config.output_len or requested
         fault = self._draw_fault()
         if fault == "reject":
             return _error(429, "the mock's queue is full", headers={"Retry-After": "1"})
@@ -139,6 +160,7 @@ class MockEngine:
         try:
             return await self._respond(request, body, chat, n_out, fault, start)
         except (asyncio.CancelledError, ConnectionError):  # the client went away
+            self.streams_abandoned += 1
             released = not self.config.leak_on_cancel
             raise
         finally:
@@ -164,9 +186,6 @@ class MockEngine:
         cfg = self.config
         loop = asyncio.get_running_loop()
         ttft_s = cfg.ttft_ms / 1e3 * self._jitter()
-        offsets = [ttft_s]
-        for _ in range(n_out - 1):
-            offsets.append(offsets[-1] + cfg.itl_ms / 1e3 * self._jitter())
         prompt = body.get("prompt") or " ".join(
             str(m.get("content", "")) for m in body.get("messages", [])
         )
@@ -178,13 +197,15 @@ class MockEngine:
         usage["total_tokens"] = usage["prompt_tokens"] + n_out
         ids = {"x-request-id": f"mock-{self.requests_seen}"}  # as servers that echo one do
         if not body.get("stream"):
-            await asyncio.sleep(max(0.0, start + offsets[-1] - loop.time()))
+            last_s = ttft_s + sum(cfg.itl_ms / 1e3 * self._jitter() for _ in range(n_out - 1))
+            await asyncio.sleep(max(0.0, start + last_s - loop.time()))
             text = "".join(f" t{i}" for i in range(n_out))
             choice = {"index": 0, "finish_reason": "length"}
             choice.update(
                 {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
             )
             answer = {"id": "mock", "object": "completion", "choices": [choice]}
+            self.tokens_generated += n_out
             if cfg.usage:
                 answer["usage"] = usage
             return web.json_response(answer, headers=ids)
@@ -195,7 +216,10 @@ class MockEngine:
         created = int(time.time())
         if chat:
             await response.write(_event(_chunk(cfg.model, created, chat, None, role=True)))
-        for i, offset in enumerate(offsets):
+        offset = ttft_s
+        for i in range(n_out):
+            if i:
+                offset += cfg.itl_ms / 1e3 * self._jitter()  # drawn as it is due: O(1) memory
             delay = start + offset - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -217,6 +241,7 @@ class MockEngine:
             await response.write(
                 _event(_chunk(cfg.model, created, chat, f" t{i}", finish_reason=reason))
             )
+            self.tokens_generated += 1
         if cfg.usage and (body.get("stream_options") or {}).get("include_usage"):
             final = {
                 "id": "mock",
@@ -247,13 +272,36 @@ def _event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
+def _max_tokens(body: dict) -> int | web.Response:
+    """The output length `body` asks for (`max_tokens`, else `max_completion_tokens`, else
+    the default), or the 400 for a value outside 1..MAX_TOKENS_LIMIT or not an integer."""
+    requested = None
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            problem = f"must be an integer, got {value!r}"
+        elif value < 1:
+            problem = f"must be at least 1, got {value}"
+        elif value > MAX_TOKENS_LIMIT:
+            problem = f"must be at most {MAX_TOKENS_LIMIT}, got {value}"
+        else:
+            requested = value if requested is None else requested
+            continue
+        return _error(400, f"{name} {problem}.", param=name)
+    return DEFAULT_MAX_TOKENS if requested is None else requested
+
+
+def _error(
+    status: int, message: str, headers: dict | None = None, *, param: str | None = None
+) -> web.Response:
     kind = (
         "rate_limit_error"
         if status == 429
         else ("server_error" if status >= 500 else "invalid_request_error")
     )
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -279,7 +327,9 @@ async def start_mock(
     config: MockConfig, host: str = "127.0.0.1", port: int = 0
 ) -> tuple[web.AppRunner, str]:
     """Start the mock on `host:port` (0 = a free port) inside the running loop; returns (runner, base_url)."""
-    runner = web.AppRunner(make_app(config), access_log=None)
+    # handler_cancellation: a request whose client left is cancelled at once, not at its next
+    # write (which may be a TTFT, an ITL or a stall away)
+    runner = web.AppRunner(make_app(config), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
