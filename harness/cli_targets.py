@@ -48,7 +48,8 @@ _OPTIONS = (
         "--check-outputs",
         is_flag=True,
         default=None,
-        help="Greedy requests; compare each output with the reference engine's batch-1 output.",
+        help="Greedy requests; compare each output with the reference engine's batch-1 output "
+        "(any wrong output: exit 1).",
     ),
     click.option(
         "--diverge-before",

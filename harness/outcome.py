@@ -1,11 +1,13 @@
 """How a run ended, in words and as the exit code of `bench run`.
 
 Exit codes: 0 the run completed (and met its SLO when `--slo` was given); 1 it completed but
-missed its SLO; 2 usage error (bad flags, files or target, before anything ran); 3 the run was
-stopped by its error limits (`--max-error-rate`, `--max-consecutive-errors`), by
-`--stop-on-saturation`, by a first request answered 404 or by the death of the server it
-manages, or most of its requests failed (requests the client cancelled itself count for
-neither); 130 interrupted (Ctrl-C, SIGTERM).
+missed its SLO, or with `--check-outputs` some output was `wrong output`; 2 usage error (bad
+flags, files or target, before anything ran); 3 the run was stopped by its error limits
+(`--max-error-rate`, `--max-consecutive-errors`), by `--stop-on-saturation`, by a first
+request answered 404 or by the death of the server it manages, or most of its requests failed
+(requests the client cancelled itself count for neither), or its SLO verdict is inconclusive
+(as `bench compare --gate`); 130 interrupted (Ctrl-C, SIGTERM). A missed SLO or a wrong
+output (1) outranks an inconclusive verdict (3), as a regression does in the gate.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from dataclasses import dataclass
 
 from harness.managed import exit_description
 from slo.runrecord import RequestStatus
-from slo.stats import FAIL
+from slo.stats import FAIL, INCONCLUSIVE
 
 EXIT_OK = 0
 EXIT_SLO_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ERRORS = 3
+EXIT_INCONCLUSIVE = 3  # the SLO could not be judged (too few samples): as the CI gate's 3
 EXIT_INTERRUPTED = 130
 UNHEALTHY_ERROR_RATE = 0.5  # more than this fraction failed: the run measured a broken target
 
@@ -31,6 +34,21 @@ class Verdict:
 
     def to_dict(self) -> dict:
         return {"exit_code": self.exit_code, "sentence": self.sentence}
+
+
+@dataclass(frozen=True)
+class OutputTally:
+    """`--check-outputs`: the requests that ended ok, how many of them are `wrong output`
+    (`output_valid` false), and those by the flag that made them wrong."""
+
+    n_ok: int
+    n_wrong: int
+    by_flag: dict[str, int]
+
+    def sentence(self) -> str:
+        flags = ", ".join(f"{name} {n}" for name, n in sorted(self.by_flag.items()))
+        detail = f" ({flags})" if flags else ""
+        return f"{self.n_wrong} of {self.n_ok} outputs checked are wrong output{detail}."
 
 
 def dominant_error(summary: dict) -> tuple[str | None, int, str | None]:
@@ -65,10 +83,31 @@ def failure_sentence(summary: dict) -> str:
     return f"{failed} of {judged} requests{scope} failed{detail}."
 
 
+def inconclusive_sentence(slo: dict) -> str | None:
+    """Which SLO objectives could not be judged, and why the first of them could not; None
+    when none could not (a spec of per-request limits only, such as vLLM's `--goodput`, has
+    no objective: it defines goodput and judges nothing)."""
+    objectives = slo.get("objectives") or []
+    open_ = [o for o in objectives if o.get("verdict") == INCONCLUSIVE]
+    if not open_:
+        return None
+    return (
+        f"The SLO verdict is inconclusive ({len(open_)} of {len(objectives)} objectives could "
+        f"not be judged: {open_[0].get('name')}: {open_[0].get('reason')}); more requests "
+        "may decide it."
+    )
+
+
 def judge(
-    summary: dict, *, stopped_reason: str | None, stopped_by_errors: bool, slo_given: bool
+    summary: dict,
+    *,
+    stopped_reason: str | None,
+    stopped_by_errors: bool,
+    slo_given: bool,
+    outputs: OutputTally | None = None,
 ) -> Verdict:
-    """The run's verdict from its summary and how it stopped."""
+    """The run's verdict from its summary and how it stopped; `outputs` is the output tally
+    of a `--check-outputs` run (None: outputs were not checked against the reference)."""
     if stopped_by_errors:
         return Verdict(EXIT_ERRORS, f"The run was stopped early: {stopped_reason}")
     if stopped_reason is not None:
@@ -80,10 +119,17 @@ def judge(
         )
     saturation = summary.get("saturation") or {}
     saturated = saturation.get("sentence") if saturation.get("saturated") else None
-    if slo_given and (summary.get("slo") or {}).get("verdict") == FAIL:
-        return Verdict(
-            EXIT_SLO_FAILED, " ".join(filter(None, ["The run missed its SLO.", saturated]))
-        )
+    slo = (summary.get("slo") or {}) if slo_given else {}
+    missed = []
+    if slo.get("verdict") == FAIL:
+        missed.append("The run missed its SLO.")
+    if outputs is not None and outputs.n_wrong:
+        missed.append(outputs.sentence())
+    if missed:
+        return Verdict(EXIT_SLO_FAILED, " ".join(filter(None, [*missed, saturated])))
+    undecided = inconclusive_sentence(slo) if slo.get("verdict") == INCONCLUSIVE else None
+    if undecided is not None:
+        return Verdict(EXIT_INCONCLUSIVE, " ".join(filter(None, [undecided, saturated])))
     return Verdict(EXIT_OK, saturated)
 
 

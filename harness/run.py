@@ -27,7 +27,7 @@ from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sent
 from harness.progress import ProgressDisplay
 from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
-from harness.run_checks import iter_request_rows, output_checks, request_rows
+from harness.run_checks import iter_request_rows, output_checks, request_rows, tally_outputs
 from harness.run_context import ErrorLimits, RunContext
 from harness.saturation_watch import Observers, SaturationWatch
 from harness.scraper import MetricsScraper
@@ -45,6 +45,7 @@ from slo.runrecord import (
     Endpoint,
     RunManifest,
     RunSummary,
+    open_run,
     read_manifest,
     write_json_atomic,
     write_summary,
@@ -330,13 +331,15 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         _record_workers(run_dir, split, run.workers or [])
     stopped_by_errors = run.stop_reason is not None and reason == run.stop_reason
     outcome = _summarise(run_dir, inputs.slo_spec, config, reason)
+    requests = open_run(run_dir, chunks=False).requests
     verdict = judge(
         outcome.summary,
         stopped_reason=reason,
         stopped_by_errors=stopped_by_errors,
         slo_given=inputs.slo_spec is not None,
+        outputs=tally_outputs(requests) if config.check_outputs else None,
     )
-    hint = _not_found_hint(run_dir, options)
+    hint = _not_found_hint(requests, options)
     if hint is not None:
         verdict = Verdict(max(verdict.exit_code, EXIT_ERRORS), hint)
     _record_outcome(run_dir, verdict)
@@ -387,13 +390,12 @@ def _record_workers(run_dir: Path, split, entries: list[dict]) -> None:
     write_json_atomic(run_dir / "manifest.json", manifest.to_json())
 
 
-def _not_found_hint(run_dir: Path, options: ClientOptions) -> str | None:
-    """`not_found_sentence` for the run's requests (the first by send time decides)."""
+def _not_found_hint(requests, options: ClientOptions) -> str | None:
+    """`not_found_sentence` for the run's requests table (the first by send time decides)."""
     import numpy as np
 
-    from slo.runrecord import RequestColumn, float_column, open_run
+    from slo.runrecord import RequestColumn, float_column
 
-    requests = open_run(run_dir, chunks=False).requests
     sent = float_column(requests, RequestColumn.T_SENT_NS)
     status = float_column(requests, RequestColumn.HTTP_STATUS)
     n_sent = int((~np.isnan(sent)).sum())

@@ -3,11 +3,17 @@ the reference model that judges them, and the per-request output checks."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pyarrow as pa
+
 from harness.config import RunConfig
 from harness.errors import HarnessError
+from harness.outcome import OutputTally
 from harness.output_checks import Expectation, OutputChecks
 from harness.tokenizer_choice import names_a_model
-from slo.runrecord import Endpoint
+from slo.correctness import WRONG_FLAGS
+from slo.runrecord import Endpoint, RequestColumn, RequestStatus
 
 # Rows turned into dicts at a time: a run's plan keeps a few small objects of every row (its
 # id), and building all rows' dicts at once would leave those scattered over memory the
@@ -74,3 +80,20 @@ def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) ->
             workload_sha256=str(workload.manifest.get("sha256")),
         )
     return OutputChecks(tokenizer, expectations, references, diverge_before=config.diverge_before)
+
+
+def tally_outputs(requests: pa.Table) -> OutputTally:
+    """How many of the requests that ended ok have a `wrong output` (`output_valid` false),
+    and those by each flag that makes an output wrong (a request may carry several)."""
+    statuses = requests[RequestColumn.STATUS].to_pylist()
+    valid = requests[RequestColumn.OUTPUT_VALID].to_pylist()
+    flags = requests[RequestColumn.OUTPUT_FLAGS].to_pylist()
+    n_ok, n_wrong, by_flag = 0, 0, Counter()
+    for status, is_valid, flagged in zip(statuses, valid, flags, strict=True):
+        if status != RequestStatus.OK:
+            continue
+        n_ok += 1
+        if is_valid is False:
+            n_wrong += 1
+            by_flag.update(f for f in (flagged or "").split(",") if f in WRONG_FLAGS)
+    return OutputTally(n_ok, n_wrong, dict(by_flag))

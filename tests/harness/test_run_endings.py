@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = pytest.mark.slow  # every test here starts a server process
+from harness.outcome import OutputTally, judge
 
 FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8", "--quiet"]
 
@@ -32,6 +32,7 @@ def one_row_per_scheduled(run: Path) -> Counter:
     return Counter(rows["status"])
 
 
+@pytest.mark.slow  # starts a mock server
 def test_a_first_request_answered_404_stops_the_run_at_once(mock_server, tmp_path):
     """A wrong path at 2 requests/s would run 500 s; the first answer (404) ends it, exit 3,
     with the sentence naming the URL tried, and the other 999 requests are `not_sent`."""
@@ -67,6 +68,7 @@ def fresh_cache(tmp_path, monkeypatch):
     (tmp_path / "cache").mkdir()
 
 
+@pytest.mark.slow  # starts an engine process
 @pytest.mark.parametrize(("die", "named"), [("segv", "SIGSEGV"), ("exit1", "code 1")])
 def test_a_managed_engine_that_dies_mid_run_is_named_and_stops_the_run(
     tmp_path, fresh_cache, die, named
@@ -102,3 +104,101 @@ def test_a_managed_engine_that_dies_mid_run_is_named_and_stops_the_run(
                             str(card)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert any(said in note for note in json.loads(card.read_text())["notes"])
+
+
+@pytest.mark.slow  # starts a mock server
+def test_wrong_outputs_fail_a_check_outputs_run(mock_server, tmp_path):
+    """The mock writes ` t0 t1 ...`, not what tiny-random would: every output diverges from
+    the reference's at its first token, so `--check-outputs` fails the run (exit 1)."""
+    run = tmp_path / "run"
+    with mock_server("--ttft-ms", "1", "--itl-ms", "1") as url:
+        result = bench_run("--url", url, *FAST, "--output-len", "4", "--request-rate", "inf",
+                           "--num-requests", "8", "--check-outputs", "--out", str(run))  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "8 of 8 outputs checked are wrong output (diverged 8)." in result.stderr
+    rows = pq.read_table(run / "requests.parquet").to_pylist()
+    assert [(r["status"], r["output_valid"]) for r in rows] == [("ok", False)] * 8
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["complete"] is True and manifest["outcome"]["exit_code"] == 1
+
+
+@pytest.mark.slow  # starts the reference engine
+def test_the_reference_engine_checked_against_itself_passes(tmp_path):
+    """Negative control: the managed tiny-random engine's greedy outputs are the oracle's."""
+    run = tmp_path / "run"
+    result = bench_run("--model", "tiny-random", "--workload", "random", "--input-len", "8",
+                       "--output-len", "8", "--request-rate", "inf", "--num-requests", "4",
+                       "--check-outputs", "--out", str(run), "--quiet")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "wrong output" not in result.stderr
+    correctness = json.loads((run / "summary.json").read_text())["correctness"]
+    assert (correctness["n_compared"], correctness["n_wrong"]) == (4, 0), correctness
+    rows = pq.read_table(run / "requests.parquet").to_pylist()
+    assert [(r["status"], r["output_valid"]) for r in rows] == [("ok", True)] * 4
+
+
+@pytest.mark.slow  # starts a mock server
+def test_an_inconclusive_slo_exits_3_and_a_conclusive_one_0(mock_server, tmp_path):
+    """p99 asks for 100 samples; 3 requests cannot judge it: exit 3, as `bench compare
+    --gate` does. A median that 12 samples can judge passes: exit 0."""
+    judged = tmp_path / "judged.yaml"
+    judged.write_text(
+        "name: judged\npercentiles:\n  - {metric: ttft_ms, percentile: 50, max_ms: 60000}\n"
+    )
+    with mock_server("--ttft-ms", "1", "--itl-ms", "1") as url:
+        common = ["--url", url, *FAST, "--output-len", "2", "--request-rate", "inf"]
+        few = bench_run(*common, "--num-requests", "3", "--slo", "p99",
+                        "--out", str(tmp_path / "few"))  # fmt: skip
+        ok = bench_run(*common, "--num-requests", "12", "--slo", str(judged),
+                       "--out", str(tmp_path / "ok"))  # fmt: skip
+    assert few.returncode == 3, few.stdout + few.stderr
+    assert "The SLO verdict is inconclusive (4 of 4 objectives could not be judged" in few.stderr
+    assert "fewer than min_samples 100" in few.stderr
+    assert json.loads((tmp_path / "few" / "manifest.json").read_text())["complete"] is True
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads((tmp_path / "ok" / "summary.json").read_text())["slo"]["verdict"] == "pass"
+
+
+def _objective(verdict: str) -> dict:
+    return {"name": "ttft_ms p99 <= 500 ms", "verdict": verdict, "reason": "3 samples"}
+
+
+@pytest.mark.parametrize(
+    ("slo", "outputs", "exit_code", "says"),
+    [
+        ({"verdict": "pass", "objectives": [_objective("pass")]}, None, 0, None),
+        (
+            {"verdict": "inconclusive", "objectives": [_objective("inconclusive")]},
+            None,
+            3,
+            "The SLO verdict is inconclusive (1 of 1 objectives could not be judged",
+        ),
+        # a definite failure outranks an inconclusive verdict, as a regression does in the gate
+        (
+            {"verdict": "inconclusive", "objectives": [_objective("inconclusive")]},
+            OutputTally(4, 1, {"diverged": 1}),
+            1,
+            "1 of 4 outputs checked are wrong output",
+        ),
+        (
+            {"verdict": "fail", "objectives": [_objective("fail")]},
+            OutputTally(4, 0, {}),
+            1,
+            "The run missed its SLO.",
+        ),
+        # per-request limits only (vLLM's --goodput): no objective, nothing to judge
+        ({"verdict": "inconclusive", "objectives": []}, None, 0, None),
+        (
+            None,
+            OutputTally(8, 8, {"diverged": 8}),
+            1,
+            "8 of 8 outputs checked are wrong output (diverged 8).",
+        ),
+    ],
+)
+def test_judge_ranks_a_miss_above_inconclusive(slo, outputs, exit_code, says):
+    summary = {"counts": {"total": 4, "by_status": {"ok": 4}}, "slo": slo}
+    verdict = judge(summary, stopped_reason=None, stopped_by_errors=False,
+                    slo_given=slo is not None, outputs=outputs)  # fmt: skip
+    assert verdict.exit_code == exit_code
+    assert (verdict.sentence is None) if says is None else (says in verdict.sentence)
