@@ -1,6 +1,7 @@
 """Marks, for the whole suite: a test that starts a server or needs the SmolLM2 model file is
 `slow` by what it uses, so `pytest -m "not slow"` is the fast inner loop without anyone having
 to remember the mark. Tests that are slow for other reasons carry `@pytest.mark.slow` themselves.
+A test not marked slow whose child process listens fails (`server_marks.py`, hooks imported here).
 """
 
 from __future__ import annotations
