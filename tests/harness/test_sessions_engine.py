@@ -20,6 +20,8 @@ from harness.sse import split_events
 from harness.targets import target_for
 from slo.runrecord import Endpoint
 
+pytestmark = pytest.mark.slow  # a managed tiny-random engine process serves the whole module
+
 SPEC = """\
 name: sessions-test
 num_requests: 3
