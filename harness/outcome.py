@@ -6,8 +6,10 @@ flags, files or target, before anything ran); 3 the run was stopped by its error
 (`--max-error-rate`, `--max-consecutive-errors`), by `--stop-on-saturation`, by a first
 request answered 404 or by the death of the server it manages, or most of its requests failed
 (requests the client cancelled itself count for neither), or its SLO verdict is inconclusive
-(as `bench compare --gate`); 130 interrupted (Ctrl-C, SIGTERM). A missed SLO or a wrong
-output (1) outranks an inconclusive verdict (3), as a regression does in the gate.
+(as `bench compare --gate`); 4 its ledger does not balance (a scheduled request without a
+row, or a row for no scheduled request: a harness defect, whatever else happened); 130
+interrupted (Ctrl-C, SIGTERM). A missed SLO or a wrong output (1) outranks an inconclusive
+verdict (3), as a regression does in the gate.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ EXIT_SLO_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ERRORS = 3
 EXIT_INCONCLUSIVE = 3  # the SLO could not be judged (too few samples): as the CI gate's 3
+EXIT_LEDGER = 4  # lost or unexpected rows: the records themselves cannot be trusted
 EXIT_INTERRUPTED = 130
 UNHEALTHY_ERROR_RATE = 0.5  # more than this fraction failed: the run measured a broken target
 
@@ -98,6 +101,22 @@ def inconclusive_sentence(slo: dict) -> str | None:
     )
 
 
+def ledger_sentence(summary: dict) -> str | None:
+    """What is wrong with the run's ledger when it lost or invented rows; None when it
+    balances (or could not be checked: a run without a schedule)."""
+    ledger = summary.get("ledger") or {}
+    lost, unexpected = int(ledger.get("lost") or 0), int(ledger.get("unexpected") or 0)
+    if not lost and not unexpected:
+        return None
+    ids = list(ledger.get("lost_ids") or [])[:5]
+    named = f" ({', '.join(ids)}{', ...' if lost > len(ids) else ''})" if ids else ""
+    return (
+        f"The ledger does not balance: {lost} scheduled requests have no row{named} and "
+        f"{unexpected} rows are unexpected (for no scheduled request, or a second for one), "
+        "so the run's figures cannot be trusted; this is a harness defect, please report it."
+    )
+
+
 def judge(
     summary: dict,
     *,
@@ -105,9 +124,37 @@ def judge(
     stopped_by_errors: bool,
     slo_given: bool,
     outputs: OutputTally | None = None,
+    not_found: str | None = None,
 ) -> Verdict:
     """The run's verdict from its summary and how it stopped; `outputs` is the output tally
-    of a `--check-outputs` run (None: outputs were not checked against the reference)."""
+    of a `--check-outputs` run (None: outputs were not checked against the reference);
+    `not_found` is `not_found_sentence` for the run (a first request answered 404: exit 3
+    at least). A ledger that does not balance is exit 4 whatever else happened, except an
+    interruption (130), whose sentence then says so."""
+    verdict = _judge_run(
+        summary,
+        stopped_reason=stopped_reason,
+        stopped_by_errors=stopped_by_errors,
+        slo_given=slo_given,
+        outputs=outputs,
+    )
+    if not_found is not None:
+        verdict = Verdict(max(verdict.exit_code, EXIT_ERRORS), not_found)
+    broken = ledger_sentence(summary)
+    if broken is None:
+        return verdict
+    code = EXIT_INTERRUPTED if verdict.exit_code == EXIT_INTERRUPTED else EXIT_LEDGER
+    return Verdict(code, " ".join(filter(None, [broken, verdict.sentence])))
+
+
+def _judge_run(
+    summary: dict,
+    *,
+    stopped_reason: str | None,
+    stopped_by_errors: bool,
+    slo_given: bool,
+    outputs: OutputTally | None,
+) -> Verdict:
     if stopped_by_errors:
         return Verdict(EXIT_ERRORS, f"The run was stopped early: {stopped_reason}")
     if stopped_reason is not None:

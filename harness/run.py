@@ -23,7 +23,7 @@ from harness.fault_session import FaultSession
 from harness.launch import CommandServer
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServer
-from harness.outcome import EXIT_ERRORS, EXIT_OK, Verdict, judge, not_found_sentence
+from harness.outcome import EXIT_OK, Verdict, judge, not_found_sentence
 from harness.progress import ProgressDisplay
 from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import prepare_run_dir
@@ -338,10 +338,8 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         stopped_by_errors=stopped_by_errors,
         slo_given=inputs.slo_spec is not None,
         outputs=tally_outputs(requests) if config.check_outputs else None,
+        not_found=_not_found_hint(requests, options),
     )
-    hint = _not_found_hint(requests, options)
-    if hint is not None:
-        verdict = Verdict(max(verdict.exit_code, EXIT_ERRORS), hint)
     _record_outcome(run_dir, verdict)
     return RunOutcome(
         run_dir=run_dir,

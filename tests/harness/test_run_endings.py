@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
+from harness.cli import bench
 from harness.outcome import OutputTally, judge
+from harness.run_context import RunContext
+from slo.runrecord import RequestRecord, RunWriter, read_manifest
 
 FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8", "--quiet"]
 
@@ -202,3 +206,107 @@ def test_judge_ranks_a_miss_above_inconclusive(slo, outputs, exit_code, says):
                     slo_given=slo is not None, outputs=outputs)  # fmt: skip
     assert verdict.exit_code == exit_code
     assert (verdict.sentence is None) if says is None else (says in verdict.sentence)
+
+
+@pytest.mark.parametrize(
+    ("stopped_reason", "by_errors", "exit_code", "also"),
+    [
+        (None, False, 4, None),
+        ("5 requests in a row failed", True, 4, "The run was stopped early: 5 requests"),
+        ("interrupted by SIGINT", False, 130, None),  # the user's Ctrl-C keeps its code
+    ],
+)
+def test_a_ledger_that_does_not_balance_is_exit_4_whatever_else(
+    stopped_reason, by_errors, exit_code, also
+):
+    summary = {
+        "counts": {"total": 3, "by_status": {"ok": 3}},
+        "ledger": {"lost": 1, "lost_ids": ["r2"], "unexpected": 0, "verdict": "failed"},
+    }
+    verdict = judge(summary, stopped_reason=stopped_reason, stopped_by_errors=by_errors,
+                    slo_given=False)  # fmt: skip
+    assert verdict.exit_code == exit_code
+    assert verdict.sentence.startswith(
+        "The ledger does not balance: 1 scheduled requests have no row (r2) and 0 rows are"
+    )
+    assert also is None or also in verdict.sentence
+
+
+@pytest.mark.slow  # starts a mock server
+@pytest.mark.parametrize(("defect", "lost", "unexpected"), [("drop", 1, 0), ("twice", 0, 1)])
+def test_a_run_whose_ledger_does_not_balance_exits_4(
+    mock_server, tmp_path, monkeypatch, defect, lost, unexpected
+):
+    """A harness defect, injected: the first measured result is never recorded, or recorded
+    twice. `bench run` says the ledger does not balance and exits 4; `bench report` shows it."""
+    record = RunContext.on_result
+    done: list[str] = []
+
+    def defective(self, raw):
+        first = not raw.is_warmup and not done
+        done.append(raw.request_id)
+        if not (first and defect == "drop"):
+            record(self, raw)
+        if first and defect == "twice":
+            self.recorder.add(raw)
+
+    monkeypatch.setattr(RunContext, "on_result", defective)
+    run = tmp_path / "run"
+    with mock_server("--ttft-ms", "1", "--itl-ms", "1") as url:
+        result = CliRunner().invoke(bench, ["run", "--url", url, *FAST, "--output-len", "2",
+                                            "--request-rate", "inf", "--num-requests", "6",
+                                            "--out", str(run)])  # fmt: skip
+    assert result.exit_code == 4, result.output
+    said = f"The ledger does not balance: {lost} scheduled requests have no row"
+    assert said in result.output and f"and {unexpected} rows are unexpected" in result.output
+    assert json.loads((run / "manifest.json").read_text())["outcome"]["exit_code"] == 4
+    monkeypatch.undo()
+    shown = CliRunner().invoke(bench, ["report", str(run)])
+    assert shown.exit_code == 0, shown.output
+    assert f"ledger failed: 6 scheduled, lost = {lost}, unexpected = {unexpected}" in shown.output
+
+
+def rewrite_run(run: Path, out: Path, *, drop: int = 0, extra: tuple[str, ...] = ()) -> Path:
+    """`run` written again into `out` by the production writer, without its first `drop`
+    request rows and with an ok row for each id in `extra` (scheduled or not)."""
+    out.mkdir()
+    writer = RunWriter(out, read_manifest(run))
+    schedule = pq.read_table(run / "schedule.parquet").to_pylist()
+    writer.write_schedule([(r["request_id"], r["arrival_s"], r["is_warmup"]) for r in schedule])
+    rows = pq.read_table(run / "requests.parquet").to_pylist()[drop:]
+    writer.append_requests([RequestRecord(**r) for r in rows])
+    writer.append_requests([RequestRecord(rid, status="ok", t_sent_ns=0, t_done_ns=1)
+                            for rid in extra])  # fmt: skip
+    chunks = pq.read_table(run / "chunks.parquet").to_pylist()
+    writer.append_chunks([tuple(c.values()) for c in chunks])
+    manifest = read_manifest(run)
+    writer.close(complete=manifest.complete, reason=manifest.interrupted_reason)
+    return out
+
+
+@pytest.mark.slow  # starts a mock server
+@pytest.mark.parametrize(
+    ("drop", "extra", "lost", "unexpected"),
+    [(1, (), 1, 0), (0, ("stray-1",), 0, 1), (0, ("DUP",), 0, 1)],
+)
+def test_bench_report_shows_a_row_lost_or_invented(mock_server, tmp_path, drop, extra, lost,
+                                                   unexpected):  # fmt: skip
+    """A run recorded normally, then written again by the production writer without one of
+    its rows, with a row for no scheduled request, or with a second row for one:
+    `bench report` re-summarises it and its console and JSON cards show the ledger failed."""
+    run = tmp_path / "run"
+    with mock_server("--ttft-ms", "1", "--itl-ms", "1") as url:
+        result = CliRunner().invoke(bench, ["run", "--url", url, *FAST, "--output-len", "2",
+                                            "--request-rate", "inf", "--num-requests", "5",
+                                            "--out", str(run), "--quiet"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    first = pq.read_table(run / "requests.parquet").to_pylist()[0]["request_id"]
+    extra = tuple(first if rid == "DUP" else rid for rid in extra)
+    changed = rewrite_run(run, tmp_path / "changed", drop=drop, extra=extra)
+    card = tmp_path / "card.json"
+    shown = CliRunner().invoke(bench, ["report", str(changed), "--json", str(card)])
+    assert shown.exit_code == 0, shown.output
+    assert f"ledger failed: 5 scheduled, lost = {lost}, unexpected = {unexpected}" in shown.output
+    ledger = json.loads(card.read_text())["ledger"]
+    assert (ledger["lost"], ledger["unexpected"], ledger["verdict"]) == (lost, unexpected, "failed")
+    assert ledger["lost_ids"] == ([first] if lost else [])
