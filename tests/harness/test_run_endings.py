@@ -61,6 +61,23 @@ def test_a_first_request_answered_404_stops_the_run_at_once(mock_server, tmp_pat
     assert manifest["outcome"]["exit_code"] == 3
 
 
+@pytest.mark.slow  # starts the reference engine
+def test_a_model_the_server_does_not_serve_stops_at_the_first_404(tmp_path):
+    """The reference server answers 404 for a model it does not serve, as vLLM does."""
+    from harness.managed import ManagedServerConfig, managed_server
+
+    run = tmp_path / "run"
+    with managed_server(ManagedServerConfig(model="tiny-random", startup_timeout_s=120)) as server:
+        result = bench_run("--url", server.base_url, "--model", "gpt-4", *FAST, "--output-len",
+                           "2", "--request-rate", "2", "--num-requests", "200", "--out", str(run),
+                           timeout_s=120)  # fmt: skip
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert f"got HTTP 404 from POST {server.base_url}/completions" in result.stderr
+    assert "the target serves the model asked for (--model)" in result.stderr
+    statuses = one_row_per_scheduled(run)
+    assert sum(statuses.values()) == 200 and statuses["not_sent"] >= 190, statuses
+
+
 DYING_ENGINE = Path(__file__).parent / "dying_engine.py"
 
 
