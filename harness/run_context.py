@@ -39,7 +39,7 @@ class RunContext:
 
     `start(t0_ns)` opens the recorder when the measured phase begins; results that finish
     before that (warm-up) wait in `early`. `close` always leaves a readable run directory.
-    It is also a load observer (`on_sent`, `on_done`): it counts the requests in flight, so
+    It is also a load observer (`on_sent`, `on_done`): it keeps the requests in flight, so
     a stop can let them finish. The first request answered (any HTTP status) with 404 stops
     the run: a wrong URL or model would fail every request the same way. `server` is the
     process the harness manages, if any (`server_death` names its exit when it died).
@@ -65,9 +65,9 @@ class RunContext:
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
     workers: list[dict] | None = None  # `--workers`/`--ray`: one entry per worker, at the end
     server: ManagedServer | CommandServer | None = None
-    in_flight: int = 0
+    in_flight: set[str] = field(default_factory=set)  # request ids sent and not yet done
     first_http_status: int | None = None  # of the first request answered, warm-up included
-    _draining: bool = False
+    _awaited: set[str] | None = None  # a draining stop: the requests it waits for
     _drain_timer: asyncio.TimerHandle | None = None
     _cancelled: bool = False
 
@@ -120,22 +120,25 @@ class RunContext:
                 self.request_stop(reason)
 
     def on_sent(self, raw: RawResult) -> None:
-        self.in_flight += 1
+        self.in_flight.add(raw.request_id)
 
     def on_done(self, raw: RawResult) -> None:
-        self.in_flight -= 1
-        if self._draining and self.in_flight <= 0:
-            self._cancel()
+        self.in_flight.discard(raw.request_id)
+        if self._awaited is not None:
+            self._awaited.discard(raw.request_id)
+            if not self._awaited:
+                self._cancel()
 
     def request_stop(self, reason: str, *, let_in_flight_finish: bool = False) -> None:
         """Stop the run early for `reason` (judged like the error limits: exit 3); the first
         reason given is kept. Requests not yet sent are recorded `not_sent`; those in flight
-        are cancelled, or with `let_in_flight_finish` waited for (at most DRAIN_GRACE_S)."""
+        are cancelled, or with `let_in_flight_finish` waited for (at most DRAIN_GRACE_S; a
+        request sent meanwhile is not waited for)."""
         if self.stop_reason is not None:
             return
         self.stop_reason = reason
-        if let_in_flight_finish and self.in_flight > 0 and self.stop is not None:
-            self._draining = True
+        if let_in_flight_finish and self.in_flight and self.stop is not None:
+            self._awaited = set(self.in_flight)
             self._drain_timer = self.stop.get_loop().call_later(DRAIN_GRACE_S, self._cancel)
         else:
             self._cancel()
