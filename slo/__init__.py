@@ -19,7 +19,9 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
 - `dispatch_lag_ms`: `{p50, p99, max, n}`; `client_bound` (p99 lag > bound) and
   `client_bound_threshold_ms`.
 - `output_tokens_source` (a `slo.runrecord.TokenSource` value: `usage`, `token_ids`,
-  `tokenizer` or `chunk_count`; `mixed`; or None) and `output_tokens_source_counts`; `run_complete` (manifest `complete`).
+  `tokenizer` or `chunk_count`; `mixed`; or None) and `output_tokens_source_counts`;
+  `run_complete` (manifest `complete`) and `run_stop_reason` (its `interrupted_reason`: a
+  stop rule, Ctrl-C, a managed server that died).
 - `chunking`: tokens per token-bearing chunk and what counted them, the link between TPOT
   and ITL under speculative decoding; see `slo.summary.chunking_summary`.
 - `little_law`: see `slo.consistency.littles_law`.

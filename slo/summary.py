@@ -275,6 +275,7 @@ def summarize_tables(
     summary["counts"]["first_message_by_error_class"] = first_messages(rm)
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
     summary["run_complete"] = tables.manifest.complete if tables.manifest else None
+    summary["run_stop_reason"] = tables.manifest.interrupted_reason if tables.manifest else None
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
     if slice_duration_s is None and tables.manifest is not None:
         slice_duration_s = (tables.manifest.config or {}).get("slice_duration_s")

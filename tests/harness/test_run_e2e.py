@@ -57,7 +57,9 @@ def test_run_directory_contents(mock_server, tmp_path):
     with mock_server("--ttft-ms", "2", "--itl-ms", "1") as url:
         result = CliRunner().invoke(bench, ["run", "--url", url, *FAST, "--output-len", "4", "--num-requests", "10",
                                             "--request-rate", "inf", "--warmup", "2", "--slo", "p99", "--out", str(tmp_path / "r"), "--quiet"])  # fmt: skip
-    assert result.exit_code == 0, result.output
+    # 10 samples cannot judge p99 (min_samples 100): inconclusive, exit 3 as the gate's
+    assert result.exit_code == 3, result.output
+    assert "inconclusive" in result.output.lower()
     run = tmp_path / "r"
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["complete"] is True and manifest["schema_version"] == 1

@@ -118,7 +118,7 @@ def test_a_managed_engine_that_dies_mid_run_is_named_and_stops_the_run(
     manifest = json.loads((run / "manifest.json").read_text())
     assert said in manifest["interrupted_reason"] and manifest["outcome"]["exit_code"] == 3
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["run_complete"] is False
+    assert summary["run_complete"] is False and said in summary["run_stop_reason"]
     assert (summary["ledger"]["lost"], summary["ledger"]["unexpected"]) == (0, 0)
     card = tmp_path / "card.json"
     shown = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(run), "--json",
