@@ -114,7 +114,7 @@ class RunSummary:
     output_tokens_source_counts: dict = field(default_factory=dict)
     ci_confidence: float | None = None
     run_complete: bool | None = None
-    run_stop_reason: str | None = None  # the manifest's interrupted_reason: why the run stopped early
+    run_stop_reason: str | None = None  # why the run stopped early (manifest interrupted_reason)
     little_law: dict | None = None
     slices: dict = field(default_factory=dict)
     slo: dict | None = None
