@@ -22,6 +22,22 @@ from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  #
 # import Ray earlier.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist, worker gwN (and every process it starts) runs on CPU N mod the
+    CPUs there are: engines size their threads by the affinity mask, so two workers' engines
+    do not each spin two threads on two shared cores (the timing tests run in the serial tier,
+    unpinned)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_pin_xdist_worker()
+
 # Fixtures that start a server process or load the SmolLM2 model (fetched once, then cached).
 SLOW_FIXTURES = frozenset({"mock_server", "smollm2_path", "smollm2_tokenizer", "smollm2_model"})
 

@@ -33,6 +33,14 @@ _DTYPES = {
 SPECULATIVE_METHODS = ("ngram", "self_draft", "draft_model")
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: taskset, a container's cpuset),
+    which can be fewer than the machine's `os.cpu_count()`."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding, named as in vLLM's `--speculative-config` JSON.
@@ -137,7 +145,7 @@ class EngineConfig:
     `block_size` tokens; when `num_blocks` is None it is derived from `kv_cache_memory_bytes`.
     `max_waiting_requests` bounds the waiting queue: `add_request` beyond it raises
     `QueueFullError`. `max_model_len` None means the model's `max_position_embeddings`.
-    `num_threads` None means `os.cpu_count()` (CPU only). `prefix_cache_salt` is mixed into
+    `num_threads` None means the CPUs this process may run on (CPU only). `prefix_cache_salt` is mixed into
     every prefix-cache key, so caches of different model versions never match.
     `quantization` None runs the weights in `dtype`; "w4a16", "w8a8" or "w8a16" runs the
     projections as low-bit GEMMs (see `engine_ref.core.quant`; w8a8 and w8a16 on CPU only).
@@ -224,7 +232,7 @@ class EngineConfig:
         return _DTYPES[self.dtype]
 
     def threads(self) -> int:
-        return self.num_threads or os.cpu_count() or 1
+        return self.num_threads or available_cpus()
 
 
 # Temperatures below this sample greedily, as in vLLM: they are greedy in effect, and dividing
