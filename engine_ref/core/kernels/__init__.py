@@ -117,11 +117,17 @@ def _load() -> None:
             )
             torch.ops.refkern.q4_gemm  # noqa: B018 - raises if the library did not register
         except Exception as exc:  # a failed build must leave torch's kernels in charge
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            reason = f"the kernel build failed: {first}"
+            reason = f"the kernel build failed: {_first_error(exc)}"
     if reason is not None:
         log.info("engine_ref low-bit kernels off (%s); torch's kernels run instead", reason)
     _state["reason"] = reason
+
+
+def _first_error(exc: Exception) -> str:
+    """The compiler's first `error:` line of a failed build (the exception's first line is
+    ninja's command), else the exception's first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return next((line for line in lines if "error:" in line), lines[0] if lines else repr(exc))
 
 
 def _built() -> bool:
