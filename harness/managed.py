@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,7 +35,11 @@ class ManagedServerConfig:
 class ManagedServer:
     """A running reference server and what engine faults do to it (`kill`, `restart`, `pause`,
     `resume`). A restart binds the same port, so clients find it at the same URL.
-    `unexpected_exit` tells a death the harness did not cause from one it did."""
+    `unexpected_exit` tells a death the harness did not cause from one it did.
+
+    The server runs in a process group of its own and every signal goes to the whole group:
+    with `--engine-loop process` the engine steps in a child of the HTTP process, and a pause
+    that stopped only the parent froze the streams while the engine kept stepping."""
 
     name = "reference engine"
 
@@ -68,7 +73,9 @@ class ManagedServer:
         # only: 232 vs 274 output tokens/s with libgomp's default policy), since its engine's
         # OpenMP workers then sleep at every barrier.
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         timeout = timeout_s if timeout_s is not None else self.config.startup_timeout_s
         self.port = _wait_ready(self.proc, port_file, self.log_path, timeout)
 
@@ -78,11 +85,18 @@ class ManagedServer:
         paused, and after an exit the harness caused."""
         return unexpected_exit(self.proc, self._ended_on_purpose)
 
+    def _signal_group(self, sig: signal.Signals) -> None:
+        """`sig` to every process of the server (its process group), while its leader runs."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
     def kill(self) -> None:
-        """SIGKILL the server (an engine death: nothing is flushed, nothing is answered)."""
+        """SIGKILL the server, engine child included (an engine death: nothing is flushed,
+        nothing is answered)."""
         if self.proc is not None and self.proc.poll() is None:
             self._ended_on_purpose = self.proc
-            self.proc.send_signal(signal.SIGKILL)
+            self._signal_group(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
     def restart(self) -> None:
@@ -91,13 +105,12 @@ class ManagedServer:
         self.start()
 
     def pause(self) -> None:
-        """SIGSTOP: a hang, not a death (connections stay open, nothing answers)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGSTOP)
+        """SIGSTOP to every process of the server: a hang, not a death (connections stay
+        open, nothing answers, the engine does not step)."""
+        self._signal_group(signal.SIGSTOP)
 
     def resume(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
+        self._signal_group(signal.SIGCONT)
 
     def set_step_delay(self, delay_ms: float) -> None:
         """Make every engine step `delay_ms` slower (0: normal again), through the server's
@@ -127,6 +140,8 @@ class ManagedServer:
             self._ended_on_purpose = self.proc
             self.resume()
             _stop(self.proc)
+            with contextlib.suppress(ProcessLookupError):  # anything it left behind
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
