@@ -60,6 +60,7 @@ def test_held_back_utf8_is_not_a_usage_mismatch_on_the_reference_engine(tmp_path
     assert any(c["n_tokens"] > 0 and c["n_chars"] == 0 for c in chunks)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_waiting_for_a_concurrency_cap_is_not_client_bound(mock_server, tmp_path):
     """Twenty requests due at once through two slots of 50 ms: the later ones queue for

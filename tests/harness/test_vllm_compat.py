@@ -144,6 +144,7 @@ def _assert_vllm_latency_units(data: dict) -> None:
     assert all(0.015 <= sum(gaps) / len(gaps) <= 0.06 for gaps in data["itls"]), data["itls"]
 
 
+@pytest.mark.serial
 def test_save_result_and_export_report_latencies_in_vllm_units(mock_server, tmp_path):
     """`bench run --save-result` and `bench export --format vllm` of the same run, against a
     mock with known latencies: ms where vLLM writes ms, seconds where it writes seconds."""
