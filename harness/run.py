@@ -372,9 +372,10 @@ def _record_workers(run_dir: Path, split, entries: list[dict]) -> None:
     requests = open_run(run_dir, chunks=False).requests
     owner = split.worker_of()
     ids = requests[RequestColumn.REQUEST_ID].to_pylist()
-    lag = metrics.dispatch_lag_ms(
+    lag = metrics.dispatch_lag_ms(  # the summary's definition: a cap's queueing is not lag
         float_column(requests, RequestColumn.T_SCHEDULED_NS),
         float_column(requests, RequestColumn.T_SENT_NS),
+        float_column(requests, RequestColumn.T_SLOT_FREED_NS),
     )
     of = np.array([owner.get(rid, -1) for rid in ids])
     per_worker = []

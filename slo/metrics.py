@@ -57,12 +57,19 @@ def e2e_ms(t_sent_ns: np.ndarray, t_done_ns: np.ndarray) -> np.ndarray:
     return (np.asarray(t_done_ns, float) - np.asarray(t_sent_ns, float)) / NS_PER_MS
 
 
-def dispatch_lag_ms(t_scheduled_ns: np.ndarray, t_sent_ns: np.ndarray) -> np.ndarray:
-    """How late the client sent each request: t_sent - t_scheduled, in ms (NaN where missing).
-
-    A large lag means the load generator, not the target, limited the offered load.
+def dispatch_lag_ms(
+    t_scheduled_ns: np.ndarray, t_sent_ns: np.ndarray, t_slot_freed_ns: np.ndarray | None = None
+) -> np.ndarray:
+    """How late the client sent each request, in ms (NaN where the send time is missing):
+    t_sent - t_free, where t_free is the later of its scheduled time and `t_slot_freed_ns`
+    (when the concurrency-cap slot it took was freed; NaN or None: no cap, or a slot free
+    from the start). A cap holding requests back is the load the run asked for; a large lag
+    means the load generator, not the target, limited the offered load.
     """
-    return (np.asarray(t_sent_ns, float) - np.asarray(t_scheduled_ns, float)) / NS_PER_MS
+    t_free_ns = np.asarray(t_scheduled_ns, float)
+    if t_slot_freed_ns is not None:
+        t_free_ns = np.fmax(t_free_ns, np.asarray(t_slot_freed_ns, float))  # NaN: the other
+    return (np.asarray(t_sent_ns, float) - t_free_ns) / NS_PER_MS
 
 
 @dataclass(frozen=True, eq=False)

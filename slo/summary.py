@@ -171,10 +171,8 @@ def dispatch_summary(
     `client_bound` is true when the p99 lag exceeds `client_bound_ms`: the load generator
     could not keep to the schedule, so the offered load was lower than asked.
     """
-    t_free_ns = rm.t_scheduled_ns
-    if t_slot_freed_ns is not None:
-        t_free_ns = np.fmax(t_free_ns, t_slot_freed_ns)  # NaN in one: the other
-    dist = metrics.distribution(metrics.dispatch_lag_ms(t_free_ns, rm.t_sent_ns))
+    lag_ms = metrics.dispatch_lag_ms(rm.t_scheduled_ns, rm.t_sent_ns, t_slot_freed_ns)
+    dist = metrics.distribution(lag_ms)
     lag = {"p50": dist["p50"], "p99": dist["p99"], "max": dist["max"], "n": dist["n"]}
     return lag, bool(lag["p99"] is not None and lag["p99"] > client_bound_ms)
 

@@ -80,6 +80,24 @@ def test_two_workers_measure_what_one_process_measures(mock_server, tmp_path):
     assert sched[0] == sched[1]
 
 
+@pytest.mark.serial
+@pytest.mark.slow
+def test_each_workers_dispatch_lag_leaves_out_the_caps_queueing(mock_server, tmp_path):
+    """All 20 requests at once under a cap of 2 (one slot per worker), each about 55 ms: most
+    wait hundreds of ms for a slot. That wait is the load asked for, so the manifest's lag per
+    worker, like the summary's, runs from when the slot was freed (it was the whole wait)."""
+    with mock_server("--ttft-ms", "50", "--itl-ms", "1") as url:
+        proc = _bench_run(url, tmp_path / "r", "--output-len", "4", "--num-requests", "20",
+                          "--request-rate", "inf", "--concurrency", "2", "--workers", "2")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = _summary(tmp_path / "r")
+    assert summary["latency_ms"]["queue"]["max"] > 300  # 9 or 10 waits of about 55 ms
+    per_worker = read_manifest(tmp_path / "r").workers["per_worker"]
+    assert [w["dispatch_lag_ms"]["n"] for w in per_worker] == [10, 10]
+    assert all(w["dispatch_lag_ms"]["max"] < 50 for w in per_worker), per_worker
+    assert summary["client_bound"] is False
+
+
 @pytest.mark.slow
 def test_workers_outpacing_this_process_wait_for_it_instead_of_dying(mock_server, tmp_path):
     """Two workers streaming as fast as the mock can send (no delays), with results far

@@ -277,3 +277,16 @@ def test_rows_without_any_times_stay_json_clean(tmp_path):
     assert s["goodput"]["attainment"] == 0 and s["goodput"]["request_per_s"] is None
     assert s["little_law"]["mean_in_flight"] is None
     assert [e["label"] for e in s["slices"]["in_flight"]] == ["unknown"]  # never sent
+
+
+def test_dispatch_lag_by_hand_with_and_without_a_slot_time():
+    from slo.metrics import dispatch_lag_ms
+
+    ms = 1_000_000
+    scheduled = np.array([0, 10, 20, 30]) * ms
+    sent = np.array([1, 60, 25, np.nan]) * ms
+    freed = np.array([np.nan, 58, 5, 40]) * ms  # no cap; freed late; freed early; never sent
+    assert dispatch_lag_ms(scheduled, sent).tolist()[:3] == [1.0, 50.0, 5.0]
+    lag = dispatch_lag_ms(scheduled, sent, freed)
+    # 1 - 0; 60 - max(10, 58); 25 - max(20, 5); not sent: undefined
+    assert lag[:3].tolist() == [1.0, 2.0, 5.0] and np.isnan(lag[3])
