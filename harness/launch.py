@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.engines import LaunchPlan
 from harness.errors import HarnessError
-from harness.managed import log_tail, unexpected_exit
+from harness.managed import kill_group, log_tail, signal_group, unexpected_exit
 
 STOP_GRACE_S = 15.0
 
@@ -131,9 +131,7 @@ class CommandServer:
         )
 
     def _signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, sig)
+        signal_group(self.proc, sig)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -166,9 +164,7 @@ class CommandServer:
         except subprocess.TimeoutExpired:
             self._signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
-        # children that outlived their parent (the group leader) go too
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        kill_group(self.proc)  # children that outlived their parent (the group leader) go too
 
 
 @contextlib.contextmanager

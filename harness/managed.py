@@ -85,18 +85,12 @@ class ManagedServer:
         paused, and after an exit the harness caused."""
         return unexpected_exit(self.proc, self._ended_on_purpose)
 
-    def _signal_group(self, sig: signal.Signals) -> None:
-        """`sig` to every process of the server (its process group), while its leader runs."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-
     def kill(self) -> None:
         """SIGKILL the server, engine child included (an engine death: nothing is flushed,
         nothing is answered)."""
         if self.proc is not None and self.proc.poll() is None:
             self._ended_on_purpose = self.proc
-            self._signal_group(signal.SIGKILL)
+            signal_group(self.proc, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
     def restart(self) -> None:
@@ -107,10 +101,10 @@ class ManagedServer:
     def pause(self) -> None:
         """SIGSTOP to every process of the server: a hang, not a death (connections stay
         open, nothing answers, the engine does not step)."""
-        self._signal_group(signal.SIGSTOP)
+        signal_group(self.proc, signal.SIGSTOP)
 
     def resume(self) -> None:
-        self._signal_group(signal.SIGCONT)
+        signal_group(self.proc, signal.SIGCONT)
 
     def set_step_delay(self, delay_ms: float) -> None:
         """Make every engine step `delay_ms` slower (0: normal again), through the server's
@@ -140,8 +134,7 @@ class ManagedServer:
             self._ended_on_purpose = self.proc
             self.resume()
             _stop(self.proc)
-            with contextlib.suppress(ProcessLookupError):  # anything it left behind
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_group(self.proc)  # anything it left behind
 
 
 @contextlib.contextmanager
@@ -196,6 +189,20 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def signal_group(proc: subprocess.Popen | None, sig: int) -> None:
+    """`sig` to every process of `proc`'s process group (it leads one: started with
+    `start_new_session`), while `proc` itself runs."""
+    if proc is not None and proc.poll() is None:
+        kill_group(proc, sig)
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """`sig` to `proc`'s process group whether or not `proc` still runs: children that
+    outlived their parent go too. A group already gone is no error."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
 
 
 def unexpected_exit(
