@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from cli_runs import bench_run_command
 
 from slo.runrecord import RequestColumn, RequestStatus
 
@@ -27,18 +28,7 @@ TIMEOUT_S = 240
 
 
 def start_run(url: str, run: Path, *args: str) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "run",
-        "--url",
-        url,
-        *FAST,
-        "--out",
-        str(run),
-        *args,
-    ]
+    cmd = bench_run_command(url, run, *FAST, *args)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from cli_runs import bench_run_command
 
 pytestmark = pytest.mark.slow
 
@@ -54,18 +55,7 @@ class MockProcess:
 
 
 def bench_run(url: str, out: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "run",
-        "--url",
-        url,
-        *FAST,
-        "--out",
-        str(out),
-        *args,
-    ]
+    cmd = bench_run_command(url, out, *FAST, *args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from cli_runs import bench_run_command
 
 from harness.client import RequestPayload
 from harness.errors import HarnessError
@@ -33,18 +34,7 @@ FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8"
 
 
 def _bench_run(url: str, out: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "run",
-        "--url",
-        url,
-        *FAST,
-        "--out",
-        str(out),
-        *args,
-    ]
+    cmd = bench_run_command(url, out, *FAST, *args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
