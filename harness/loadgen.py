@@ -3,8 +3,8 @@
 Open loop: every request has a fixed arrival offset, decided before the run; an optional
 concurrency cap holds requests back (the hold is client queueing, scheduled to sent; each
 request records when the slot it took was freed, so dispatch lag counts only the load
-generator's own lateness). Closed loop: N users, each sending its next request as soon as its previous one is
-done.
+generator's own lateness). Closed loop: N users, each sending its next request as soon as its
+previous one is done.
 """
 
 from __future__ import annotations
