@@ -25,7 +25,7 @@ import numpy as np
 import uvloop
 
 from faults.proxy import FaultProxy
-from harness.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
+from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.loadgen import LoadPlan, run_load
 from harness.records import RecordContext, to_rows
 

@@ -27,8 +27,8 @@ from faults.plan import FaultPlan
 from faults.retrying import AttemptRecord, RetryAfterLog, RetryingTransport
 from faults.slow_reader import FaultAiohttpTransport, SlowReaderTransport
 from faults.window import FaultKind, Window
-from harness.client import ClientOptions, RawResult, RequestPayload
-from harness.transport import Transport
+from harness.http.client import ClientOptions, RawResult, RequestPayload
+from harness.http.transport import Transport
 from slo.runrecord import RequestStatus
 
 PLANNED_MARK = "by the fault plan"

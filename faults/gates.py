@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from faults.plan import FaultPlan
 from faults.window import WindowTracker
-from harness.client import RequestPayload
+from harness.http.client import RequestPayload
 
 Gate = Callable[[RequestPayload], bool]
 

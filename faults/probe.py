@@ -30,7 +30,7 @@ from faults.probe_cases.case import COMPLETIONS, MODELS, Category, Expect, Probe
 from faults.probe_report import CaseResult, HealthAfter, ProbeReport, Verdict
 from faults.probe_streams import stream_until, streams_result
 from faults.raw_http import HttpAnswer, Outcome, RawServer, no_answer_reason
-from harness.sse import parse_body
+from harness.http.sse import parse_body
 
 REFERENCE_PROMPT = "The quick brown fox"
 _EXCERPT_CHARS = 200

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from faults.probe_cases.case import COMPLETIONS
 from faults.probe_report import StreamFailure, StreamsResult
 from faults.raw_http import HttpAnswer, Outcome, RawServer, no_answer_reason
-from harness.sse import parse_stream
+from harness.http.sse import parse_stream
 
 _MAX_STREAM_FAILURES_KEPT = 20
 

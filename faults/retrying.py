@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, fields, replace
 
 from faults.retry import RetryPolicy
-from harness.client import RawResult, RequestPayload
-from harness.transport import Transport
+from harness.http.client import RawResult, RequestPayload
+from harness.http.transport import Transport
 from slo.runrecord import ErrorClass, RequestStatus
 
 

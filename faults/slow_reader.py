@@ -8,7 +8,7 @@ import asyncio
 
 from faults.gates import Gate, affected
 from faults.retrying import RetryAfterLog
-from harness.client import AiohttpTransport, ClientOptions, RawResult, RequestPayload, send
+from harness.http.client import AiohttpTransport, ClientOptions, RawResult, RequestPayload, send
 
 
 class _PacedContent:

@@ -10,8 +10,8 @@ import dataclasses
 import time
 import urllib.parse
 
-from harness.client import ClientOptions, RawResult, RequestPayload
 from harness.errors import HarnessError
+from harness.http.client import ClientOptions, RawResult, RequestPayload
 from harness.managed import ManagedServer
 
 POLL_S = 0.02  # how often windows are checked; their start and end are this accurate

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from harness.client import RawResult, RequestPayload
+from harness.http.client import RawResult, RequestPayload
+from harness.http.transport import Transport
 from harness.sessions import SessionPlan, drive_sessions
-from harness.transport import Transport
 from slo.runrecord import RequestStatus
 
 

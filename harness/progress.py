@@ -7,7 +7,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.client import RawResult
+from harness.http.client import RawResult
 from slo.runrecord import RequestStatus
 
 

@@ -16,8 +16,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from harness.client import RawResult
 from harness.errors import HarnessError
+from harness.http.client import RawResult
 from harness.workers import WorkerShare, WorkerSplit, drive_share
 from slo.runrecord import ErrorClass, RequestStatus
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.client import RawResult
 from harness.errors import HarnessError
+from harness.http.client import RawResult
 from harness.records import RecordContext, to_rows
 from slo.runrecord import RunManifest, RunWriter
 

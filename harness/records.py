@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.client import RawResult
+from harness.http.client import RawResult
+from harness.http.sse import ParsedStream, parse_body, parse_stream
 from harness.output_checks import CheckResult, OutputChecks
-from harness.sse import ParsedStream, parse_body, parse_stream
 from slo.runrecord import ErrorClass, RequestRecord, RequestStatus, TokenSource
 
 TokenCounter = Callable[[str], int]

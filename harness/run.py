@@ -14,12 +14,13 @@ import aiohttp
 from rich.console import Console
 
 import harness
-from harness import sse_native
-from harness.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.config import RunConfig
 from harness.environment import git_sha, hardware_info, software_versions
 from harness.errors import HarnessError
 from harness.fault_session import FaultSession
+from harness.http import sse_native
+from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
+from harness.http.transport import Transport
 from harness.launch import CommandServer
 from harness.loadgen import LoadPlan, run_load
 from harness.managed import ManagedServer
@@ -40,7 +41,6 @@ from harness.tokenizer_choice import (
     choose_for_run,
     load_chosen,
 )
-from harness.transport import Transport
 from slo.runrecord import (
     Endpoint,
     RunManifest,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from harness.client import ClientOptions, RawResult
 from harness.config import RunConfig
+from harness.http.client import ClientOptions, RawResult
 from harness.loadgen import LoadPlan
 from harness.managed import log_tail
 from harness.outcome import server_exit_sentence

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.client import RawResult
+from harness.http.client import RawResult
 from slo.runrecord import RequestStatus
 from slo.saturation import MIN_REQUESTS, judge_saturation
 

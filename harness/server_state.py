@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 
-from harness.client import auth_headers
+from harness.http.client import auth_headers
 from harness.scraper import parse_metrics
 
 # Prometheus sample name -> ledger gauge. vLLM and the reference engine share the `vllm:` names;

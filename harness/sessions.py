@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from harness.client import ClientOptions, RawResult, RequestPayload, body_fields
-from harness.sse import DONE, parse_body, parse_stream, split_events
+from harness.http.client import ClientOptions, RawResult, RequestPayload, body_fields
+from harness.http.sse import DONE, parse_body, parse_stream, split_events
 from slo.runrecord import RequestStatus
 
 

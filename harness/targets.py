@@ -11,10 +11,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.client import auth_headers
 from harness.config import RunConfig, normalise_base_url
 from harness.engines import ENGINES, LaunchPlan, parse_assignments, parse_target, plan_launch
 from harness.errors import HarnessError
+from harness.http.client import auth_headers
 from harness.launch import CommandServer, engine_version, free_port, launched
 from harness.managed import ManagedServer, ManagedServerConfig, managed_server
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
-from harness.client import AiohttpTransport, ClientOptions, RawResult
 from harness.errors import HarnessError
+from harness.http.client import AiohttpTransport, ClientOptions, RawResult
 from harness.loadgen import LoadPlan, run_load
 from slo.runrecord import ErrorClass, RequestStatus
 

@@ -23,7 +23,13 @@ from faults.plan import FaultPlan
 from faults.retry import RetryPolicy
 from faults.retrying import RetryAfterLog, RetryingTransport, parse_retry_after
 from faults.slow_reader import FaultAiohttpTransport, SlowReaderTransport
-from harness.client import AiohttpTransport, ClientOptions, RawResult, RequestPayload, build_body
+from harness.http.client import (
+    AiohttpTransport,
+    ClientOptions,
+    RawResult,
+    RequestPayload,
+    build_body,
+)
 from harness.loadgen import LoadPlan, run_load
 from harness.mock_server import MockConfig, start_mock
 from harness.records import RecordContext, to_rows

@@ -1,5 +1,5 @@
 """The fault proxy between the harness's own client and the in-process mock server: what each
-toxic does to requests, as `harness/client.py` and `harness/records.py` classify them."""
+toxic does to requests, as `harness/http/client.py` and `harness/records.py` classify them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import uvloop
 
 from faults.proxy import TOXIC_KINDS, FaultProxy, Toxic
-from harness.client import AiohttpTransport, ClientOptions, RequestPayload, build_body, send
+from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body, send
 from harness.loadgen import LoadPlan, run_load
 from harness.mock_server import MockConfig, start_mock
 from harness.records import RecordContext, to_rows

@@ -1,7 +1,7 @@
-"""An in-process `harness.transport.Transport` for tests: scripted responses, no sockets.
+"""An in-process `harness.http.transport.Transport` for tests: scripted responses, no sockets.
 
-`FakeTransport` fills `RawResult` the way `harness.client.send` does (the same timestamps, reads
-as `(perf_counter_ns, bytes)`, status and error class only for failures the transport decides),
+`FakeTransport` fills `RawResult` the way `harness.http.client.send` does (the same timestamps,
+reads as `(perf_counter_ns, bytes)`, status and error class only for failures the transport decides),
 so `harness.records.to_rows` turns its results into the records a real run would write. It also
 records what was sent and how many requests were in flight at once.
 """
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from harness.client import RawResult, RequestPayload
+from harness.http.client import RawResult, RequestPayload
+from harness.http.transport import BaseTransport
 from slo.runrecord import ErrorClass, RequestStatus
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -148,7 +149,7 @@ def completion_body(text: str, *, chat: bool = False, usage: dict | None = None)
     return orjson.dumps(body)
 
 
-class FakeTransport:
+class FakeTransport(BaseTransport):
     """Answers each request with `script(payload)` (or `script` itself when it is an Outcome).
 
     `timeout_s` bounds each request like `ClientOptions.timeout_s` does; None is no bound.

@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 from fake_transport import FakeTransport, stream
 
-from harness.client import (
+from harness.config import RunConfig
+from harness.http.client import (
     AiohttpTransport,
     ClientOptions,
     RawResult,
@@ -23,11 +24,10 @@ from harness.client import (
     build_body,
     send,
 )
-from harness.config import RunConfig
+from harness.http.sse import parse_stream
+from harness.http.transport import Transport
 from harness.mock_server import MockConfig, start_mock
 from harness.run import _chunk_usage
-from harness.sse import parse_stream
-from harness.transport import Transport
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 
 SPEC = {"prompt": "hi", "max_output_tokens": 8}

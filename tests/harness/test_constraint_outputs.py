@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.client import ClientOptions, RawResult, build_body
+from harness.http.client import ClientOptions, RawResult, build_body
 from harness.output_checks import Expectation, OutputChecks
 from harness.records import RecordContext, to_rows
 from reports.build import build_card

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from harness.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
+from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.loadgen import LoadPlan, run_load
 from harness.mock_server import MockConfig, start_mock
 from harness.records import RecordContext, to_rows

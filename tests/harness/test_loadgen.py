@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from fake_transport import FakeTransport, Stream, stream
 
-from harness.client import RawResult, RequestPayload
+from harness.http.client import RawResult, RequestPayload
 from harness.loadgen import LoadPlan, LoadResult, run_load
 from slo.runrecord import RequestStatus
 

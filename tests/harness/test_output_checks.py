@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.client import RawResult
+from harness.http.client import RawResult
 from harness.output_checks import Expectation, OutputChecks
 from harness.records import RecordContext, to_rows
 from slo.runrecord import OutputFlag

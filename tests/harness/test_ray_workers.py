@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.client import RawResult
+from harness.http.client import RawResult
 from harness.ray_workers import clock_offset, shift_raw
 from slo.runrecord import RequestColumn, open_run
 

@@ -27,7 +27,7 @@ from fake_transport import (
     usage,
 )
 
-from harness.client import RawResult, RequestPayload
+from harness.http.client import RawResult, RequestPayload
 from harness.loadgen import LoadPlan, run_load
 from harness.recorder import RunRecorder
 from harness.records import RecordContext
@@ -290,7 +290,7 @@ CRASH_SCRIPT = textwrap.dedent(
 
     sys.path[:0] = [sys.argv[2], sys.argv[3]]
     from fake_transport import FakeTransport, stream, usage
-    from harness.client import RawResult, RequestPayload
+    from harness.http.client import RawResult, RequestPayload
     from harness.recorder import RunRecorder
     from harness.records import RecordContext
     from slo.runrecord import RunManifest

@@ -13,10 +13,10 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from harness.client import ClientOptions, make_session, send
 from harness.config import RunConfig
+from harness.http.client import ClientOptions, make_session, send
+from harness.http.sse import split_events
 from harness.run import run_benchmark
-from harness.sse import split_events
 from harness.targets import target_for
 from slo.runrecord import Endpoint
 
@@ -44,8 +44,8 @@ def tiny_target():
 
 
 class RecordingTransport:
-    """The real client path (`harness.client.send`), one short-lived session per request, keeping
-    every body sent and every raw result."""
+    """The real client path (`harness.http.client.send`), one short-lived session per request,
+    keeping every body sent and every raw result."""
 
     def __init__(self, options) -> None:
         self.options = options

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.sse import parse_body, parse_stream, split_events
+from harness.http.sse import parse_body, parse_stream, split_events
 from slo.runrecord import TokenSource
 
 
@@ -208,8 +208,8 @@ def test_the_whole_stream_fast_path_agrees_with_the_event_by_event_parser(name, 
     at every byte, parses exactly as the general event-by-event path parses it. Both are the
     Python parser's paths: the compiled scanner (tested against them in test_sse_native.py)
     is switched off here."""
-    import harness.sse as sse
-    from harness import sse_native
+    import harness.http.sse as sse
+    from harness.http import sse_native
 
     monkeypatch.setattr(sse_native, "scan", lambda _reads, chat: None)
 

@@ -1,4 +1,5 @@
-"""The compiled stream scanner (`harness.sse_native`) against the Python parser it stands in for.
+"""The compiled stream scanner (`harness.http.sse_native`) against the Python parser it stands in
+for.
 
 Every stream here is parsed twice through `parse_stream`, once with the scanner and once with
 it switched off, split at several read boundaries; the two `ParsedStream`s must be equal field
@@ -21,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sse import _reads  # the same read splitter as the Python parser's tests
 
-from harness import sse, sse_native
-from harness.client import RawResult
+from harness.http import sse, sse_native
+from harness.http.client import RawResult
 from harness.records import RecordContext, to_rows
 
 pytestmark = pytest.mark.skipif(
@@ -457,7 +458,7 @@ def test_records_and_chunk_rows_are_the_same_either_way(tokenizer, monkeypatch):
 
 def test_switched_off_by_the_environment():
     code = (
-        "from harness import sse_native; "
+        "from harness.http import sse_native; "
         "print(sse_native.available(), sse_native.scan([(1, b'data: {}\\n\\n')], chat=False))"
     )
     env = {"BENCH_NATIVE_SSE": "0", "PATH": "/usr/bin:/bin"}

@@ -17,8 +17,8 @@ import orjson
 import pytest
 from cli_runs import bench_run_command
 
-from harness.client import RequestPayload
 from harness.errors import HarnessError
+from harness.http.client import RequestPayload
 from harness.loadgen import LoadPlan
 from harness.workers import auto_workers, split_plan
 from slo.runrecord import (

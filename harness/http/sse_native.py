@@ -1,7 +1,7 @@
 """The compiled scanner of common OpenAI streams (`sse_scan.c`), built and loaded on demand.
 
 `scan(reads, chat)` returns a `Scan` of one whole stream's events as arrays, or None when the
-stream is anything but the common form (the Python parser in `harness.sse` then decides), or
+stream is anything but the common form (the Python parser in `harness.http.sse` then decides), or
 when there is no scanner: no C compiler, a failed build, or `BENCH_NATIVE_SSE=0`. The library
 is built once per source (about a second with `cc -O2`) into the user cache, written to a
 temporary name and renamed, so processes that build at once never load half a file.

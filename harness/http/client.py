@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP client: one aiohttp session, one request path for every endpoint.
 
-The hot path only stamps and stores socket reads; `sse.py` parses them after the request is
-done. Every failure is classified here into the run table's `status` and `error_class`.
+The hot path only stamps and stores socket reads; `harness.http.sse` parses them after the
+request is done. Every failure is classified here into the run table's `status` and
+`error_class`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from harness.http.transport import BaseTransport
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 from workloads.constraint import request_fields
 
@@ -128,9 +130,10 @@ def make_session(options: ClientOptions, *, max_connections: int) -> aiohttp.Cli
     )
 
 
-class AiohttpTransport:
-    """The default transport (see `harness.transport.Transport`): one aiohttp session for the
-    whole run, its connection pool sized to the concurrency. Use as an async context manager."""
+class AiohttpTransport(BaseTransport):
+    """The default transport (see `harness.http.transport.Transport`): one aiohttp session for
+    the whole run, its connection pool sized to the concurrency. Use as an async context
+    manager; `aclose` closes the session."""
 
     def __init__(self, options: ClientOptions, *, max_connections: int) -> None:
         self.options = options
@@ -141,7 +144,7 @@ class AiohttpTransport:
         self.session = make_session(self.options, max_connections=self.max_connections)
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def aclose(self) -> None:
         if self.session is not None:
             await self.session.close()
             self.session = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from harness import sse_native
+from harness.http import sse_native
 from slo.runrecord import ErrorClass, TokenSource
 
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
@@ -170,7 +170,7 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     """Parse a whole streamed response of `/v1/completions` (`chat=False`) or chat completions.
 
     The common form (every event one `data: ` line of a well-formed object) is read by the
-    compiled scanner where there is one (`harness.sse_native`); anything else, and every
+    compiled scanner where there is one (`harness.http.sse_native`); anything else, and every
     stream where there is no scanner, by the Python parser below. Both give the same result."""
     scanned = sse_native.scan(reads, chat=chat)
     if scanned is not None:
