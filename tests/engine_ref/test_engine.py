@@ -92,7 +92,7 @@ def test_eos_stops_unless_ignored(tiny_model, prompt):
     )
     tokens = drain(engine)["free"][0]["tokens"]
     # Random weights rarely emit EOS, so declare the 4th greedy token to be one.
-    engine.eos_token_ids = frozenset({tokens[3]})
+    engine.output_processor.eos_token_ids = frozenset({tokens[3]})
     first = tokens.index(tokens[3])
     engine.add_request("eos", prompt, SamplingParams(max_tokens=12, temperature=0))
     engine.add_request(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-import engine_ref.core.engine as engine_module
+import engine_ref.core.output_processor as output_processor_module
 from engine_ref import EngineConfig, LLMEngine, SamplingParams
 from engine_ref.core.isolation import isolate_failures
 
@@ -150,7 +150,7 @@ def test_a_request_failing_mid_decode_keeps_what_it_emitted(tiny_model, baseline
 def test_a_sampling_failure_restores_seeded_generators(tiny_model, baseline, monkeypatch):
     """The fault raises after sampling drew from every seeded generator in the batch; the
     retries must draw the same noise, or s1 and s2 would diverge from the baseline."""
-    real_sample = engine_module.sample
+    real_sample = output_processor_module.sample
     calls = []
 
     def sample(logits, rows, generator=None):
@@ -160,7 +160,7 @@ def test_a_sampling_failure_restores_seeded_generators(tiny_model, baseline, mon
             raise ValueError("sampler fault")
         return result
 
-    monkeypatch.setattr(engine_module, "sample", sample)
+    monkeypatch.setattr(output_processor_module, "sample", sample)
     engine = make(tiny_model)
     marked = {"bad": ([200, 201, 202], SamplingParams(max_tokens=13, temperature=0.5, seed=1))}
     tokens, final = run(engine, well_formed(), late=marked)

@@ -141,10 +141,10 @@ def test_tree_paths_off_the_first_branch_move_their_kv(tiny_model, monkeypatch):
     params = SamplingParams(max_tokens=40, temperature=1.5, seed=4, ignore_eos=True)
     engine = make(tiny_model, spec=NGRAM_TREE)
     moved = []
-    original = engine._move_accepted_kv
+    original = engine.model_runner.move_accepted_kv
     monkeypatch.setattr(
-        engine,
-        "_move_accepted_kv",
+        engine.model_runner,
+        "move_accepted_kv",
         lambda seq, start, path: (moved.append(path), original(seq, start, path)),
     )
     assert run(engine, [prompt], params) == run(make(tiny_model, spec=None), [prompt], params)
@@ -251,7 +251,7 @@ def test_a_failing_drafter_costs_speed_not_outputs(tiny_model, repeat_prompts, m
     def broken(*args):
         raise RuntimeError("draft forward failed")
 
-    monkeypatch.setattr(engine.drafter, "next_tokens", broken)
+    monkeypatch.setattr(engine.model_runner.drafter, "next_tokens", broken)
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
     assert run(engine, repeat_prompts, params) == run(make(tiny_model, spec=None),
                                                       repeat_prompts, params)  # fmt: skip
@@ -304,7 +304,7 @@ def _kv_of(engine: LLMEngine, seq) -> list[torch.Tensor]:
     bs = engine.config.block_size
     slots = [seq.block_table[p // bs] * bs + p % bs for p in range(seq.num_computed_tokens)]
     index = torch.tensor(slots)
-    return [pool.flatten(1, 2).index_select(1, index) for pool in engine.kv_caches]
+    return [pool.flatten(1, 2).index_select(1, index) for pool in engine.model_runner.kv_caches]
 
 
 @pytest.mark.parametrize("spec", PROPOSERS)
