@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.config import RunConfig
 from harness.run import run_benchmark
-from harness.targets import target_for
+from harness.targets.target import target_for
 
 DEFAULT_PLANS = (
     "latency-200ms",
@@ -88,7 +88,7 @@ def main() -> None:
     rows = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        target_for(RunConfig(url=args.url, model=args.model or args.managed)) as target,
+        target_for(RunConfig(url=args.url, model=args.model or args.managed).server) as target,
     ):
         for i, plan in enumerate(plans):
             row = one_plan(target, args, plan, Path(tmp) / f"{i:02d}-{plan or 'none'}")

@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 import click
 
-from harness.managed import ManagedServerConfig, managed_server
+from harness.targets.managed import ManagedServerConfig, managed_server
 
 SERVER_ARGS = (
     "--dtype", "float32", "--num-threads", "1", "--kv-cache-memory", "64MiB",

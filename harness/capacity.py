@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.config import RunConfig
 from harness.errors import HarnessError
 from harness.run import load_tokenizer_for, run_benchmark
-from harness.targets import launch_plan_for, target_for
+from harness.targets.target import launch_plan_for, target_for
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def run_capacity_search(
     rel_width: float,
     progress: Callable[[str], None] | None = None,
 ) -> CapacityRun:
-    """Search the highest rate whose attainment meets `config.slo`'s `attainment_min`.
+    """Search the highest rate whose attainment meets `config.recording.slo`'s `attainment_min`.
 
     Every probe is a full run in `<out>/probe-NN-<rate>`, against one target started once.
     `capacity.json` in `out` holds the goodput-versus-rate curve and the search outcome.
@@ -41,11 +41,11 @@ def run_capacity_search(
     from slo import load_slo
     from slo.capacity import ProbeResult, search
 
-    if config.slo is None:
+    if config.recording.slo is None:
         raise HarnessError(
             "bench capacity needs --slo (its attainment target is what is searched for)."
         )
-    spec = load_slo(config.slo)
+    spec = load_slo(config.recording.slo)
     if spec.attainment_min is None:
         raise HarnessError(f"the SLO {spec.name!r} sets no attainment_min to search for.")
     out_dir = Path(out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-capacity")
@@ -54,11 +54,11 @@ def run_capacity_search(
         raise HarnessError(
             f"--out {out_dir} already holds files; choose an empty or new directory."
         )
-    launch = launch_plan_for(config)  # a managed external engine's: its weights' tokenizer
+    launch = launch_plan_for(config.server)  # a managed external engine's: its weights' tokenizer
     tokenizer = load_tokenizer_for(config, launch)
     probes: list[dict] = []
 
-    with target_for(config, plan=launch) as target:
+    with target_for(config.server, plan=launch) as target:
 
         def probe(rate: float) -> ProbeResult:
             run_dir = out_dir / f"probe-{len(probes):02d}-{rate:.4g}rps"

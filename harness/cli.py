@@ -197,7 +197,9 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     quiet = quiet or no_progress
     if len(targets) > 1 or repeat != 1:
         sys.exit(
-            run_comparative_command(config, targets or (config.target,), repeat, console, quiet)
+            run_comparative_command(
+                config, targets or (config.server.spec.text,), repeat, console, quiet
+            )
         )
     outcome = run_benchmark(config, console=console, quiet=quiet)
     if result_request is not None:
@@ -265,7 +267,7 @@ def mock_server(host: str, port: int, **kwargs) -> None:
     """Serve a mock OpenAI-compatible engine with configurable latency and failures."""
     import asyncio
 
-    from harness.mock_server import MockConfig, start_mock
+    from harness.targets.mock_server import MockConfig, start_mock
 
     try:
         config = MockConfig(**_drop_none(**kwargs))

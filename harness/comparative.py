@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.config import RunConfig
-from harness.engines import parse_target
 from harness.errors import HarnessError
 from harness.outcome import EXIT_INTERRUPTED, EXIT_OK
 from harness.run import RunOutcome, run_benchmark
+from harness.targets.spec import TargetSpec
 
 
 def interleaved(targets: list[str], repeat: int) -> list[tuple[int, str]]:
@@ -34,7 +34,7 @@ def target_labels(targets: list[str]) -> list[str]:
     """Directory-safe, unique labels: the engine name, `url`, with -2, -3 for repeats."""
     labels = []
     for target in targets:
-        kind, _ = parse_target(target)
+        kind = TargetSpec.parse(target).kind
         label = kind
         k = 2
         while label in labels:
@@ -68,15 +68,17 @@ def run_comparative(
     quiet: bool = True,
 ) -> ComparativeOutcome:
     """Run `config` against each of `targets`, `repeat` times, interleaved; then write the
-    comparative card into the parent directory (`config.out`, else runs/<time>-compare).
+    comparative card into the parent directory (`config.recording.out`, else runs/<time>-compare).
     Stops at the first interrupted run (what ran is still compared)."""
     order = interleaved(targets, repeat)
     labels = dict(zip(targets, target_labels(targets), strict=True))
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out_dir = Path(config.out) if config.out else Path("runs") / f"{stamp}-compare"
+    out_dir = (
+        Path(config.recording.out) if config.recording.out else Path("runs") / f"{stamp}-compare"
+    )
     if out_dir.exists() and any(out_dir.iterdir()):
         raise HarnessError(f"--out {out_dir} already holds files; choose a new directory.")
-    if config.url is not None:
+    if config.server.spec.url_flag:
         raise HarnessError(
             "with several targets, name a running server as --target url:URL, not --url."
         )

@@ -12,7 +12,7 @@ import urllib.parse
 
 from harness.errors import HarnessError
 from harness.http.client import ClientOptions, RawResult, RequestPayload
-from harness.managed import ManagedServer
+from harness.targets.process import ServerProcess
 
 POLL_S = 0.02  # how often windows are checked; their start and end are this accurate
 
@@ -27,7 +27,7 @@ class FaultSession:
         plan,
         options: ClientOptions,
         *,
-        server: ManagedServer | None,
+        server: ServerProcess | None,
         max_connections: int,
     ) -> None:
         from faults.client import ClientFaults

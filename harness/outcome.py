@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.managed import exit_description
+from harness.targets.process import exit_description
 from slo.runrecord import RequestStatus
 from slo.stats import FAIL, INCONCLUSIVE
 

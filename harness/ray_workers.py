@@ -226,7 +226,7 @@ async def _collect(run, split, runs, entries, lost, on_lost) -> None:
                 run.on_result(raw)
             lost.append(sentence)
             on_lost(k, sentence)
-            if run.config.on_worker_failure == "stop":
+            if run.config.stop.on_worker_failure == "stop":
                 run.request_stop(f"{sentence}; the other actors were stopped")
             return
         entry["collected"], entry["died"] = True, False

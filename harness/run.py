@@ -21,9 +21,7 @@ from harness.fault_session import FaultSession
 from harness.http import sse_native
 from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.http.transport import Transport
-from harness.launch import CommandServer
 from harness.loadgen import LoadPlan, run_load
-from harness.managed import ManagedServer
 from harness.outcome import EXIT_OK, Verdict, judge, not_found_sentence
 from harness.progress import ProgressDisplay
 from harness.prompt_watch import PromptTokenWatch
@@ -31,11 +29,13 @@ from harness.recorder import prepare_run_dir
 from harness.run_checks import iter_request_rows, output_checks, request_rows, tally_outputs
 from harness.run_context import ErrorLimits, RunContext
 from harness.saturation_watch import Observers, SaturationWatch
-from harness.scraper import MetricsScraper
-from harness.server_state import read_gauges, settle
 from harness.sessions import SessionPlan, sessions_from_rows
-from harness.targets import Target, launch_plan_for, preflight, target_for, target_info
-from harness.tokenizer_choice import (
+from harness.targets.probe import preflight, target_info
+from harness.targets.process import ServerProcess
+from harness.targets.scraper import MetricsScraper
+from harness.targets.server_state import read_gauges, settle
+from harness.targets.target import Target, launch_plan_for, target_for
+from harness.targets.tokenizer_choice import (
     TokenizerChoice,
     chat_overhead_tokens,
     choose_for_run,
@@ -75,14 +75,18 @@ def run_event_loop(coro):
 
 def default_run_dir(config: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = Path(config.workload).stem if Path(config.workload).suffix else config.workload
+    name = (
+        Path(config.load.workload).stem
+        if Path(config.load.workload).suffix
+        else config.load.workload
+    )
     return Path("runs") / f"{stamp}-{name}"
 
 
 def load_tokenizer_for(config: RunConfig, plan=None):
     """The tokenizer that counts prompt tokens (and output tokens where usage is missing): the
-    model under test's (see `harness.tokenizer_choice`)."""
-    return load_chosen(choose_for_run(config, plan))
+    model under test's (see `harness.targets.tokenizer_choice`)."""
+    return load_chosen(choose_for_run(config.server, plan))
 
 
 def warn(console: Console | None, sentence: str) -> None:
@@ -94,25 +98,25 @@ def warn(console: Console | None, sentence: str) -> None:
 
 
 def materialise_workload(config: RunConfig, tokenizer):
-    """Resolve `config.workload` into a `workloads.Workload` with the CLI's overrides."""
+    """Resolve `config.load.workload` into a `workloads.Workload` with the CLI's overrides."""
     from workloads import WorkloadError, WorkloadOptions, resolve_workload
 
     try:
         options = WorkloadOptions(
-            num_requests=config.num_requests,
-            input_len=config.input_len,
-            output_len=config.output_len,
-            range_ratio=config.range_ratio,
-            request_rate=config.request_rate,
-            burstiness=config.burstiness,
-            seed=config.seed,
-            ignore_eos=config.ignore_eos,
-            dataset_path=config.dataset_path,
-            endpoint=config.endpoint,
-            duration_s=config.duration_s,
-            concurrency=config.concurrency if config.is_closed_loop else None,
+            num_requests=config.load.num_requests,
+            input_len=config.load.input_len,
+            output_len=config.load.output_len,
+            range_ratio=config.load.range_ratio,
+            request_rate=config.load.request_rate,
+            burstiness=config.load.burstiness,
+            seed=config.load.seed,
+            ignore_eos=config.load.ignore_eos,
+            dataset_path=config.load.dataset_path,
+            endpoint=config.server.endpoint,
+            duration_s=config.load.duration_s,
+            concurrency=config.load.concurrency if config.load.is_closed_loop else None,
         )
-        return resolve_workload(config.workload, options=options, tokenizer=tokenizer)
+        return resolve_workload(config.load.workload, options=options, tokenizer=tokenizer)
     except WorkloadError as exc:
         raise HarnessError(str(exc)) from exc
 
@@ -161,16 +165,16 @@ def run_benchmark(
     (`config.faults`) puts a fault plan's proxy and client wrappers in front of it.
     """
     fault_plan = load_fault_plan(config.faults)
-    slo_spec = load_slo_spec(config.slo)
-    if config.ray_address is not None:
+    slo_spec = load_slo_spec(config.recording.slo)
+    if config.load.ray_address is not None:
         from harness.ray_workers import require_ray
 
         require_ray()  # before anything is contacted: a missing extra is one sentence
-    run_dir = Path(config.out or default_run_dir(config))
+    run_dir = Path(config.recording.out or default_run_dir(config))
     with removed_if_left_empty(run_dir):
         prepare_run_dir(run_dir)
-        plan = launch_plan_for(config) if target is None else target.plan
-        choice = choose_for_run(config, plan)
+        plan = launch_plan_for(config.server) if target is None else target.plan
+        choice = choose_for_run(config.server, plan)
         if choice.warning and tokenizer is None:
             warn(console, choice.warning)
         tokenizer = tokenizer or load_chosen(choice)
@@ -190,7 +194,9 @@ def run_benchmark(
             started = Target(target.base_url, dict(target.entry), target.server, target.plan)
             return _run_against(inputs, started)
         engine_args = fault_plan.managed_engine_args if fault_plan is not None else ()
-        with target_for(config, log_dir=run_dir, plan=plan, extra_args=engine_args) as started:
+        with target_for(
+            config.server, log_dir=run_dir, plan=plan, extra_args=engine_args
+        ) as started:
             return _run_against(inputs, started)
 
 
@@ -228,15 +234,15 @@ class RunInputs:
 def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
     config, workload, run_dir = inputs.config, inputs.workload, inputs.run_dir
     base_url, target = started.base_url, started.entry
-    models = preflight(base_url, api_key=config.api_key, headers=config.headers)
+    models = preflight(base_url, api_key=config.server.api_key, headers=config.server.headers)
     served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
-    model = config.model or (served[0] if served else None)
+    model = config.server.model or (served[0] if served else None)
     if model is None:
         raise HarnessError(f"the target at {base_url} lists no model; name one with --model.")
     endpoint = Endpoint(
-        config.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
+        config.server.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
     )
-    info = target_info(base_url, config.api_key, config.headers)
+    info = target_info(base_url, config.server.api_key, config.server.headers)
     overhead = chat_overhead_tokens(inputs.tokenizer) if endpoint is Endpoint.CHAT else 0
     target.update(
         model=model,
@@ -252,11 +258,11 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         base_url=base_url,
         model=model,
         endpoint=endpoint,
-        stream=config.stream,
-        timeout_s=config.timeout_s,
-        api_key=config.api_key,
-        headers=config.headers,
-        extra_body=config.extra_body,
+        stream=config.server.stream,
+        timeout_s=config.server.timeout_s,
+        api_key=config.server.api_key,
+        headers=config.server.headers,
+        extra_body=config.server.extra_body,
         chunk_usage=_chunk_usage(config, target.get("engine")),
     )
     plan, input_tokens = _plan(config, workload, options, inputs.tokenizer)
@@ -284,13 +290,14 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         input_tokens=input_tokens,
         tokenizer=inputs.tokenizer,
         scraper=MetricsScraper(
-            base_url.rstrip("/").removesuffix("/v1") + "/metrics", config.scrape_interval_s
+            base_url.rstrip("/").removesuffix("/v1") + "/metrics",
+            config.recording.scrape_interval_s,
         ),
         console=inputs.console,
         quiet=inputs.quiet,
         server=started.server,
     )
-    run.errors = ErrorLimits(config.max_error_rate, config.max_consecutive_errors)
+    run.errors = ErrorLimits(config.stop.max_error_rate, config.stop.max_consecutive_errors)
     if plan.sessions is not None:
         run.sessions = {
             turn.request_id: (session.session_id, k)
@@ -300,14 +307,14 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
     run.checks = output_checks(config, workload, inputs.tokenizer, endpoint)
     run.watch = PromptTokenWatch(overhead, lambda sentence: warn(inputs.console, sentence))
     metrics_url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
-    idle_before = read_gauges(metrics_url, api_key=config.api_key)
+    idle_before = read_gauges(metrics_url, api_key=config.server.api_key)
     reason: str | None = "the harness stopped unexpectedly"
     server_state = None
     split = _worker_split(config, plan, options, inputs)
     try:
         if split is None:
             reason = asyncio.run(_drive(run, inputs.transport, inputs.fault_plan, started.server))
-        elif config.ray_address is not None:
+        elif config.load.ray_address is not None:
             from harness.ray_workers import drive_ray
 
             reason = asyncio.run(drive_ray(run, split, lambda i, s: warn(inputs.console, s)))
@@ -320,7 +327,10 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
             run.request_stop(death)
             reason = death
         server_state = settle(
-            metrics_url, idle_before, api_key=config.api_key, settle_s=config.settle_s
+            metrics_url,
+            idle_before,
+            api_key=config.server.api_key,
+            settle_s=config.recording.settle_s,
         )
     except BaseException as exc:
         reason = f"the harness crashed: {type(exc).__name__}: {exc}"
@@ -337,7 +347,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
         stopped_reason=reason,
         stopped_by_errors=stopped_by_errors,
         slo_given=inputs.slo_spec is not None,
-        outputs=tally_outputs(requests) if config.check_outputs else None,
+        outputs=tally_outputs(requests) if config.recording.check_outputs else None,
         not_found=_not_found_hint(requests, options),
     )
     _record_outcome(run_dir, verdict)
@@ -353,7 +363,7 @@ def _run_against(inputs: RunInputs, started: Target) -> RunOutcome:
 
 def _worker_split(config: RunConfig, plan: LoadPlan, options: ClientOptions, inputs):
     """The `harness.workers.WorkerSplit` for `--workers`/`--ray`, or None for one process."""
-    if config.ray_address is None and config.workers in (None, 1):
+    if config.load.ray_address is None and config.load.workers in (None, 1):
         return None
     from harness.workers import check_workers_supported, split_for
 
@@ -424,15 +434,15 @@ CHUNK_USAGE_ENGINES = ("engine_ref", "vllm")  # servers known to honour continuo
 def _chunk_usage(config: RunConfig, engine: str | None) -> bool:
     """Whether to ask for the usage so far in every chunk: `--chunk-usage`, else on for the
     engines known to honour it (others may reject an unknown stream option)."""
-    if config.chunk_usage is not None:
-        return config.chunk_usage
+    if config.server.chunk_usage is not None:
+        return config.server.chunk_usage
     return engine in CHUNK_USAGE_ENGINES
 
 
 def _session_plan(config, workload, options: ClientOptions, rows, warmup, tokenizer) -> LoadPlan:
     """A multi-turn plan: the sessions, and every turn listed for the schedule (a later turn's
     arrival is null: it waits for the turn before it)."""
-    if config.check_outputs:
+    if config.recording.check_outputs:
         raise HarnessError(
             "--check-outputs compares single prompts with the reference engine; it does not "
             "apply to multi-turn sessions, whose prompts depend on the answers."
@@ -440,14 +450,14 @@ def _session_plan(config, workload, options: ClientOptions, rows, warmup, tokeni
     sessions = SessionPlan(
         sessions_from_rows(rows, options),
         chat=options.is_chat,
-        session_header=config.session_header,
+        session_header=config.load.session_header,
         encode=getattr(tokenizer, "encode", None),
     )
     turns = [RequestPayload(r["request_id"], b"") for r in rows]
     users = workload.closed_loop_concurrency
     arrivals = None if users else [r["arrival_s"] for r in rows]
     return LoadPlan(
-        turns, arrivals, users or config.concurrency, config.duration_s, warmup, sessions
+        turns, arrivals, users or config.load.concurrency, config.load.duration_s, warmup, sessions
     )
 
 
@@ -485,27 +495,27 @@ def _plan(
         payloads.append(RequestPayload(r["request_id"], build_body(options, r)))
         input_tokens[r["request_id"]] = r["input_tokens"]
         arrivals.append(None if r["arrival_s"] is None else float(r["arrival_s"]))
-        if len(head) < config.warmup:
+        if len(head) < config.load.warmup:
             head.append(r)
     if not payloads:
         raise HarnessError("the workload has no requests; raise --num-requests or --duration.")
     warmup = _warmup(config, options, head)
     closed = workload.closed_loop_concurrency is not None or any(a is None for a in arrivals)
     if closed:
-        users = workload.closed_loop_concurrency or config.concurrency
+        users = workload.closed_loop_concurrency or config.load.concurrency
         if not users:
             raise HarnessError("a closed-loop workload needs --concurrency (the number of users).")
-        plan = LoadPlan(payloads, None, users, config.duration_s, warmup)
+        plan = LoadPlan(payloads, None, users, config.load.duration_s, warmup)
     else:
-        plan = LoadPlan(payloads, arrivals, config.concurrency, config.duration_s, warmup)
+        plan = LoadPlan(payloads, arrivals, config.load.concurrency, config.load.duration_s, warmup)
     return plan, input_tokens
 
 
 def _warmup(config: RunConfig, options: ClientOptions, rows: list[dict]) -> list[RequestPayload]:
-    """`config.warmup` requests repeating the first rows in turn."""
+    """`config.load.warmup` requests repeating the first rows in turn."""
     return [
         RequestPayload(f"warmup-{i}", build_body(options, rows[i % len(rows)]), is_warmup=True)
-        for i in range(config.warmup)
+        for i in range(config.load.warmup)
     ]
 
 
@@ -542,7 +552,7 @@ async def _run_services(run: RunContext):
 
     async def flusher() -> None:
         while True:
-            await asyncio.sleep(run.config.flush_interval_s)
+            await asyncio.sleep(run.config.recording.flush_interval_s)
             run.flush()
 
     flush_task = asyncio.create_task(flusher())
@@ -550,7 +560,7 @@ async def _run_services(run: RunContext):
     scrape_task = None
     try:
         async with contextlib.AsyncExitStack() as stack:
-            if run.config.scrape_interval_s > 0:
+            if run.config.recording.scrape_interval_s > 0:
                 session = await stack.enter_async_context(aiohttp.ClientSession())
                 scrape_task = asyncio.create_task(run.scraper.run(session, lambda: run.t0_ns))
             yield stop_reason
@@ -574,7 +584,7 @@ def _observer(run: RunContext, total: int):
     display = (
         ProgressDisplay(total, run.console) if (not run.quiet and run.console is not None) else None
     )
-    watch = SaturationWatch(run.request_stop) if run.config.stop_on_saturation else None
+    watch = SaturationWatch(run.request_stop) if run.config.stop.stop_on_saturation else None
     return display, Observers(display, watch, run)
 
 
@@ -582,7 +592,7 @@ async def _drive(
     run: RunContext,
     transport: Transport | None,
     fault_plan=None,
-    server: ManagedServer | CommandServer | None = None,
+    server: ServerProcess | None = None,
 ) -> str | None:
     """Run the load loop with signal handling and periodic flushes; returns why it stopped early.
 
@@ -633,7 +643,7 @@ async def _drive_workers(run: RunContext, shares, on_lost) -> str | None:
     def worker_lost(index: int, sentence: str) -> None:
         lost.append(sentence)
         on_lost(index, sentence)
-        if run.config.on_worker_failure == "stop":
+        if run.config.stop.on_worker_failure == "stop":
             run.request_stop(
                 f"{sentence} mid-run; the other workers were stopped (--on-worker-failure stop)"
             )
@@ -673,7 +683,7 @@ def _summarise(
     from slo import summarize
 
     summary = summarize(
-        run_dir, slo_spec, client_bound_ms=config.client_bound_ms, conventions="all"
+        run_dir, slo_spec, client_bound_ms=config.recording.client_bound_ms, conventions="all"
     )
     write_summary(run_dir, RunSummary.from_dict(summary))
     return RunOutcome(

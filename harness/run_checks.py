@@ -11,7 +11,7 @@ from harness.config import RunConfig
 from harness.errors import HarnessError
 from harness.outcome import OutputTally
 from harness.output_checks import Expectation, OutputChecks
-from harness.tokenizer_choice import names_a_model
+from harness.targets.tokenizer_choice import names_a_model
 from slo.correctness import WRONG_FLAGS
 from slo.runrecord import Endpoint, RequestColumn, RequestStatus
 
@@ -30,7 +30,7 @@ def iter_request_rows(config: RunConfig, workload, batch_rows: int = ROW_BATCH):
         rows = batch.to_pylist()
         for row in rows:
             row["constraint"] = constraint
-            if config.check_outputs and row.get("temperature") is None:
+            if config.recording.check_outputs and row.get("temperature") is None:
                 row["temperature"] = 0.0
         yield from rows
         del rows
@@ -43,11 +43,11 @@ def request_rows(config: RunConfig, workload) -> list[dict]:
 
 def oracle_model(config: RunConfig) -> str:
     """The reference model whose batch-1 outputs judge the target's (`--check-outputs`)."""
-    from harness.tokenizer_choice import DEFAULT_MODEL
+    from harness.targets.tokenizer_choice import DEFAULT_MODEL
 
-    if config.url is None and not config.target.startswith("url:"):
-        return config.model or DEFAULT_MODEL
-    for candidate in (config.model, config.tokenizer):
+    if not config.server.spec.is_url:
+        return config.server.model or DEFAULT_MODEL
+    for candidate in (config.server.model, config.server.tokenizer):
         if candidate and names_a_model(candidate):
             return candidate
     raise HarnessError(
@@ -63,7 +63,7 @@ def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) ->
     from harness.oracle import reference_texts
 
     # the reference outputs need every row at once; otherwise a batch of dicts at a time
-    rows = request_rows(config, workload) if config.check_outputs else None
+    rows = request_rows(config, workload) if config.recording.check_outputs else None
     shared: dict[tuple, Expectation] = {}  # one object per distinct expectation, not per row
     expectations = {}
     for r in rows if rows is not None else iter_request_rows(config, workload):
@@ -72,14 +72,16 @@ def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) ->
             shared[key] = Expectation(key[0], key[1], r.get("constraint"))
         expectations[r["request_id"]] = shared[key]
     references = None
-    if config.check_outputs:
+    if config.recording.check_outputs:
         references = reference_texts(
             rows,
             model=oracle_model(config),
             endpoint=endpoint,
             workload_sha256=str(workload.manifest.get("sha256")),
         )
-    return OutputChecks(tokenizer, expectations, references, diverge_before=config.diverge_before)
+    return OutputChecks(
+        tokenizer, expectations, references, diverge_before=config.recording.diverge_before
+    )
 
 
 def tally_outputs(requests: pa.Table) -> OutputTally:

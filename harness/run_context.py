@@ -7,25 +7,20 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from harness.config import RunConfig
 from harness.http.client import ClientOptions, RawResult
 from harness.loadgen import LoadPlan
-from harness.managed import log_tail
 from harness.outcome import server_exit_sentence
 from harness.output_checks import OutputChecks
 from harness.prompt_watch import PromptTokenWatch
 from harness.recorder import RunRecorder
 from harness.records import RecordContext
-from harness.scraper import MetricsScraper
+from harness.targets.process import ServerProcess, log_tail
+from harness.targets.scraper import MetricsScraper
 from slo.runrecord import RequestStatus, RunManifest
-
-if TYPE_CHECKING:
-    from harness.launch import CommandServer
-    from harness.managed import ManagedServer
 
 # How long a stop that lets the requests in flight finish (see `request_stop`) waits for them.
 DRAIN_GRACE_S = 5.0
@@ -64,7 +59,7 @@ class RunContext:
     watch: PromptTokenWatch | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
     workers: list[dict] | None = None  # `--workers`/`--ray`: one entry per worker, at the end
-    server: ManagedServer | CommandServer | None = None
+    server: ServerProcess | None = None
     in_flight: set[str] = field(default_factory=set)  # request ids sent and not yet done
     first_http_status: int | None = None  # of the first request answered, warm-up included
     _awaited: set[str] | None = None  # a draining stop: the requests it waits for

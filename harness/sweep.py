@@ -16,7 +16,7 @@ from harness.config import RunConfig
 from harness.errors import HarnessError
 from harness.recorder import prepare_run_dir
 from harness.run import load_tokenizer_for, removed_if_left_empty, run_benchmark
-from harness.targets import launch_plan_for, target_for
+from harness.targets.target import launch_plan_for, target_for
 
 SWEEP_FILE = "sweep.json"
 SWEEP_VERSION = 1
@@ -81,9 +81,9 @@ def run_sweep(
     """Run every point of `plan` with `config` (its rate or concurrency replaced) against one
     target started once; returns the sweep directory. Raises `HarnessError` for bad input
     before anything runs."""
-    if plan.kind == "concurrency" and config.concurrency is not None:
+    if plan.kind == "concurrency" and config.load.concurrency is not None:
         raise HarnessError("--concurrency is what this sweep varies; drop it from the base run.")
-    if plan.kind == "request_rate" and config.request_rate is not None:
+    if plan.kind == "request_rate" and config.load.request_rate is not None:
         raise HarnessError("--request-rate is what this sweep varies; drop it from the base run.")
     out_dir = Path(out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-sweep")
     with removed_if_left_empty(out_dir):
@@ -98,11 +98,11 @@ def run_sweep(
 
 def _run_points(config: RunConfig, plan: SweepPlan, out_dir: Path, progress) -> Path:
     record = {"version": SWEEP_VERSION, "kind": plan.kind, "values": list(plan.values),
-              "repeat": plan.repeat, "slo": config.slo, "started_at": _now(), "points": []}  # fmt: skip
+              "repeat": plan.repeat, "slo": config.recording.slo, "started_at": _now(), "points": []}  # fmt: skip
     _write(out_dir, record)
-    launch = launch_plan_for(config)  # a managed external engine's: its weights' tokenizer
+    launch = launch_plan_for(config.server)  # a managed external engine's: its weights' tokenizer
     tokenizer = load_tokenizer_for(config, launch)
-    with target_for(config, plan=launch) as target:
+    with target_for(config.server, plan=launch) as target:
         for name, value, rep in plan.points():
             change = {plan.kind: value, "out": out_dir / name}
             outcome = run_benchmark(dataclasses.replace(config, **change), target=target,

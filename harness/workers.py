@@ -189,12 +189,12 @@ ASSIGNMENT = (
 
 
 def split_for(config, plan: LoadPlan, options: ClientOptions) -> WorkerSplit:
-    """The `WorkerSplit` for `config.workers` (a count, `auto` or None) and `config.ray_address`."""
-    requested = config.workers
-    if config.ray_address is not None:
+    """The `WorkerSplit` for `config.load.workers` (a count, `auto` or None) and `config.load.ray_address`."""
+    requested = config.load.workers
+    if config.load.ray_address is not None:
         from harness.ray_workers import RAY_CLOCK, connect
 
-        nodes = connect(config.ray_address)
+        nodes = connect(config.load.ray_address)
         if requested in (None, "auto"):
             wanted, why = nodes, f"one Ray actor per alive node: {nodes}"
         else:

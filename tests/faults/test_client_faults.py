@@ -31,8 +31,8 @@ from harness.http.client import (
     build_body,
 )
 from harness.loadgen import LoadPlan, run_load
-from harness.mock_server import MockConfig, start_mock
 from harness.records import RecordContext, to_rows
+from harness.targets.mock_server import MockConfig, start_mock
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 
 RUN_STOPPED = "the run stopped while the request was in flight"

@@ -55,17 +55,21 @@ W0 = ("windows", 0)
 W1 = ("windows", 1)
 # (mutation path, value, words the message must contain)
 BAD = [
-    (("colour",), "red", ["unknown field 'colour'", "known fields: name"]),
-    ((*W0, "start"), 5, ["windows[0]", "unknown field 'start'", "after_requests"]),
+    (("colour",), "red", ["unknown key 'colour'", "known keys: name"]),
+    ((*W0, "start"), 5, ["windows[0]: unknown key 'start'", "after_requests"]),
     ((*W0, "params"), {"timeout": 1}, ["windows[0]", "'timeout'", "timeout_ms"]),
-    ((*W0, "params"), [1], ["windows[0]", "params must be a mapping"]),
-    ((*W0, "kind"), "explode", ["windows[0]", "'explode' is unknown", "reset_peer", "kill_engine"]),
-    (("windows",), {"kind": "down"}, ["windows must be a list"]),
-    (("windows",), ["down"], ["windows[0] must be a mapping"]),
-    (("seed",), "x", ["seed must be an integer"]),
-    (("seed",), -1, ["seed must be an integer >= 0"]),
-    (("name",), "", ["non-empty name"]),
-    (("description",), 3, ["description must be text"]),
+    ((*W0, "params"), [1], ["windows[0]", "params: got a list; expected a mapping"]),
+    (
+        (*W0, "kind"),
+        "explode",
+        ["windows[0]", "kind: got 'explode'; expected one of", "reset_peer", "kill_engine"],
+    ),
+    (("windows",), {"kind": "down"}, ["windows: got a mapping; expected a list"]),
+    (("windows",), ["down"], ["windows[0]: got 'down'; expected a mapping"]),
+    (("seed",), "x", ["seed: got 'x'; expected an integer"]),
+    (("seed",), -1, ["seed: got -1; expected an integer >= 0"]),
+    (("name",), "", ["name: got ''; expected non-empty text"]),
+    (("description",), 3, ["description: got 3; expected text"]),
     ((*W0, "fraction"), "half", ["windows[0]", "fraction must be in [0, 1]"]),
     ((*W0, "fraction"), 1.5, ["windows[0]", "fraction must be in [0, 1]"]),
     ((*W0, "fraction"), -0.1, ["windows[0]", "fraction must be in [0, 1]"]),
@@ -80,7 +84,11 @@ BAD = [
     ((*W1, "after_requests"), 2.5, ["windows[1]", "after_requests must be an integer"]),
     ((*W1, "at"), 1, ["windows[1]", "either at or after_requests"]),
     ((*W1, "direction"), "both", ["windows[1]", "direction applies to network kinds only"]),
-    ((*W0, "direction"), "sideways", ["windows[0]", "direction 'sideways' is unknown", "upstream"]),
+    (
+        (*W0, "direction"),
+        "sideways",
+        ["windows[0]", "direction: got 'sideways'; expected one of", "upstream"],
+    ),
     ((*W0, "params"), {"timeout_ms": -1}, ["windows[0]", "params.timeout_ms", ">= 0"]),
     ((*W0, "params"), {"timeout_ms": "1"}, ["windows[0]", "params.timeout_ms", "number"]),
     ((*W1, "params"), {}, ["windows[1]", "exactly one of params.after_tokens"]),
@@ -92,7 +100,7 @@ BAD = [
     (
         (*W1,),
         {"kind": "pause_engine", "for": 1, "params": {"x": 1}},
-        ["windows[1]", "known fields: none"],
+        ["windows[1]", "known keys: none"],
     ),
     ((*W1,), {"at": 1}, ["windows[1]", "missing 'kind'"]),
     ((*W1,), {"kind": "down", "fraction": 0.5}, ["windows[1]", "drop fraction"]),
@@ -122,18 +130,18 @@ BAD = [
         [{"kind": "slow_reader", "params": {"read_delay_ms": 5}}] * 2,
         ["one slow_reader window"],
     ),
-    (("retry",), {"tries": 3}, ["retry", "unknown field 'tries'", "max_attempts"]),
+    (("retry",), {"tries": 3}, ["retry: unknown key 'tries'", "max_attempts"]),
     (("retry",), {"max_attempts": 0}, ["retry.max_attempts must be an integer >= 1"]),
     (("retry",), {"statuses": [200]}, ["retry.statuses must be HTTP error codes"]),
     (("retry",), {"statuses": 429}, ["retry.statuses must be HTTP error codes"]),
     (("retry",), {"enabled": "yes"}, ["retry.enabled must be true or false"]),
     (("retry",), {"backoff_ms": -5}, ["retry.backoff_ms must be a positive number"]),
     (("retry",), {"backoff_ms": 500, "max_backoff_ms": 100}, ["retry.max_backoff_ms"]),
-    (("retry",), [1], ["retry must be a mapping"]),
-    (("engine_args",), "--num-blocks 16", ["engine_args must be a list"]),
-    (("engine_args",), ["--num-blocks", ""], ["engine_args must be a list of non-empty strings"]),
-    (("engine_args",), [{"num_blocks": 16}], ["engine_args must be a list of non-empty strings"]),
-    (("engine_args",), [True], ["engine_args must be a list of non-empty strings"]),
+    (("retry",), [1], ["retry: got a list; expected a mapping"]),
+    (("engine_args",), "--num-blocks 16", ["engine_args: got '--num-blocks 16'; expected a list"]),
+    (("engine_args",), ["--num-blocks", ""], ["engine_args[1]: got ''; expected a non-empty arg"]),
+    (("engine_args",), [{"num_blocks": 16}], ["engine_args[0]: got a mapping; expected a non-"]),
+    (("engine_args",), [True], ["engine_args[0]: got true; expected a non-empty argument"]),
 ]
 
 
@@ -149,15 +157,17 @@ def test_every_schema_violation_is_one_sentence_naming_the_field(path, value, wo
 
 
 def test_missing_name_and_not_a_mapping():
-    with pytest.raises(FaultPlanError, match=r"^plan\.yaml is missing 'name'\.$"):
+    with pytest.raises(
+        FaultPlanError, match=r"^plan\.yaml: missing key 'name'; required keys: name\.$"
+    ):
         FaultPlan.from_dict({"windows": []}, "plan.yaml")
-    with pytest.raises(FaultPlanError, match=r"^plan\.yaml must be a mapping, not list\.$"):
+    with pytest.raises(FaultPlanError, match=r"^plan\.yaml: got a list; expected a mapping\.$"):
         FaultPlan.from_dict([1], "plan.yaml")
 
 
 def test_invalid_yaml_names_the_line():
     with pytest.raises(
-        FaultPlanError, match=r"^p\.yaml is not valid YAML at line 3; fix its syntax\.$"
+        FaultPlanError, match=r"^p\.yaml:3: not valid YAML \(.*\); fix its syntax\.$"
     ):
         parse_plan("name: x\nwindows: [\n", "p.yaml")
 
@@ -404,4 +414,4 @@ def test_cli_list_and_show(tmp_path):
     assert unknown.exit_code == 2 and "built-ins: cancel-storm" in unknown.output
     path.write_text("name: bad\nwindows: [{kind: boom}]\n")
     bad = runner.invoke(faults, ["show", str(path)])
-    assert bad.exit_code == 2 and "'boom' is unknown" in bad.output
+    assert bad.exit_code == 2 and "mine.yaml:2: windows[0]: kind: got 'boom'" in bad.output

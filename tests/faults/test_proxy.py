@@ -16,8 +16,8 @@ import uvloop
 from faults.proxy import TOXIC_KINDS, FaultProxy, Toxic
 from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body, send
 from harness.loadgen import LoadPlan, run_load
-from harness.mock_server import MockConfig, start_mock
 from harness.records import RecordContext, to_rows
+from harness.targets.mock_server import MockConfig, start_mock
 
 FAST = MockConfig(ttft_ms=20, itl_ms=2)
 RUNNERS = {"asyncio": asyncio.run, "uvloop": uvloop.run}

@@ -12,7 +12,7 @@ import pytest
 
 from harness.config import RunConfig
 from harness.run import run_benchmark
-from harness.targets import target_for
+from harness.targets.target import target_for
 from workloads.registry import builtin_names
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny_target():
-    with target_for(RunConfig(model="tiny-random", startup_timeout_s=180)) as target:
+    with target_for(RunConfig(model="tiny-random", startup_timeout_s=180).server) as target:
         yield target
 
 

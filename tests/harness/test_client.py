@@ -26,8 +26,8 @@ from harness.http.client import (
 )
 from harness.http.sse import parse_stream
 from harness.http.transport import Transport
-from harness.mock_server import MockConfig, start_mock
 from harness.run import _chunk_usage
+from harness.targets.mock_server import MockConfig, start_mock
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 
 SPEC = {"prompt": "hi", "max_output_tokens": 8}

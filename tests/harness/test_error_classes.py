@@ -10,8 +10,8 @@ import pytest
 
 from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
 from harness.loadgen import LoadPlan, run_load
-from harness.mock_server import MockConfig, start_mock
 from harness.records import RecordContext, to_rows
+from harness.targets.mock_server import MockConfig, start_mock
 
 
 def _payloads(options: ClientOptions, n: int, max_tokens: int = 8) -> list[RequestPayload]:

@@ -17,11 +17,12 @@ from click.testing import CliRunner
 
 from harness.cli import bench
 from harness.config import RunConfig
-from harness.engines import ENGINES, parse_assignments, parse_target, plan_launch
 from harness.errors import HarnessError
-from harness.launch import free_port, launched
-from harness.managed import ManagedServerConfig, managed_server
-from harness.tokenizer_choice import choose_tokenizer
+from harness.targets.engines import ENGINES, parse_assignments, plan_launch
+from harness.targets.launch import free_port, launched
+from harness.targets.managed import ManagedServerConfig, managed_server
+from harness.targets.spec import TargetSpec
+from harness.targets.tokenizer_choice import choose_tokenizer
 from slo.runrecord import RequestColumn
 
 pytestmark = pytest.mark.slow  # each test starts a server process
@@ -139,6 +140,12 @@ def test_stop_ends_the_process_group(tmp_path):
     assert not _answers(f"http://127.0.0.1:{plan.port}/health")
 
 
+def parse_target(text: str) -> tuple[str, str | None]:
+    """`(kind, url)` of a `--target` value, as `TargetSpec.parse` reads it."""
+    spec = TargetSpec.parse(text)
+    return spec.kind, spec.url
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -187,7 +194,7 @@ def test_llamacpp_needs_a_gguf_model():
     ],
 )
 def test_the_tokenizer_follows_the_model_under_test(config, source, known):
-    choice = choose_tokenizer(config)
+    choice = choose_tokenizer(config.server)
     assert (choice.source, choice.warning is None) == (source, known)
     if not known:
         assert "--tokenizer" in choice.warning
@@ -335,18 +342,20 @@ def test_fake_llamacpp_serves_the_gguf_and_counts_tokens_with_its_tokenizer(
 
 
 def test_a_tokenizer_json_file_is_a_tokenizer(tmp_path):
-    from harness.engines import exported_dir
-    from harness.tokenizer_choice import load_chosen
+    from harness.targets.engines import exported_dir
+    from harness.targets.tokenizer_choice import load_chosen
 
     path = exported_dir("tiny-random") / "tokenizer.json"
-    choice = choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(path)))
+    choice = choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(path)).server)
     assert (choice.source, choice.how) == (str(path), "--tokenizer")
     tokenizer = load_chosen(choice)
     assert tokenizer.encode("hello world") == load_chosen(
-        choose_tokenizer(RunConfig(model="tiny-random"))
+        choose_tokenizer(RunConfig(model="tiny-random").server)
     ).encode("hello world")
     with pytest.raises(HarnessError, match="cannot load the tokenizer"):
-        load_chosen(choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(tmp_path))))
+        load_chosen(
+            choose_tokenizer(RunConfig(url="http://h:1/v1", tokenizer=str(tmp_path)).server)
+        )
 
 
 def test_engine_faults_act_on_a_managed_external_engine(tmp_path):

@@ -9,9 +9,9 @@ import pytest
 
 from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.managed import ManagedServerConfig, managed_server
 from harness.run import run_benchmark
-from harness.scraper import parse_metrics
+from harness.targets.managed import ManagedServerConfig, managed_server
+from harness.targets.scraper import parse_metrics
 
 EXPOSITION = """# HELP vllm:num_requests_running Requests running.
 # TYPE vllm:num_requests_running gauge

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.managed import ManagedServerConfig, managed_server
+from harness.targets.managed import ManagedServerConfig, managed_server
 
 pytestmark = pytest.mark.slow  # starts a server process
 

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from harness.mock_server import MAX_TOKENS_LIMIT
+from harness.targets.mock_server import MAX_TOKENS_LIMIT
 
 pytestmark = pytest.mark.slow  # each test starts a server
 

@@ -64,7 +64,7 @@ def test_a_first_request_answered_404_stops_the_run_at_once(mock_server, tmp_pat
 @pytest.mark.slow  # starts the reference engine
 def test_a_model_the_server_does_not_serve_stops_at_the_first_404(tmp_path):
     """The reference server answers 404 for a model it does not serve, as vLLM does."""
-    from harness.managed import ManagedServerConfig, managed_server
+    from harness.targets.managed import ManagedServerConfig, managed_server
 
     run = tmp_path / "run"
     with managed_server(ManagedServerConfig(model="tiny-random", startup_timeout_s=120)) as server:

@@ -17,7 +17,7 @@ from harness.config import RunConfig
 from harness.http.client import ClientOptions, make_session, send
 from harness.http.sse import split_events
 from harness.run import run_benchmark
-from harness.targets import target_for
+from harness.targets.target import target_for
 from slo.runrecord import Endpoint
 
 pytestmark = pytest.mark.slow  # a managed tiny-random engine process serves the whole module
@@ -39,7 +39,7 @@ arrivals: {process: poisson, rate: 20}
 
 @pytest.fixture(scope="module")
 def tiny_target():
-    with target_for(RunConfig(model="tiny-random", startup_timeout_s=180)) as target:
+    with target_for(RunConfig(model="tiny-random", startup_timeout_s=180).server) as target:
         yield target
 
 

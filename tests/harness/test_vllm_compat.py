@@ -14,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.config import RunConfig, normalise_base_url
+from harness.config import RunConfig
 from harness.errors import HarnessError
+from harness.targets.spec import normalise_base_url
 from harness.vllm_compat import (
     fold_nargs_plus,
     parse_extra_body,
@@ -210,13 +211,14 @@ def test_the_unit_bands_refuse_the_other_unit():
 def test_vllm_flags_become_run_config_fields(argv, expected):
     config = _config(argv)
     for key, value in expected.items():
-        assert getattr(config, key) == value, key
+        assert config.flat()[key] == value, key
 
 
 def test_harness_flags_alone_keep_harness_defaults():
     config = _config(["--num-requests", "5", "--slice-duration", "2", "--header", "A: b"])
-    assert config.url is None and config.request_rate is None  # managed engine, workload rate
-    assert config.slice_duration_s == 2.0 and config.headers == (("A", "b"),)
+    flat = config.flat()
+    assert flat["url"] is None and flat["request_rate"] is None  # managed engine, workload rate
+    assert flat["slice_duration_s"] == 2.0 and flat["headers"] == (("A", "b"),)
 
 
 def _config(argv: list[str]) -> RunConfig:

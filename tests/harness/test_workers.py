@@ -349,8 +349,8 @@ def test_killed_worker_leaves_every_request_accounted_for(mock_server, tmp_path,
 def test_workers_config_boundaries():
     from harness.config import RunConfig
 
-    assert RunConfig(workers="AUTO").workers == "auto"
-    assert RunConfig(workers="3").workers == 3 and RunConfig(workers=1).workers == 1
+    assert RunConfig(workers="AUTO").load.workers == "auto"
+    assert RunConfig(workers="3").load.workers == 3 and RunConfig(workers=1).load.workers == 1
     for bad in (0, -2, True, 2.5, "2.5", "", " "):
         with pytest.raises(HarnessError, match="--workers"):
             RunConfig(workers=bad)

@@ -36,9 +36,9 @@ SHARED_NAMES = {
 }
 # The mock server's fault kinds are its command-line vocabulary (`--malformed-sse-rate`).
 EXEMPT = {
-    ("harness/mock_server.py", "malformed_sse"),
-    ("harness/mock_server.py", "malformed_json"),
-    ("harness/mock_server.py", "error"),
+    ("harness/targets/mock_server.py", "malformed_sse"),
+    ("harness/targets/mock_server.py", "malformed_json"),
+    ("harness/targets/mock_server.py", "error"),
 }
 
 DISTINCTIVE = (

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import RunConfig
-from harness.engines import LaunchPlan, parse_target
 from harness.errors import HarnessError
-
-DEFAULT_MODEL = "smollm2-135m"
+from harness.targets.config import TargetConfig
+from harness.targets.engines import DEFAULT_MODEL, LaunchPlan
+from harness.targets.probe import target_info
+from harness.targets.spec import REF
 
 
 @dataclass(frozen=True)
@@ -41,17 +41,16 @@ def names_a_model(text: str) -> bool:
     return text in known_model_names() or path.is_dir() or path.suffix == ".gguf" and path.is_file()
 
 
-def choose_tokenizer(config: RunConfig, plan: LaunchPlan | None = None) -> TokenizerChoice:
+def choose_tokenizer(target: TargetConfig, plan: LaunchPlan | None = None) -> TokenizerChoice:
     """The tokenizer of the model under test (see the module docstring)."""
-    if config.tokenizer:
-        return TokenizerChoice(config.tokenizer, "--tokenizer")
-    kind = "url" if config.url is not None else parse_target(config.target)[0]
+    if target.tokenizer:
+        return TokenizerChoice(target.tokenizer, "--tokenizer")
     if plan is not None:
         return TokenizerChoice(plan.tokenizer_source, f"served by the managed {plan.spec.name}")
-    if kind == "ref":
-        return TokenizerChoice(config.model or DEFAULT_MODEL, "the reference engine's model")
-    if config.model and names_a_model(config.model):
-        return TokenizerChoice(config.model, "--model names a reference model")
+    if target.spec.kind == REF:
+        return TokenizerChoice(target.model or DEFAULT_MODEL, "the reference engine's model")
+    if target.model and names_a_model(target.model):
+        return TokenizerChoice(target.model, "--model names a reference model")
     return TokenizerChoice(
         DEFAULT_MODEL,
         "default (the target's tokenizer is unknown)",
@@ -63,19 +62,16 @@ def choose_tokenizer(config: RunConfig, plan: LaunchPlan | None = None) -> Token
     )
 
 
-def choose_for_run(config: RunConfig, plan: LaunchPlan | None = None) -> TokenizerChoice:
+def choose_for_run(target: TargetConfig, plan: LaunchPlan | None = None) -> TokenizerChoice:
     """`choose_tokenizer`, and for a URL target it leaves unplaced, what the target says it
     serves: a reference server's `/info` names its model (one GET; an unreachable target or
     another engine leaves the default and its warning)."""
-    choice = choose_tokenizer(config, plan)
+    choice = choose_tokenizer(target, plan)
     if choice.warning is None:  # placed (a managed engine's plan always is)
         return choice
-    kind, url = ("url", config.url) if config.url is not None else parse_target(config.target)
-    if kind != "url" or url is None:
+    if not target.spec.is_url:
         return choice
-    from harness.targets import target_info
-
-    info = target_info(url, config.api_key, config.headers)
+    info = target_info(target.spec.url, target.api_key, target.headers)
     model = info.get("model") if info.get("engine") == "engine_ref" else None
     if isinstance(model, str) and names_a_model(model):
         return TokenizerChoice(model, "the reference server's /info names its model")

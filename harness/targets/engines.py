@@ -1,10 +1,9 @@
 """External engines the harness can launch: a command template per engine, registered by name.
 
-`--target` chooses what a run drives: `ref` (the reference engine, managed), `vllm` and
-`llamacpp` (managed from their templates), or `url:http://...` (already running). Every
-managed engine serves the same weights the reference engine runs: vLLM the Hugging Face
-directory `bench model export` writes (float32, as the reference engine computes on this CPU),
-llama.cpp the very GGUF file the reference engine loads.
+`--target vllm` and `--target llamacpp` (`harness.targets.spec`) start them from these
+templates. Every managed engine serves the same weights the reference engine runs: vLLM the
+Hugging Face directory `bench model export` writes (float32, as the reference engine computes on
+this CPU), llama.cpp the very GGUF file the reference engine loads.
 
 A template is split like a shell line; leading `NAME=value` words set environment variables.
 Fields: `{python}` (the engine's interpreter, `--engine-python NAME=PATH`), `{model_dir}`,
@@ -21,8 +20,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 
-REF = "ref"
-URL_PREFIX = "url:"
+DEFAULT_MODEL = "smollm2-135m"  # the reference engine's model when none is named
 
 
 @dataclass(frozen=True)
@@ -68,21 +66,6 @@ ENGINES = {
         serialises_requests=True,
     ),
 }
-TARGET_NAMES = (REF, *ENGINES)
-
-
-def parse_target(text: str) -> tuple[str, str | None]:
-    """`(kind, url)` of a `--target` value: `ref`, an engine name, or `url:http://...`."""
-    if text.startswith(URL_PREFIX):
-        url = text[len(URL_PREFIX) :]
-        if not url.startswith(("http://", "https://")):
-            raise HarnessError(f"--target {text!r}: the URL must start with http:// or https://.")
-        return "url", url
-    if text in TARGET_NAMES:
-        return text, None
-    raise HarnessError(
-        f"unknown --target {text!r}; use one of {', '.join(TARGET_NAMES)} or url:http://HOST:PORT/v1."
-    )
 
 
 def parse_assignments(values: tuple[str, ...], flag: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 
 from harness.http.client import auth_headers
-from harness.scraper import parse_metrics
+from harness.targets.scraper import parse_metrics
 
 # Prometheus sample name -> ledger gauge. vLLM and the reference engine share the `vllm:` names;
 # `kv_cache_blocks_used` (the reference engine) counts blocks held by requests, which a warm
