@@ -37,13 +37,13 @@ def child(placement: str, model: str, num: int, input_len: int, output_len: int)
     import numpy as np
     from engine_throughput import make_prompts, run_engine
 
-    from engine_ref import EngineConfig, LLMEngine
+    from engine_ref import EngineConfig, LLMEngine, build_engine
 
     prompts = make_prompts(np.random.default_rng(0), num, input_len, 49152)
     result: dict = {}
 
     def build() -> LLMEngine:
-        return LLMEngine(EngineConfig(model=model))
+        return build_engine(EngineConfig(model=model))
 
     def measure(engine: LLMEngine) -> None:
         run_engine(engine, prompts, [output_len] * num)  # warm-up

@@ -11,6 +11,7 @@ _EXPORTS = {
     "CompletionOutput": "engine_ref.core.engine",
     "EngineError": "engine_ref.core.engine",
     "LLMEngine": "engine_ref.core.engine",
+    "build_engine": "engine_ref.loading.build",
     "RequestOutput": "engine_ref.core.engine",
     "EngineConfig": "engine_ref.core.engine_config",
     "EngineConfigError": "engine_ref.core.engine_config",

@@ -1,2 +1,3 @@
-"""The engine core: `LLMEngine`, its scheduler, block manager, sequences, sampler, attention and
-model. Nothing here knows about HTTP; model files come in through `engine_ref.loading`."""
+"""The engine core: `LLMEngine`, its model runner and output processor, scheduler, block manager,
+sequences, sampler, attention and model. Nothing here knows about HTTP or model files: models
+come in already loaded (`engine_ref.build_engine` loads them through `engine_ref.loading`)."""

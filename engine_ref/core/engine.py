@@ -30,7 +30,7 @@ from engine_ref.core.block_manager import BlockManager, HashFn, default_hash
 from engine_ref.core.engine_config import EngineConfig, SamplingParams
 from engine_ref.core.isolation import isolate_failures
 from engine_ref.core.model import LlamaModel
-from engine_ref.core.model_runner import ModelRunner, prepare_device, release_freed_heap
+from engine_ref.core.model_runner import ModelRunner
 from engine_ref.core.output_processor import Executed, OutputProcessor
 from engine_ref.core.outputs import CompletionOutput, RequestOutput
 from engine_ref.core.scheduler import Scheduler
@@ -42,9 +42,11 @@ __all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
 
 
 class LLMEngine:
-    """The reference engine. `loaded` (an `engine_ref.loading.weights.LoadedModel`, or anything with
-    `config`, `state_dict` and `tokenizer`) skips loading `config.model`. `hash_fn` replaces
-    the prefix-cache hash (tests force collisions with it)."""
+    """The reference engine over `loaded` (an `engine_ref.loading.LoadedModel`, or anything
+    with `config`, `state_dict` and `tokenizer`) and, for a `draft_model` speculative config,
+    `draft_loaded`; `engine_ref.build_engine(config)` loads both from the config. `hash_fn`
+    replaces the prefix-cache hash (tests force collisions with it). Raises EngineError when
+    `loaded` is missing or the config cannot be served."""
 
     def __init__(
         self,
@@ -55,11 +57,10 @@ class LLMEngine:
         draft_loaded: Any = None,
     ) -> None:
         if loaded is None:
-            prepare_device(config)  # torch's threads are set before loading, which uses them
-            from engine_ref.loading.weights import load_model
-
-            keep_int4 = config.quantization == "w4a16"
-            loaded = load_model(config.model, dtype=config.torch_dtype(), keep_int4=keep_int4)
+            raise EngineError(
+                "LLMEngine takes an already loaded model (loaded=...); to load "
+                f"{config.model!r} and build the engine, call engine_ref.build_engine(config)."
+            )
         self.config = config
         self.model_runner = runner = ModelRunner(config, loaded, draft_loaded)
         self.device, self.dtype = runner.device, runner.dtype
@@ -87,8 +88,6 @@ class LLMEngine:
         self._num_steps = 0
         self._prompt_tokens: dict[str, int] = defaultdict(int)
         self._generation_tokens: dict[str, int] = defaultdict(int)
-        del loaded, draft_loaded  # the load's state dicts go with them: hand the pages back
-        release_freed_heap()
 
     @property
     def tokenizer(self) -> Any:

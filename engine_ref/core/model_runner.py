@@ -26,7 +26,7 @@ from engine_ref.core.model import LlamaModel
 from engine_ref.core.quant import QuantizationError, weight_bytes_by_kind
 from engine_ref.core.sequence import Sequence
 from engine_ref.core.spec_decode import DraftTree, SpeculativeDecoder
-from engine_ref.core.spec_decode.drafter import ModelDrafter, load_draft_model
+from engine_ref.core.spec_decode.drafter import ModelDrafter, build_draft_model
 
 __all__ = ["ForwardOutput", "ModelRunner", "device_index", "prepare_device", "release_freed_heap"]
 
@@ -78,7 +78,7 @@ def device_index(rows: list[int], device: torch.device) -> torch.Tensor:
 class ModelRunner:
     """The target model of `loaded` (an `engine_ref.loading.LoadedModel`, or anything with
     `config`, `state_dict` and `tokenizer`) with its KV pools, and the drafter a speculative
-    config asks for (a `draft_model` is loaded unless `draft_loaded` is given). Raises
+    config asks for (a `draft_model` needs `draft_loaded`, loaded the same way). Raises
     EngineError for a config the model or the memory cannot serve."""
 
     def __init__(self, config: EngineConfig, loaded: Any, draft_loaded: Any = None) -> None:
@@ -149,7 +149,12 @@ class ModelRunner:
             return ModelDrafter(
                 self.model, self.kv_caches[:layers], mc, self.metadata, num_layers=layers
             )
-        model, caches, draft_config = load_draft_model(
+        if draft_loaded is None:
+            raise EngineError(
+                f"The draft model {spec.model!r} is not loaded; pass draft_loaded, or build "
+                "the engine with engine_ref.build_engine, which loads it."
+            )
+        model, caches, draft_config = build_draft_model(
             spec.model,
             draft_loaded,
             target_tokenizer=tokenizer,

@@ -1,5 +1,6 @@
 """Model files: GGUF and Hugging Face readers, weights, tokenizer, the model registry and fetch,
-export, and the tiny-random model.
+export, and the tiny-random model; and `build.py`, which loads the model an `EngineConfig` names
+and builds the engine over it (`engine_ref.build_engine`; the core itself loads nothing).
 
 The one entry point for code outside `engine_ref` (the harness, workloads, benchmarks):
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
+import engine_ref
 from engine_ref import (
     CompletionOutput,
     EngineConfig,
     EngineConfigError,
     EngineError,
-    LLMEngine,
     QueueFullError,
     RequestOutput,
     SamplingParams,
@@ -135,5 +135,6 @@ class EngineInterface(Protocol):
 
 
 def build_engine(config: EngineConfig) -> EngineInterface:
-    """The reference engine for `config`; raises `EngineError` when it cannot be built."""
-    return LLMEngine(config)
+    """The reference engine for `config`, its model loaded (`engine_ref.build_engine`); raises
+    `EngineError` when it cannot be built."""
+    return engine_ref.build_engine(config)

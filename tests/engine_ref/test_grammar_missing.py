@@ -40,8 +40,8 @@ def test_a_constrained_request_without_the_library_is_a_400(no_xgrammar):
 def test_an_unconstrained_engine_never_imports_the_library():
     code = (
         "import sys\n"
-        "from engine_ref import EngineConfig, LLMEngine, SamplingParams\n"
-        "e = LLMEngine(EngineConfig(model='tiny-random', num_blocks=64, dtype='float32'))\n"
+        "from engine_ref import EngineConfig, SamplingParams, build_engine\n"
+        "e = build_engine(EngineConfig(model='tiny-random', num_blocks=64, dtype='float32'))\n"
         "e.add_request('a', [5, 6, 7], SamplingParams(max_tokens=3))\n"
         "while e.has_unfinished(): e.step()\n"
         "print('xgrammar' in sys.modules)\n"

@@ -16,7 +16,7 @@ import torch
 from greedy_util import greedy_tokens
 from torch.profiler import ProfilerActivity, profile
 
-from engine_ref import EngineConfig, LLMEngine, SamplingParams
+from engine_ref import EngineConfig, LLMEngine, SamplingParams, build_engine
 from engine_ref.core import kernels
 from engine_ref.core.attention import (
     TREE_BITS_MAX_NODES,
@@ -192,7 +192,7 @@ def _engine(**overrides) -> LLMEngine:
     options = dict(model="tiny-random", dtype="float32", device="cpu", num_blocks=256,
                    num_threads=1, quantization="w4a16", enable_prefix_caching=False)  # fmt: skip
     options.update(overrides)
-    return LLMEngine(EngineConfig(**options))
+    return build_engine(EngineConfig(**options))
 
 
 def _prompts(count: int) -> list[list[int]]:
@@ -418,8 +418,8 @@ def test_a_float32_engine_builds_the_kernels_in_the_background(tmp_path):
     # A float32 engine (a server's) must not wait for the first build: it runs torch's
     # kernels and leaves a detached build behind, whose library the next engine loads.
     code = (
-        "from engine_ref import EngineConfig, LLMEngine\n"
-        "e = LLMEngine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
+        "from engine_ref import EngineConfig, build_engine\n"
+        "e = build_engine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
         " num_threads=1))\n"
         "print(e.model.fused_decode is not None, e.model.small_head)\n"
     )
@@ -445,14 +445,14 @@ def test_a_float32_engine_builds_the_kernels_in_the_background(tmp_path):
 def test_kernels_off_by_environment_leave_torchs_kernels_running():
     code = (
         "from engine_ref.core import kernels\n"
-        "from engine_ref import EngineConfig, LLMEngine, SamplingParams\n"
+        "from engine_ref import EngineConfig, SamplingParams, build_engine\n"
         "print(kernels.available(), kernels.unavailable_reason())\n"
-        "e = LLMEngine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
+        "e = build_engine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
         " num_threads=1, quantization='w4a16'))\n"
         "e.add_request('a', [1, 2, 3], SamplingParams(max_tokens=3, temperature=0))\n"
         "while e.has_unfinished(): e.step()\n"
         "print(e.model.fused_decode is None, e.model.layers[0].mlp.down_proj.small)\n"
-        "d = LLMEngine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
+        "d = build_engine(EngineConfig(model='tiny-random', dtype='float32', num_blocks=64,"
         " num_threads=1))\n"
         "print(d.model.fused_decode is None, d.model.small_head)\n"
     )

@@ -21,7 +21,7 @@ from greedy_util import greedy_tokens
 from server_fixtures import running_server
 from torch.profiler import ProfilerActivity, profile
 
-from engine_ref import EngineConfig, EngineConfigError, LLMEngine, SamplingParams
+from engine_ref import EngineConfig, EngineConfigError, LLMEngine, SamplingParams, build_engine
 from engine_ref.core import kernels
 from engine_ref.core.quant import (
     DynamicInt8Linear,
@@ -199,7 +199,7 @@ def _engine(mode, **overrides) -> LLMEngine:
     options = dict(model="tiny-random", dtype="float32", device="cpu", num_blocks=64,
                    num_threads=1, quantization=mode)  # fmt: skip
     options.update(overrides)
-    return LLMEngine(EngineConfig(**options))
+    return build_engine(EngineConfig(**options))
 
 
 def _float_weight_tensors(shapes: set[tuple[int, ...]]) -> set[int]:
@@ -320,8 +320,8 @@ def test_info_and_metrics_report_weight_bytes_per_layer_kind():
 
 @pytest.mark.slow
 def test_smollm2_w4a16_runs_the_files_q4_1_blocks(smollm2_path):
-    engine = LLMEngine(EngineConfig(model=str(smollm2_path), num_blocks=64, num_threads=2,
-                                    quantization="w4a16"))  # fmt: skip
+    engine = build_engine(EngineConfig(model=str(smollm2_path), num_blocks=64, num_threads=2,
+                                       quantization="w4a16"))  # fmt: skip
     kinds = engine.stats().weight_bytes_by_kind
     c = engine.model_config
     projections = c.num_hidden_layers * (
@@ -348,8 +348,8 @@ def test_smollm2_w4a16_engine_gives_back_its_load_temporaries(smollm2_path):
     # the engine hands it back, so what stays is torch (~220 MB), the weights (~160 MB), a
     # 64 MiB KV pool and the libraries: ~630 MB measured, against ~1,380 MB before.
     code = (
-        "from engine_ref import EngineConfig, LLMEngine\n"
-        f"e = LLMEngine(EngineConfig(model={str(smollm2_path)!r}, quantization='w4a16',"
+        "from engine_ref import EngineConfig, build_engine\n"
+        f"e = build_engine(EngineConfig(model={str(smollm2_path)!r}, quantization='w4a16',"
         " kv_cache_memory_bytes=64 << 20, num_threads=1))\n"
         "rss = [l for l in open('/proc/self/status') if l.startswith('VmRSS')][0]\n"
         "print(int(rss.split()[1]) // 1024)\n"

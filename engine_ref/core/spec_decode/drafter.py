@@ -85,7 +85,7 @@ class ModelDrafter:
         self.model(input_ids, positions, meta, self.kv_caches)
 
 
-def load_draft_model(
+def build_draft_model(
     name: str,
     loaded: Any,
     *,
@@ -97,12 +97,9 @@ def load_draft_model(
     dtype: torch.dtype,
     device: torch.device,
 ) -> tuple[LlamaModel, list[torch.Tensor], ModelConfig]:
-    """The draft model `name` (or `loaded`, an already loaded one) with KV pools of
-    `num_blocks` blocks; raises EngineError when it does not share the target's tokenizer."""
-    if loaded is None:
-        from engine_ref.loading.weights import load_model
-
-        loaded = load_model(name, dtype=dtype)
+    """The draft model `name`, built from `loaded` (its loaded weights, tokenizer and
+    config), with KV pools of `num_blocks` blocks; raises EngineError when it does not share
+    the target's tokenizer."""
     dc = loaded.config
     if loaded.tokenizer.name != target_tokenizer.name or dc.vocab_size != target_vocab_size:
         raise EngineError(
