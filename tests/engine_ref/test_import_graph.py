@@ -1,6 +1,8 @@
 """The import graph of `engine_ref`, read from source with `ast` (nothing is imported): no cycles,
-nothing from the benchmark's other packages, no test helpers in production modules, and the
-serving layer reaching the engine only through `engine_ref.serving.interface`.
+nothing from the benchmark's other packages, no test helpers in production modules, the serving
+layer reaching the engine only through `engine_ref.serving.interface`, and the core importing
+only the core (models come in loaded). Also the modules' sizes: `engine.py` stays the thin
+loop over its model runner and output processor, and no module passes 500 lines.
 
 Edges are explicit imports resolved to modules under `engine_ref/`; an import inside a function
 (a lazy import) is an edge too, marked as lazy in failure messages. The implicit import of a
@@ -25,6 +27,9 @@ TEST_ONLY_MODULES = frozenset({"pytest", "_pytest", "hypothesis", "unittest.mock
 TEST_HELPER_NAME = re.compile(r"^(test_|Test[A-Z_]|Fake|fake_|Mock|mock_|Stub|stub_|Dummy|dummy_)")
 FORMER_TEST_HELPERS = frozenset({"running_server"})
 ENGINE_GATEWAY = "engine_ref.serving.interface"
+CORE = "engine_ref.core"
+MAX_ENGINE_LINES = 260  # engine_ref/core/engine.py
+MAX_MODULE_LINES = 500
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,54 @@ def test_the_serving_layer_reaches_the_engine_only_through_its_interface():
         and is_engine(_resolve(i.target))
     ]
     assert not reaching, "\n".join(map(str, reaching))
+
+
+def _outside_the_core(edges: list[Import]) -> list[Import]:
+    """The edges from a core module to an engine_ref module outside the core: loading, serving,
+    or the `engine_ref` package itself, whose lazy exports reach loading."""
+    return [
+        i
+        for i in edges
+        if (i.importer == CORE or i.importer.startswith(CORE + "."))
+        and (target := _resolve(i.target)) is not None
+        and target != CORE
+        and not target.startswith(CORE + ".")
+    ]
+
+
+def test_the_core_imports_nothing_outside_the_core():
+    """Not even lazily: `engine_ref.build_engine` loads models and hands them to the core."""
+    reaching = _outside_the_core(IMPORTS)
+    assert not reaching, "\n".join(map(str, reaching))
+
+
+def test_the_core_rule_catches_a_lazy_import_of_loading():
+    edges = [
+        Import("engine_ref.core.engine", "engine_ref.loading.weights", 101, lazy=True),
+        Import("engine_ref.core.engine", "engine_ref.core.model_runner", 30, lazy=False),
+        Import("engine_ref.loading.build", "engine_ref.core.engine", 12, lazy=False),
+    ]
+    assert [str(e) for e in _outside_the_core(edges)] == [str(edges[0])]
+
+
+def _num_lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_the_engine_loop_stays_thin():
+    """`LLMEngine` keeps the request lifecycle and the step; the forward is the model runner's
+    and sampling and commit the output processor's."""
+    lines = _num_lines(MODULES["engine_ref.core.engine"])
+    assert lines <= MAX_ENGINE_LINES, f"engine_ref/core/engine.py has {lines} lines"
+
+
+def test_no_module_passes_the_size_limit():
+    too_long = {
+        str(path.relative_to(ROOT.parent)): lines
+        for path in MODULES.values()
+        if (lines := _num_lines(path)) > MAX_MODULE_LINES
+    }
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
