@@ -16,7 +16,14 @@ from pathlib import Path
 
 from reports.card import round_floats
 from reports.errors import ReportError
-from slo.runrecord import RequestStatus, RunRecordError, read_manifest, read_summary
+from slo.runrecord import (
+    Distribution,
+    Goodput,
+    RequestStatus,
+    RunRecordError,
+    read_manifest,
+    read_summary,
+)
 
 SWEEP_FILE = "sweep.json"  # written by harness.sweep
 SWEEP_CARD_VERSION = 1
@@ -87,34 +94,30 @@ def pareto_frontier(points: list[tuple[float | None, float | None]]) -> list[boo
     return out
 
 
-def _stat(summary, metric: str, key: str):
-    return ((summary.latency_ms or {}).get(metric) or {}).get(key)
-
-
 def _point(sweep_dir: Path, entry: dict) -> SweepPoint:
     run = sweep_dir / entry["run_dir"]
     try:
         summary = read_summary(run)
     except RunRecordError as exc:
         raise ReportError(f"sweep point {entry['run_dir']}: {exc}") from exc
-    counts = summary.counts or {}
-    by_status = counts.get("by_status") or {}
-    throughput = summary.throughput or {}
-    goodput = summary.goodput or {}
-    tpot_p50 = _stat(summary, "tpot", "p50")
+    counts, throughput = summary.counts, summary.throughput
+    by_status = counts.by_status or {}
+    goodput = summary.goodput or Goodput.empty()
+    latency = summary.latency_ms
+    ttft, tpot, itl, e2e = (
+        d or Distribution.empty() for d in (latency.ttft, latency.tpot, latency.itl, latency.e2e)
+    )
     return SweepPoint(
         run_dir=entry["run_dir"], kind=entry["kind"], value=entry["value"],
-        repeat=int(entry.get("repeat", 1)), n=int(counts.get("total") or 0),
+        repeat=int(entry.get("repeat", 1)), n=int(counts.total or 0),
         n_ok=int(by_status.get(RequestStatus.OK.value, 0)),
-        error_rate=summary.error_rate, request_per_s=throughput.get("request_per_s"),
-        output_tokens_per_s=throughput.get("output_tokens_per_s"),
-        output_tokens_per_s_per_user=1000.0 / tpot_p50 if tpot_p50 else None,
-        ttft_p50_ms=_stat(summary, "ttft", "p50"), ttft_p99_ms=_stat(summary, "ttft", "p99"),
-        tpot_p50_ms=tpot_p50, tpot_p99_ms=_stat(summary, "tpot", "p99"),
-        itl_p50_ms=_stat(summary, "itl", "p50"), itl_p99_ms=_stat(summary, "itl", "p99"),
-        e2e_p50_ms=_stat(summary, "e2e", "p50"), e2e_p99_ms=_stat(summary, "e2e", "p99"),
-        goodput_request_per_s=goodput.get("request_per_s"), attainment=goodput.get("attainment"),
-        saturated=(summary.saturation or {}).get("saturated"),
+        error_rate=summary.error_rate, request_per_s=throughput.request_per_s,
+        output_tokens_per_s=throughput.output_tokens_per_s,
+        output_tokens_per_s_per_user=1000.0 / tpot.p50 if tpot.p50 else None,
+        ttft_p50_ms=ttft.p50, ttft_p99_ms=ttft.p99, tpot_p50_ms=tpot.p50, tpot_p99_ms=tpot.p99,
+        itl_p50_ms=itl.p50, itl_p99_ms=itl.p99, e2e_p50_ms=e2e.p50, e2e_p99_ms=e2e.p99,
+        goodput_request_per_s=goodput.request_per_s, attainment=goodput.attainment,
+        saturated=summary.saturation.saturated if summary.saturation is not None else None,
     )  # fmt: skip
 
 

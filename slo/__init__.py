@@ -1,8 +1,9 @@
 """slo: metric definitions, SLO specs and verdicts, goodput, capacity search.
 
 Entry point: `summarize(run_dir, slo_spec=None) -> dict`, the content of `summary.json`
-(`slo.runrecord.RunSummary` is its typed, versioned form). The run-directory contract itself
-is `slo.runrecord`.
+(`slo.runrecord.RunSummary` is its typed, versioned form: `RunSummary.from_dict(summary)` reads
+each block below as a section of `slo.runrecord`, its keys as attributes; readers use those,
+never the key strings). The run-directory contract itself is `slo.runrecord`.
 All fields of that dict (latencies in ms, rates per second, None where undefined):
 
 - `schema_version` (1), `definitions` (name -> one-line definition of each metric).

@@ -13,6 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from slo.runrecord.errors import RunRecordError
+from slo.runrecord.section import nested, plain, read_fields
+from slo.runrecord.sections import (
+    Chunking,
+    Correctness,
+    DispatchLag,
+    Latencies,
+    Ledger,
+    LittleLaw,
+    OutcomeCounts,
+    PromptTokens,
+    Saturation,
+    ServerMetrics,
+    Sessions,
+    ThroughputRates,
+)
+from slo.runrecord.slo_sections import Conventions, Faults, Goodput, Slices, SLOEvaluation
 
 MANIFEST_SCHEMA_VERSION = 1
 SUMMARY_SCHEMA_VERSION = 1
@@ -98,16 +114,18 @@ class RunManifest:
 @dataclass(frozen=True)
 class RunSummary:
     """What `slo` computed from a run's tables (`summary.json`); see the `slo` package docstring
-    for each section. `conventions` is present only when asked for."""
+    for each section. The blocks are typed sections (`slo.runrecord.sections` and
+    `slo_sections`): those every summary has read as an empty section when absent, the others
+    as None. `conventions` is present only when asked for."""
 
     schema_version: int = SUMMARY_SCHEMA_VERSION
     definitions: dict = field(default_factory=dict)
-    counts: dict = field(default_factory=dict)
+    counts: OutcomeCounts = nested(OutcomeCounts, always=True)
     error_rate: float | None = None
     window_s: float | None = None
-    throughput: dict = field(default_factory=dict)
-    latency_ms: dict = field(default_factory=dict)
-    dispatch_lag_ms: dict = field(default_factory=dict)
+    throughput: ThroughputRates = nested(ThroughputRates, always=True)
+    latency_ms: Latencies = nested(Latencies, always=True)
+    dispatch_lag_ms: DispatchLag = nested(DispatchLag, always=True)
     client_bound: bool = False
     client_bound_threshold_ms: float | None = None
     output_tokens_source: str | None = None
@@ -115,25 +133,26 @@ class RunSummary:
     ci_confidence: float | None = None
     run_complete: bool | None = None
     run_stop_reason: str | None = None  # why the run stopped early (manifest interrupted_reason)
-    little_law: dict | None = None
-    slices: dict = field(default_factory=dict)
-    slo: dict | None = None
-    goodput: dict | None = None
-    ledger: dict | None = None
-    faults: dict | None = None
-    prompt_tokens: dict | None = None  # usage.prompt_tokens against the workload's input_tokens
-    server_metrics: dict | None = None  # the target's /metrics over the run
-    correctness: dict | None = None  # output checks against the reference engine
-    conventions: dict | None = None
+    little_law: LittleLaw | None = nested(LittleLaw)
+    slices: Slices = nested(Slices, always=True)
+    slo: SLOEvaluation | None = nested(SLOEvaluation)
+    goodput: Goodput | None = nested(Goodput)
+    ledger: Ledger | None = nested(Ledger)
+    faults: Faults | None = nested(Faults)
+    prompt_tokens: PromptTokens | None = nested(PromptTokens)  # usage against the workload's
+    server_metrics: ServerMetrics | None = nested(ServerMetrics)  # the target's /metrics
+    correctness: Correctness | None = nested(Correctness)  # outputs against the reference
+    conventions: Conventions | None = nested(Conventions)
     streamed: bool | None = None  # None: a summary written before the field
     undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
-    saturation: dict | None = None
-    chunking: dict | None = None  # tokens per token-bearing chunk, and what counted them
-    sessions: dict | None = None  # multi-turn runs: see `slo.sessions.sessions_summary`
+    saturation: Saturation | None = nested(Saturation)
+    chunking: Chunking | None = nested(Chunking)  # tokens per token-bearing chunk, and by what
+    sessions: Sessions | None = nested(Sessions)  # multi-turn runs (`slo.sessions`)
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:
-        return cls(**_check_document(cls, data, what, SUMMARY_SCHEMA_VERSION))
+        """The summary of the dict `data` (what `slo.summarize` returns, or summary.json)."""
+        return cls(**read_fields(cls, _check_document(cls, data, what, SUMMARY_SCHEMA_VERSION)))
 
     @classmethod
     def from_json(cls, text: str, *, what: str = "summary.json") -> RunSummary:
@@ -144,7 +163,9 @@ class RunSummary:
         return cls.from_dict(data, what=what)
 
     def to_dict(self) -> dict:
-        data = asdict(self)
+        """The JSON object: every field in order, each section as its dict; `conventions`
+        left out when None."""
+        data = {f.name: plain(getattr(self, f.name)) for f in fields(self)}
         if data["conventions"] is None:
             del data["conventions"]
         return data
