@@ -32,8 +32,11 @@ from reports.taxonomy import OutcomeKind, classify_outcomes, count_outcomes
 from slo.frame import RequestMetrics
 from slo.metrics import ChunkOrder
 from slo.runrecord import (
+    Distribution,
+    LeakCheck,
     RunManifest,
     RunRecordError,
+    RunSummary,
     RunTables,
     TokenSource,
     float_column,
@@ -185,52 +188,69 @@ def _ok_values(rm: RequestMetrics, metric: str) -> np.ndarray:
     return getattr(rm, f"{metric}_ms")[ok]
 
 
-def _interval(dist: dict, statistic: str, values: np.ndarray, rng, confidence: float):
-    """slo's interval for `statistic` when the summary has one, else slo's bootstrap of it."""
-    given = slo_view.interval(dist, statistic)
+def _interval(dist: Distribution, percentile: int, values: np.ndarray, rng, confidence: float):
+    """slo's interval for `percentile` when the summary has one, else slo's bootstrap of it."""
+    given = dist.interval(percentile)
     if given is not None or np.count_nonzero(~np.isnan(values)) < MIN_VALUES_FOR_CI:
         return given
     ci = bootstrap_quantile_ci(
-        values, float(statistic[1:]), rng=rng, confidence=confidence, n_resamples=CI_RESAMPLES
+        values, float(percentile), rng=rng, confidence=confidence, n_resamples=CI_RESAMPLES
     )
     return None if ci is None else [ci[0], ci[1]]
 
 
-def _latency_rows(summary: dict, rm: RequestMetrics, rng, confidence: float) -> list[LatencyRow]:
+def _latency_rows(
+    summary: RunSummary, rm: RequestMetrics, rng, confidence: float
+) -> list[LatencyRow]:
     values = {metric: _ok_values(rm, metric) for metric in LATENCY_METRICS}
 
-    def interval(metric: str, dist: dict, statistic: str):
-        return _interval(dist, statistic, values[metric], rng, confidence)
+    def interval(metric: str, dist: Distribution, percentile: int):
+        return _interval(dist, percentile, values[metric], rng, confidence)
 
     return latency_rows_from_summary(summary, interval=interval)
 
 
-def latency_rows_from_summary(summary: dict, *, interval=None) -> list[LatencyRow]:
-    """Latency rows from a summary dict. `interval(metric, dist, "p50"|"p99")` gives each
+def latency_rows_from_summary(summary: RunSummary, *, interval=None) -> list[LatencyRow]:
+    """Latency rows from a summary. `interval(metric, distribution, 50 | 99)` gives each
     interval; by default only the intervals slo already put in the summary."""
     if interval is None:
 
-        def interval(_metric: str, dist: dict, statistic: str):
-            return slo_view.interval(dist, statistic)
+        def interval(_metric: str, dist: Distribution, percentile: int):
+            return dist.interval(percentile)
 
     rows = []
     for metric in LATENCY_METRICS:
-        dist = (summary.get("latency_ms") or {}).get(metric) or {}
+        dist = getattr(summary.latency_ms, metric) or Distribution.empty()
         rows.append(
             LatencyRow(
                 metric=metric,
-                n=int(dist.get("n") or 0),
-                mean_ms=dist.get("mean"),
-                p50_ms=dist.get("p50"),
-                p90_ms=dist.get("p90"),
-                p95_ms=dist.get("p95"),
-                p99_ms=dist.get("p99"),
-                max_ms=dist.get("max"),
-                p50_ci_ms=interval(metric, dist, "p50"),
-                p99_ci_ms=interval(metric, dist, "p99"),
+                n=int(dist.n or 0),
+                mean_ms=dist.mean,
+                p50_ms=dist.p50,
+                p90_ms=dist.p90,
+                p95_ms=dist.p95,
+                p99_ms=dist.p99,
+                max_ms=dist.max,
+                p50_ci_ms=interval(metric, dist, 50),
+                p99_ci_ms=interval(metric, dist, 99),
             )
         )
     return rows
+
+
+def throughput_rows(summary: RunSummary) -> list[Throughput]:
+    """The labelled rates (THROUGHPUT_LABELS order) that the summary's `throughput` has."""
+    rates = summary.throughput.to_dict()
+    return [
+        Throughput(name=name, label=label, value=rates[name])
+        for name, label in THROUGHPUT_LABELS
+        if name in rates
+    ]
+
+
+def as_summary(summary: RunSummary | dict) -> RunSummary:
+    """`summary` typed: `slo.summarize` returns the dict that summary.json holds."""
+    return summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
 
 
 def _memory(tables: RunTables) -> Memory:
@@ -276,7 +296,9 @@ def _series(tables: RunTables, rm: RequestMetrics, sent_kinds: np.ndarray, run_d
     )
 
 
-def _notes(env: Environment, health: ClientHealth, summary: dict, failures: Failures) -> list[str]:
+def _notes(
+    env: Environment, health: ClientHealth, summary: RunSummary, failures: Failures
+) -> list[str]:
     notes = []
     if env.complete is False:
         reason = env.interrupted_reason or "no reason recorded"
@@ -286,26 +308,25 @@ def _notes(env: Environment, health: ClientHealth, summary: dict, failures: Fail
             "The client was the bottleneck (p99 dispatch lag above "
             f"{health.client_bound_threshold_ms} ms): the offered load was lower than asked."
         )
-    source = summary.get("output_tokens_source")
+    source = summary.output_tokens_source
     if source in set(TokenSource) and TokenSource(source).counted_by_client:
         how = "by retokenising the output" if source == TokenSource.TOKENIZER else "as chunks"
         notes.append(
             f"Output tokens were counted by the client ({how}); the server reported no usage."
         )
     elif source == "mixed":
-        counts = summary.get("output_tokens_source_counts") or {}
+        counts = summary.output_tokens_source_counts or {}
         detail = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         notes.append(f"Output tokens come from mixed sources ({detail}).")
     if failures.total == 0:
         notes.append("The run recorded no requests.")
-    saturation = summary.get("saturation") or {}
-    if saturation.get("saturated"):
-        notes.append(saturation["sentence"])
-    ledger = summary.get("ledger") or {}
-    if ledger.get("verdict") == "failed":
-        leak = " ".join((ledger.get("leak") or {}).get("reasons") or [])
+    if summary.saturation is not None and summary.saturation.saturated:
+        notes.append(summary.saturation.sentence)
+    ledger = summary.ledger
+    if ledger is not None and ledger.verdict == "failed":
+        leak = " ".join((ledger.leak or LeakCheck.empty()).reasons or [])
         notes.append(
-            f"Ledger failed: {ledger.get('lost')} lost, {ledger.get('unexpected')} unexpected, "
+            f"Ledger failed: {ledger.lost} lost, {ledger.unexpected} unexpected, "
             f"{'leak: ' + leak if leak else 'no leak'}."
         )
     return notes
@@ -315,7 +336,7 @@ def build_card(
     run_dir: Path | str,
     *,
     slo_spec: dict | None = None,
-    summary: dict | None = None,
+    summary: RunSummary | dict | None = None,
     rng: np.random.Generator | None = None,
     confidence: float = 0.95,
 ) -> Card:
@@ -323,8 +344,8 @@ def build_card(
     capacity search directory; see `resolve_run_dir`).
 
     `slo_spec` overrides the SLO recorded in the manifest (None: use the manifest's).
-    `summary` is `slo.summarize`'s result for this run when the caller has it already (it is
-    computed otherwise). `rng` draws the bootstrap resamples of latency intervals that the
+    `summary` is `slo.summarize`'s result for this run (its dict, or the typed `RunSummary`)
+    when the caller has it already (it is computed otherwise). `rng` draws the bootstrap resamples of latency intervals that the
     summary lacks (None: a generator seeded with 0, so the same run gives the same card).
     Raises ReportError when the directory is not a readable run directory.
     """
@@ -338,6 +359,7 @@ def build_card(
             summary = slo.summarize(
                 run_dir, spec, client_bound_ms=client_bound_ms(manifest), conventions="all"
             )
+        summary = as_summary(summary)
         chunks = ChunkOrder.read(run_dir)
     except (slo.SLOError, RunRecordError) as exc:
         raise ReportError(str(exc)) from exc
@@ -347,36 +369,29 @@ def build_card(
     counts = count_outcomes(kinds)
     failures = Failures(
         total=len(kinds),
-        by_error_class=dict((summary.get("counts") or {}).get("by_error_class") or {}),
-        first_message_by_error_class=dict(
-            (summary.get("counts") or {}).get("first_message_by_error_class") or {}
-        ),
+        by_error_class=dict(summary.counts.by_error_class or {}),
+        first_message_by_error_class=dict(summary.counts.first_message_by_error_class or {}),
         **counts,
     )
-    lag = summary.get("dispatch_lag_ms") or {}
+    lag = summary.dispatch_lag_ms
     health = ClientHealth(
-        dispatch_lag_p50_ms=lag.get("p50"),
-        dispatch_lag_p99_ms=lag.get("p99"),
-        dispatch_lag_max_ms=lag.get("max"),
-        client_bound=summary.get("client_bound"),
-        client_bound_threshold_ms=summary.get("client_bound_threshold_ms"),
+        dispatch_lag_p50_ms=lag.p50,
+        dispatch_lag_p99_ms=lag.p99,
+        dispatch_lag_max_ms=lag.max,
+        client_bound=summary.client_bound,
+        client_bound_threshold_ms=summary.client_bound_threshold_ms,
         workers=worker_rows(manifest.workers),
         workers_clock=(manifest.workers or {}).get("clock"),
     )
     env = _environment(manifest)
     verdicts = slo_view.verdicts(summary)
-    throughput_block = summary.get("throughput") or {}
     return Card(
         run_id=str(manifest.run_id or run_dir.name),
-        headline=slo_view.headline(summary, verdicts, has_slo=bool(summary.get("slo") or spec)),
+        headline=slo_view.headline(summary, verdicts, has_slo=slo_view.has_slo(summary, spec)),
         slo_name=slo_view.slo_name(summary, spec),
         slo_verdicts=verdicts,
-        goodput=slo_view.goodput(summary),
-        throughput=[
-            Throughput(name=name, label=label, value=throughput_block.get(name))
-            for name, label in THROUGHPUT_LABELS
-            if name in throughput_block
-        ],
+        goodput=summary.goodput,
+        throughput=throughput_rows(summary),
         latency=_latency_rows(summary, rm, rng, confidence),
         slices=slo_view.slices(summary),
         failures=failures,
@@ -384,16 +399,16 @@ def build_card(
         client_health=health,
         environment=env,
         series=_series(tables, rm, kinds[kinds != OutcomeKind.NOT_SENT.value], run_dir),
-        window_s=summary.get("window_s"),
-        output_tokens_source=summary.get("output_tokens_source"),
+        window_s=summary.window_s,
+        output_tokens_source=summary.output_tokens_source,
         notes=[*check_notes(summary, manifest), *_notes(env, health, summary, failures)],
-        ledger=summary.get("ledger"),
-        faults=list((summary.get("faults") or {}).get("windows") or []),
-        conventions=summary.get("conventions"),
-        undefined_metrics=dict(summary.get("undefined_metrics") or {}),
-        saturation=summary.get("saturation"),
-        server_metrics=summary.get("server_metrics"),
-        correctness=summary.get("correctness"),
-        chunking=summary.get("chunking"),
-        sessions=summary.get("sessions"),
+        ledger=summary.ledger,
+        faults=list((summary.faults.windows if summary.faults is not None else None) or []),
+        conventions=summary.conventions,
+        undefined_metrics=dict(summary.undefined_metrics or {}),
+        saturation=summary.saturation,
+        server_metrics=summary.server_metrics,
+        correctness=summary.correctness,
+        chunking=summary.chunking,
+        sessions=summary.sessions,
     )

@@ -10,15 +10,38 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
-from slo.runrecord import TokenSource
+from slo.runrecord import (
+    Chunking,
+    Conventions,
+    Correctness,
+    Distribution,
+    FaultWindow,
+    Goodput,
+    Ledger,
+    Saturation,
+    Section,
+    ServerMetrics,
+    Sessions,
+    TokenSource,
+)
 
 CARD_SCHEMA_VERSION = 1
 VERDICTS = ("pass", "fail", "inconclusive")
 HEADLINES = ("pass", "fail", "inconclusive", "no_slo")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
 FAILURE_KINDS = ("rejected", "timeout", "oom", "cancelled", "unknown", "wrong_output", "error")
+# The card's goodput figures (card_schema.md), in order: the summary's block without its misses
+# and definition.
+GOODPUT_FIGURES = (
+    "request_per_s",
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+    "attainment",
+    "good_requests",
+    "total_requests",
+)
 
 
 @dataclass(frozen=True)
@@ -183,13 +206,15 @@ class Series:
 
 @dataclass(frozen=True)
 class Card:
-    """Everything the report shows about one run."""
+    """Everything the report shows about one run. The summary's blocks are carried as
+    `slo.runrecord` sections; `to_dict` writes them as summary.json has them (goodput as
+    `goodput_figures`)."""
 
     run_id: str
     headline: str
     slo_name: str | None
     slo_verdicts: list[SLOVerdict]
-    goodput: dict | None
+    goodput: Goodput | None
     throughput: list[Throughput]
     latency: list[LatencyRow]
     slices: list[SliceRow]
@@ -201,15 +226,15 @@ class Card:
     window_s: float | None
     output_tokens_source: str | None
     notes: list[str] = field(default_factory=list)
-    ledger: dict | None = None  # slo's ledger: lost, unexpected, leaked, outcomes, verdict
-    faults: list[dict] = field(default_factory=list)  # recovery figures per fault window
-    conventions: dict | None = None  # slo's TTFT/TPOT/ITL/throughput under other tools' rules
+    ledger: Ledger | None = None  # slo's ledger: lost, unexpected, leaked, outcomes, verdict
+    faults: list[FaultWindow] = field(default_factory=list)  # recovery figures per fault window
+    conventions: Conventions | None = None  # TTFT/TPOT/ITL/throughput under other tools' rules
     undefined_metrics: dict = field(default_factory=dict)  # metric -> why it has no value
-    saturation: dict | None = None  # slo's over-saturation check
-    server_metrics: dict | None = None  # slo's summary of the target's /metrics
-    correctness: dict | None = None  # slo's output-correctness summary (None: not checked)
-    chunking: dict | None = None  # slo's tokens per token-bearing chunk, and what counted them
-    sessions: dict | None = None  # slo's per-session metrics (None: not a multi-turn run)
+    saturation: Saturation | None = None  # slo's over-saturation check
+    server_metrics: ServerMetrics | None = None  # slo's summary of the target's /metrics
+    correctness: Correctness | None = None  # slo's output-correctness summary (None: not checked)
+    chunking: Chunking | None = None  # tokens per token-bearing chunk, and what counted them
+    sessions: Sessions | None = None  # slo's per-session metrics (None: not a multi-turn run)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -219,7 +244,8 @@ class Card:
     def to_dict(self, *, decimals: int = 4) -> dict:
         """The JSON form: keys in schema order, floats rounded to `decimals` places, NaN and
         infinities as None."""
-        data = asdict(self)
+        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        data["goodput"] = goodput_figures(self.goodput)
         head = {"schema_version": data.pop("schema_version"), "kind": "run"}
         return round_floats({**head, **data}, decimals)
 
@@ -234,16 +260,16 @@ class Card:
         answer, so there are no chunk gaps to relate)."""
         if {"tpot", "itl"} & set(self.undefined_metrics):
             return None
-        block = self.chunking or {}
-        dist = block.get("tokens_per_chunk") or {}
-        mean = dist.get("mean")
+        block = self.chunking or Chunking.empty()
+        dist = block.tokens_per_chunk or Distribution.empty()
+        mean = dist.mean
         if mean is None:
             return None
-        source = block.get("source")
+        source = block.source
         by = f"; counted by {CHUNK_SOURCE_WORDS.get(source, source)}" if source else ""
         head = (
             f"TPOT is per token, ITL per chunk; chunks carried {mean:.2f} tokens on average "
-            f"(p50 {dist['p50']:g}, max {dist['max']:g}{by})"
+            f"(p50 {dist.p50:g}, max {dist.max:g}{by})"
         )
         if mean < 1.05:
             return head + ", so the two measure the same steps."
@@ -262,6 +288,26 @@ CHUNK_SOURCE_WORDS = {
     TokenSource.TOKENIZER.value: "the run's tokenizer on each chunk's text",
     TokenSource.CHUNK_COUNT.value: "one per chunk: the server said neither usage nor token ids",
 }
+
+
+def goodput_figures(goodput: Goodput | None) -> dict | None:
+    """The card's goodput: the GOODPUT_FIGURES the summary's block has, in that order; None
+    without an SLO."""
+    if goodput is None:
+        return None
+    block = goodput.to_dict()
+    return {name: block[name] for name in GOODPUT_FIGURES if name in block}
+
+
+def _plain(value):
+    """A card field as JSON data: a summary section as summary.json has it."""
+    if isinstance(value, Section):
+        return value.to_dict()
+    if is_dataclass(value):
+        return asdict(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def round_floats(value, decimals: int):

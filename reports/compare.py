@@ -80,7 +80,7 @@ class Comparison:
 def card_value(card: Card, key: str) -> float | None:
     """The figure named by a ROW_SPECS key, read from `card` (None when absent)."""
     if key == "goodput_request_per_s":
-        return (card.goodput or {}).get("request_per_s")
+        return card.goodput.request_per_s if card.goodput is not None else None
     if key.endswith("_per_s"):
         return next((t.value for t in card.throughput if t.name == key), None)
     if key == "failed_fraction":

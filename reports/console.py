@@ -2,7 +2,8 @@
 
 `card_renderable(card)` and `gate_renderable(result)` return rich renderables (tested against
 golden strings); `render_summary(card_or_summary, console)` prints the end-of-run summary that
-`bench run` shows, from a Card or straight from an `slo.summarize` dict.
+`bench run` shows, from a Card or straight from a run's summary (`slo.summarize`'s dict, or
+its typed `RunSummary`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from rich.table import Table
 from rich.text import Text
 
 from reports import slo_view
-from reports.build import THROUGHPUT_LABELS, build_card, latency_rows_from_summary
+from reports.build import as_summary, build_card, latency_rows_from_summary, throughput_rows
 from reports.card import Card, LatencyRow, SLOVerdict, Throughput
 from reports.checks_view import checks_renderables
 from reports.errors import ReportError
 from reports.faults_view import recovery_text
 from reports.sessions_view import sessions_renderable
 from reports.taxonomy import OUTCOME_KINDS
+from slo.runrecord import FaultWindow, Goodput, LeakCheck, Ledger, RunSummary
 
 
 def _spaced(parts: list[RenderableType]) -> Group:
@@ -102,14 +104,14 @@ def slo_table(verdicts: list[SLOVerdict], slo_name: str | None) -> Table:
     return table
 
 
-def throughput_table(rates: list[Throughput], goodput: dict | None) -> Table:
+def throughput_table(rates: list[Throughput], goodput: Goodput | None) -> Table:
     """Labelled throughputs, goodput first when there is one."""
     table = _table("Throughput")
     table.add_column("rate")
     table.add_column("value", justify="right")
     if goodput is not None:
-        table.add_row("goodput (requests/s)", _num(goodput.get("request_per_s")))
-        table.add_row("SLO attainment", _num(goodput.get("attainment"), 4))
+        table.add_row("goodput (requests/s)", _num(goodput.request_per_s))
+        table.add_row("SLO attainment", _num(goodput.attainment, 4))
     for t in rates:
         table.add_row(t.label, _num(t.value))
     return table
@@ -214,28 +216,26 @@ def card_renderable(card: Card) -> RenderableType:
     return _spaced(parts)
 
 
-def ledger_text(ledger: dict) -> Text:
+def ledger_text(ledger: Ledger) -> Text:
     """`ledger ok: 60 scheduled, 0 lost, 0 unexpected, 0 leaked` (red when it failed)."""
-    verdict = ledger.get("verdict")
+    verdict = ledger.verdict
     style = {"ok": "green", "failed": "bold red"}.get(verdict, "dim")
-    if ledger.get("scheduled") is None:
-        text = (
-            f"ledger {verdict}: the run kept no schedule to check; leaked = {ledger.get('leaked')}"
-        )
+    if ledger.scheduled is None:
+        text = f"ledger {verdict}: the run kept no schedule to check; leaked = {ledger.leaked}"
     else:
         text = (
-            f"ledger {verdict}: {ledger.get('scheduled')} scheduled, lost = {ledger.get('lost')}, "
-            f"unexpected = {ledger.get('unexpected')}, leaked = {ledger.get('leaked')}"
+            f"ledger {verdict}: {ledger.scheduled} scheduled, lost = {ledger.lost}, "
+            f"unexpected = {ledger.unexpected}, leaked = {ledger.leaked}"
         )
-    leak = ledger.get("leak") or {}
-    if not leak.get("checked"):
+    leak = ledger.leak or LeakCheck.empty()
+    if not leak.checked:
         text += " (the target has no /metrics to check for leaks)"
-    elif leak.get("reasons"):
-        text += " (" + "; ".join(leak["reasons"]) + ")"
+    elif leak.reasons:
+        text += " (" + "; ".join(leak.reasons) + ")"
     return Text(text, style=style)
 
 
-def faults_table(windows: list[dict]) -> Table:
+def faults_table(windows: list[FaultWindow]) -> Table:
     """One row per applied fault window: when, goodput before and during, recovery time."""
     table = _table()
     for name in ("fault", "from s", "to s", "goodput before/s", "during/s", "recovered after s",
@@ -244,66 +244,69 @@ def faults_table(windows: list[dict]) -> Table:
             name, justify="left" if name in ("fault", "outcomes in window") else "right"
         )
     for w in windows:
-        outcomes = ", ".join(f"{k} {v}" for k, v in (w.get("outcomes_in_window") or {}).items())
+        outcomes = ", ".join(f"{k} {v}" for k, v in (w.outcomes_in_window or {}).items())
         table.add_row(
-            str(w.get("kind")),
-            _num(w.get("start_s"), 2),
-            _num(w.get("end_s"), 2),
-            _num(w.get("goodput_before_per_s"), 2),
-            _num(w.get("goodput_during_per_s"), 2),
+            str(w.kind),
+            _num(w.start_s, 2),
+            _num(w.end_s, 2),
+            _num(w.goodput_before_per_s, 2),
+            _num(w.goodput_during_per_s, 2),
             recovery_text(w),
-            _num(w.get("attainment_in_window"), 3),
+            _num(w.attainment_in_window, 3),
             outcomes or "-",
         )
     return table
 
 
-def summary_renderable(summary: dict) -> RenderableType:
-    """The same view from an `slo.summarize` dict alone (no taxonomy beyond its statuses)."""
+def summary_renderable(summary: RunSummary) -> RenderableType:
+    """The same view from a run's summary alone (no taxonomy beyond its statuses)."""
     verdicts = slo_view.verdicts(summary)
-    headline = slo_view.headline(summary, verdicts, has_slo=bool(summary.get("slo")))
+    headline = slo_view.headline(summary, verdicts, has_slo=slo_view.has_slo(summary, None))
     parts: list[RenderableType] = [Text.assemble(("Run summary  ", "bold"), verdict_text(headline))]
     if verdicts:
         parts.append(slo_table(verdicts, slo_view.slo_name(summary, None)))
-    block = summary.get("throughput") or {}
-    rates = [Throughput(n, label, block.get(n)) for n, label in THROUGHPUT_LABELS if n in block]
-    parts.append(throughput_table(rates, slo_view.goodput(summary)))
+    parts.append(throughput_table(throughput_rows(summary), summary.goodput))
     parts.append(latency_table(latency_rows_from_summary(summary)))
-    counts = summary.get("counts") or {}
-    parts.append(outcomes_table(dict(counts.get("by_status") or {}), int(counts.get("total") or 0)))
-    lag = summary.get("dispatch_lag_ms") or {}
+    counts = summary.counts
+    parts.append(outcomes_table(dict(counts.by_status or {}), int(counts.total or 0)))
+    lag = summary.dispatch_lag_ms
     parts.append(Text(""))
     parts.append(
         Text(
-            f"client queueing (scheduled to sent) p50 {_num(lag.get('p50'), 3)} ms, p99 {_num(lag.get('p99'), 3)} "
-            f"ms; client bound: {_num(summary.get('client_bound'))}",
-            style="bold red" if summary.get("client_bound") else "dim",
+            f"client queueing (scheduled to sent) p50 {_num(lag.p50, 3)} ms, p99 "
+            f"{_num(lag.p99, 3)} ms; client bound: {_num(summary.client_bound)}",
+            style="bold red" if summary.client_bound else "dim",
         )
     )
     return _spaced(parts)
 
 
 def render_summary(
-    card_or_summary: Card | dict, console: Console, *, run_dir: Path | str | None = None
+    card_or_summary: Card | RunSummary | dict,
+    console: Console,
+    *,
+    run_dir: Path | str | None = None,
 ) -> None:
-    """Print the end-of-run summary to `console`: a Card, or an `slo.summarize` dict.
+    """Print the end-of-run summary to `console`: a Card, or a run's summary (the dict of
+    `slo.summarize`, or a `RunSummary`).
 
-    With a summary dict and its `run_dir`, the full card is shown (failure taxonomy, latency
+    With a summary and its `run_dir`, the full card is shown (failure taxonomy, latency
     intervals, notes) without recomputing the summary; should the run directory be unreadable,
     the summary alone is shown.
     """
     if isinstance(card_or_summary, Card):
         console.print(card_renderable(card_or_summary))
         return
+    summary = as_summary(card_or_summary)
     if run_dir is not None:
         try:
-            card = build_card(run_dir, summary=card_or_summary)
+            card = build_card(run_dir, summary=summary)
         except ReportError:
             card = None
         if card is not None:
             console.print(card_renderable(card))
             return
-    console.print(summary_renderable(card_or_summary))
+    console.print(summary_renderable(summary))
 
 
 def gate_renderable(result) -> RenderableType:

@@ -7,28 +7,33 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from slo.runrecord import Conventions
+
 TOOL_TITLES = {"harness": "llm-bench", "vllm": "vLLM", "guidellm": "GuideLLM",
                "aiperf": "AIPerf", "mlperf": "MLPerf"}  # fmt: skip
 
 
-def convention_rows(conventions: dict | None) -> list[dict]:
+def _tools(conventions: Conventions | None) -> dict:
+    return conventions.tools if conventions is not None else {}
+
+
+def convention_rows(conventions: Conventions | None) -> list[dict]:
     """[{tool, metric, unit, mean, p50, p99, n, definition, source, percentile_method}] in
     tool order; empty for no block or a non-streamed run (whose block says why)."""
     rows: list[dict] = []
-    for tool, block in (conventions or {}).items():
-        if not isinstance(block, dict) or "metrics" not in block:
+    for tool, block in _tools(conventions).items():
+        if block.metrics is None:
             continue
         title = TOOL_TITLES.get(tool, tool)
-        common = {"tool": title, "source": block.get("source"),
-                  "percentile_method": block.get("percentile_method")}  # fmt: skip
-        for name, m in block["metrics"].items():
-            rows.append({**common, "metric": name, "unit": "ms", "mean": m.get("mean"),
-                         "p50": m.get("p50"), "p99": m.get("p99"), "n": m.get("n"),
-                         "definition": m.get("definition")})  # fmt: skip
-        for name, rate in (block.get("throughput") or {}).items():
-            rows.append({**common, "metric": name, "unit": "tokens/s", "mean": rate.get("value"),
+        common = {"tool": title, "source": block.source,
+                  "percentile_method": block.percentile_method}  # fmt: skip
+        for name, m in block.metrics.items():
+            rows.append({**common, "metric": name, "unit": "ms", "mean": m.mean, "p50": m.p50,
+                         "p99": m.p99, "n": m.n, "definition": m.definition})  # fmt: skip
+        for name, rate in (block.throughput or {}).items():
+            rows.append({**common, "metric": name, "unit": "tokens/s", "mean": rate.value,
                          "p50": None, "p99": None, "n": None,
-                         "definition": rate.get("definition")})  # fmt: skip
+                         "definition": rate.definition})  # fmt: skip
     return rows
 
 
@@ -36,11 +41,12 @@ def _fmt(value, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def conventions_renderable(conventions: dict | None):
+def conventions_renderable(conventions: Conventions | None):
     """A rich Table of `convention_rows`, or a one-line note when there is nothing to show."""
     rows = convention_rows(conventions)
     if not rows:
-        reason = (conventions or {}).get("undefined") or "no conventions in the summary"
+        why = conventions.undefined if conventions is not None else None
+        reason = why or "no conventions in the summary"
         return f"Conventions: {reason}."
     table = Table(title="The same run under each tool's definitions (ok requests)",
                   title_justify="left")  # fmt: skip
@@ -58,10 +64,10 @@ def conventions_renderable(conventions: dict | None):
     return table
 
 
-def conventions_sources(conventions: dict | None) -> list[tuple[str, str, str]]:
+def conventions_sources(conventions: Conventions | None) -> list[tuple[str, str, str]]:
     """(tool, source, percentile method) per tool, for the table's footnote."""
     out = []
-    for tool, block in (conventions or {}).items():
-        if isinstance(block, dict) and "source" in block:
-            out.append((TOOL_TITLES.get(tool, tool), block["source"], block["percentile_method"]))
+    for tool, block in _tools(conventions).items():
+        if block.source is not None:
+            out.append((TOOL_TITLES.get(tool, tool), block.source, block.percentile_method))
     return out

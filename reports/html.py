@@ -11,8 +11,8 @@ from importlib import resources
 import jinja2
 
 from reports import charts
-from reports.card import LATENCY_METRICS, Card
-from reports.checks_view import RATE_TABLES, correctness_sentence, server_metrics_rows
+from reports.card import LATENCY_METRICS, Card, goodput_figures
+from reports.checks_view import correctness_sentence, rate_tables, server_metrics_rows
 from reports.conventions_view import convention_rows, conventions_sources
 from reports.faults_view import recovery_text
 from reports.sessions_view import SESSION_COLUMNS, session_rows, sessions_sentence
@@ -114,7 +114,8 @@ def _environment(loader_css: str) -> jinja2.Environment:
         sessions_sentence=sessions_sentence,
         session_rows=session_rows,
         SESSION_COLUMNS=SESSION_COLUMNS,
-        RATE_TABLES=RATE_TABLES,
+        rate_tables=rate_tables,
+        goodput_figures=goodput_figures,
         recovery_text=recovery_text,
     )
     return env
@@ -153,8 +154,8 @@ def run_charts(card: Card) -> list[dict]:
         items.append(("Per-slice p99 TTFT", charts.slice_bars_svg(card.slices)))
     if s.capacity:
         items.append(("Goodput versus rate", charts.capacity_svg({card.run_id: s.capacity})))
-    if (card.server_metrics or {}).get("available"):
-        series = card.server_metrics.get("series") or {}
+    if card.server_metrics is not None and card.server_metrics.available:
+        series = card.server_metrics.series or {}
         items.append(("Server metrics over time", charts.server_metrics_svg(series)))
     return [{"title": t, "svg": svg} for t, svg in items]
 

@@ -25,9 +25,9 @@ ORACLE_ROWS = (
 def repeated_value(card: Card, key: str) -> float | None:
     """A row's figure from one run's card (the oracle rows from its `correctness`)."""
     if key == "output_exact_rate":
-        return (card.correctness or {}).get("exact_rate")
+        return card.correctness.exact_rate if card.correctness is not None else None
     if key == "output_agreement_mean":
-        return (card.correctness or {}).get("agreement_mean")
+        return card.correctness.agreement_mean if card.correctness is not None else None
     return card_value(card, key)
 
 

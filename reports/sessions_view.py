@@ -7,6 +7,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from slo.runrecord import Distribution, Sessions
+
 SESSION_COLUMNS = (
     "turn",
     "n",
@@ -27,42 +29,44 @@ def _pct(value) -> str:
     return "—" if value is None else f"{100 * value:.1f}%"
 
 
-def sessions_sentence(block: dict | None) -> str | None:
+def sessions_sentence(block: Sessions | None) -> str | None:
     """`4 sessions (4 complete, 3.0 turns on average, 0 turns not sent); duration p50 0.65 s,
     p90 1.03 s; prefix-cache hit rate 59.8%`, or None outside multi-turn runs."""
-    if not block:
+    if block is None:
         return None
-    duration = block.get("duration_s") or {}
+    duration = block.duration_s or Distribution.empty()
+    turns = block.turns or Distribution.empty()
+    not_sent = 0 if block.turns_not_sent is None else block.turns_not_sent
     return (
-        f"{block['sessions']} sessions ({block['complete']} complete, "
-        f"{_num((block.get('turns') or {}).get('mean'))} turns on average, "
-        f"{block.get('turns_not_sent', 0)} turns not sent); session duration p50 "
-        f"{_num(duration.get('p50'), 2)} s, p90 {_num(duration.get('p90'), 2)} s; prefix-cache "
-        f"hit rate {_pct(block.get('cache_hit_rate'))} (usage.prompt_tokens_details.cached_tokens)"
+        f"{block.sessions} sessions ({block.complete} complete, "
+        f"{_num(turns.mean)} turns on average, "
+        f"{not_sent} turns not sent); session duration p50 "
+        f"{_num(duration.p50, 2)} s, p90 {_num(duration.p90, 2)} s; prefix-cache "
+        f"hit rate {_pct(block.cache_hit_rate)} (usage.prompt_tokens_details.cached_tokens)"
     )
 
 
-def session_rows(block: dict | None) -> list[tuple[str, ...]]:
+def session_rows(block: Sessions | None) -> list[tuple[str, ...]]:
     """One row per turn index, in `SESSION_COLUMNS` order."""
     rows = []
-    for t in (block or {}).get("by_turn") or []:
-        ttft = t.get("ttft_ms") or {}
+    for t in (block.by_turn if block is not None else None) or []:
+        ttft = t.ttft_ms or Distribution.empty()
         rows.append(
             (
-                str(t["turn"]),
-                str(t["n"]),
-                str(t["ok"]),
-                _num(ttft.get("p50")),
-                _num(ttft.get("p90")),
-                _num(t.get("prompt_tokens_mean")),
-                _num(t.get("cached_tokens_mean")),
-                _pct(t.get("cache_hit_rate")),
+                str(t.turn),
+                str(t.n),
+                str(t.ok),
+                _num(ttft.p50),
+                _num(ttft.p90),
+                _num(t.prompt_tokens_mean),
+                _num(t.cached_tokens_mean),
+                _pct(t.cache_hit_rate),
             )
         )
     return rows
 
 
-def sessions_renderable(block: dict | None):
+def sessions_renderable(block: Sessions | None):
     """The console card's sessions part, or None outside multi-turn runs."""
     sentence = sessions_sentence(block)
     if sentence is None:

@@ -56,7 +56,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% for note in card.notes %}<p class="warning">{{ note }}</p>{% endfor %}
 
 <div class="kpis">
-<div class="kpi"><div class="k">goodput (requests/s)</div><div class="v">{{ (card.goodput or {}).get("request_per_s") | fmt }}</div></div>
+<div class="kpi"><div class="k">goodput (requests/s)</div><div class="v">{{ (card.goodput.request_per_s if card.goodput else none) | fmt }}</div></div>
 {% for t in card.throughput if t.name in ("request_per_s", "output_tokens_per_s") %}
 <div class="kpi"><div class="k">{{ t.label }}</div><div class="v">{{ t.value | fmt }}</div></div>
 {% endfor %}
@@ -78,9 +78,9 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% endfor %}
 </table>
 {% else %}<p class="empty">{% if card.slo_name %}The summary has no verdicts for this SLO.{% else %}No SLO was given for this run.{% endif %}</p>{% endif %}
-{% if card.goodput %}
+{% set goodput = goodput_figures(card.goodput) %}{% if goodput %}
 <table><tr><th>goodput</th><th>value</th></tr>
-{% for key, label in GOODPUT_LABELS if key in card.goodput %}<tr><td>{{ label }}</td><td>{{ card.goodput[key] | fmt(3) }}</td></tr>{% endfor %}
+{% for key, label in GOODPUT_LABELS if key in goodput %}<tr><td>{{ label }}</td><td>{{ goodput[key] | fmt(3) }}</td></tr>{% endfor %}
 </table>
 {% endif %}
 
@@ -111,7 +111,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% for r in crow %}<tr><td>{{ r.tool }}</td><td><code>{{ r.metric }}</code></td><td>{{ r.unit }}</td><td>{{ r.mean | fmt(2) }}</td><td>{{ r.p50 | fmt(2) }}</td><td>{{ r.p99 | fmt(2) }}</td><td>{{ r.n | fmt }}</td><td class="text">{{ r.definition }}</td></tr>{% endfor %}
 </table>
 <p class="sub">Sources: {% for tool, source, method in conventions_sources(card.conventions) %}{{ tool }}: {{ source }} (percentiles: {{ method }}){{ "; " if not loop.last }}{% endfor %}.</p>
-{% else %}<p class="empty">{{ (card.conventions or {}).get("undefined") or "No conventions in the summary." }}</p>{% endif %}
+{% else %}<p class="empty">{{ (card.conventions.undefined if card.conventions else none) or "No conventions in the summary." }}</p>{% endif %}
 
 <h2>Charts</h2>
 {{ chart_grid(charts) }}

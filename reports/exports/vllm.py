@@ -22,7 +22,7 @@ from reports.errors import ReportError
 from reports.exports import read_run
 from slo.conventions import vllm_metrics, vllm_peaks
 from slo.frame import RequestMetrics
-from slo.runrecord import Endpoint
+from slo.runrecord import Endpoint, Goodput, RunSummary
 from slo.summary import summarize_tables
 
 VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -69,16 +69,16 @@ def vllm_result(
         raise ReportError(f"unknown vLLM metric {unknown[0]!r}; known: {', '.join(VLLM_METRICS)}.")
     tables, rm = read_run(run_dir)
     manifest = tables.manifest
-    summary = summarize_tables(tables)
+    summary = RunSummary.from_dict(summarize_tables(tables))
     vllm = vllm_metrics(rm, tables.chunks, _endpoint(manifest))
     ok = rm.is_ok
-    duration = summary["window_s"] or 0.0
+    duration = summary.window_s or 0.0
     total_input = float(np.nansum(rm.input_tokens[ok]))
     output_lens = np.where(ok, np.nan_to_num(rm.output_tokens), 0).astype(int)
     total_output = int(output_lens.sum())
     max_tokens_per_s, max_concurrent = vllm_peaks(vllm, rm.t_sent_ns[ok])
     per_s = (lambda x: x / duration) if duration else (lambda x: None)
-    goodput = summary.get("goodput") or {}
+    goodput = summary.goodput or Goodput.empty()
     config = manifest.config or {}
     target = manifest.target or {}
     rate = config.get("request_rate")
@@ -104,7 +104,7 @@ def vllm_result(
         "total_input_tokens": int(total_input),
         "total_output_tokens": total_output,
         "request_throughput": per_s(float(ok.sum())),
-        "request_goodput": goodput.get("request_per_s"),
+        "request_goodput": goodput.request_per_s,
         "output_throughput": per_s(float(total_output)),
         "total_token_throughput": per_s(total_input + total_output),
         "max_output_tokens_per_s": max_tokens_per_s,

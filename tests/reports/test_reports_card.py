@@ -58,7 +58,7 @@ def test_card_figures_are_slo_figures(golden_run):
         assert row.p99_ci_ms[0] <= row.p99_ms <= row.p99_ci_ms[1]
     rates = {t.name: t.value for t in card.throughput}
     assert rates == {k: v for k, v in summary["throughput"].items() if k in rates}
-    assert card.goodput["request_per_s"] == summary["goodput"]["request_per_s"]
+    assert card.goodput.request_per_s == summary["goodput"]["request_per_s"]
     assert [v.verdict for v in card.slo_verdicts] == [
         o["verdict"] for o in summary["slo"]["objectives"]
     ]
@@ -182,5 +182,5 @@ def test_chunk_sentence_only_where_tpot_and_itl_are_defined(tmp_path):
     manifest["config"]["stream"] = False
     (run / "manifest.json").write_text(json.dumps(manifest))
     card = build_card(run)
-    assert card.chunking["tokens_per_chunk"]["mean"] is not None
+    assert card.chunking.tokens_per_chunk.mean is not None
     assert card.chunking_sentence() is None

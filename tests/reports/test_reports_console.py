@@ -19,6 +19,7 @@ import slo
 from reports.build import build_card
 from reports.console import faults_table, render_summary
 from reports.html import render_html
+from slo.runrecord import FaultWindow
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
@@ -85,6 +86,7 @@ def test_the_faults_table_says_why_a_window_has_no_recovery_time(golden_run):
         {**figures, "kind": "latency", "recovery_s": None, "recovery": "no_level_before"},
         {**figures, "kind": "slicer", "recovery_s": None},
     ]
+    windows = [FaultWindow.from_dict(w) for w in windows]
     out = io.StringIO()
     Console(file=out, width=200, color_system=None).print(faults_table(windows))
     lines = [line for line in out.getvalue().splitlines() if line.strip()]

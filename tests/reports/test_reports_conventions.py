@@ -13,6 +13,7 @@ from reports.build import build_card
 from reports.cli import report
 from reports.conventions_view import convention_rows
 from reports.html import render_html
+from slo.runrecord import Conventions
 
 TOOLS = ("llm-bench", "vLLM", "GuideLLM", "AIPerf", "MLPerf")
 
@@ -31,7 +32,7 @@ def test_report_conventions_prints_every_tool_with_definitions(golden_run):
 
 def test_rows_carry_the_summary_figures(golden_run):
     raw = slo.summarize(golden_run, conventions="all")["conventions"]
-    rows = convention_rows(raw)
+    rows = convention_rows(Conventions.from_dict(raw))
     vllm_tpot = next(r for r in rows if r["tool"] == "vLLM" and r["metric"] == "tpot")
     assert vllm_tpot["p99"] == raw["vllm"]["metrics"]["tpot"]["p99"]
     assert vllm_tpot["source"].startswith("vllm/benchmarks/serve.py")

@@ -10,8 +10,9 @@ from reports.build import build_card
 from reports.console import card_renderable
 from reports.html import render_html
 from reports.sessions_view import session_rows, sessions_sentence
+from slo.runrecord import Sessions
 
-BLOCK = {
+RAW = {
     "sessions": 4,
     "complete": 3,
     "turns": {"mean": 2.5},
@@ -25,6 +26,7 @@ BLOCK = {
     ],
     "cache_hit_rate": 0.5977,
 }  # fmt: skip
+BLOCK = Sessions.from_dict(RAW)
 
 
 def test_sentence_and_rows():
