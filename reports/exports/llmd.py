@@ -14,17 +14,18 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-import harness
 from reports.exports import read_run
 from slo.frame import RequestMetrics
-from slo.runrecord import RequestStatus
+from slo.runrecord import RequestStatus, RunManifest, RunSummary
 from slo.summary import summarize_tables
 
 LLMD_REPORT_VERSION = "0.2"
+DISTRIBUTION = "llm-bench-harness"  # the harness's package, for its version
 # Statistics key -> percentile, as the schema spells them (p0p1 = 0.1th percentile).
 _PERCENTILES = {"p0p1": 0.1, "p1": 1, "p5": 5, "p10": 10, "p25": 25, "p50": 50, "p75": 75,
                 "p90": 90, "p95": 95, "p99": 99, "p99p9": 99.9}  # fmt: skip
@@ -97,12 +98,22 @@ def _stack(manifest) -> list[dict]:
     }]  # fmt: skip
 
 
+def harness_version(manifest: RunManifest) -> str:
+    """The harness version that recorded the run (the manifest's), else the installed one."""
+    if manifest.harness_version:
+        return manifest.harness_version
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def _load(manifest, rm: RequestMetrics) -> dict:
     workload = manifest.workload or {}
     config = manifest.config or {}
     standardized: dict = {
         "tool": "llm-bench",
-        "tool_version": manifest.harness_version or harness.__version__,
+        "tool_version": harness_version(manifest),
         "source": "random" if workload.get("synthetic", True) else "sampled",
         "input_seq_len": _sequence(rm.input_tokens),
     }
@@ -143,11 +154,10 @@ def llmd_report(run_dir: Path | str) -> dict:
     unreadable run directory."""
     tables, rm = read_run(run_dir)
     manifest = tables.manifest
-    summary = summarize_tables(tables)
+    summary = RunSummary.from_dict(summarize_tables(tables))
     ok = rm.is_ok
-    counts = summary["counts"]
-    by_status = counts.get("by_status") or {}
-    throughput = summary["throughput"]
+    counts, throughput = summary.counts, summary.throughput
+    by_status = counts.by_status or {}
     latency = {
         "time_to_first_token": statistics(rm.ttft_ms[ok], "ms"),
         "time_per_output_token": statistics(rm.tpot_ms[ok], "ms/token"),
@@ -159,19 +169,19 @@ def llmd_report(run_dir: Path | str) -> dict:
         ),
     }
     requests = {
-        "total": int(counts.get("total") or 0),
+        "total": int(counts.total or 0),
         "failures": int(
             sum(n for status, n in by_status.items() if status != RequestStatus.OK.value)
         ),
-        "incomplete": int(counts.get("not_sent") or 0),
+        "incomplete": int(counts.not_sent or 0),
         "input_length": statistics(rm.input_tokens, "count"),
         "output_length": statistics(rm.output_tokens[ok], "count"),
     }
     rates = {
-        "input_token_rate": _rate(throughput.get("input_tokens_per_s"), "tokens/s"),
-        "output_token_rate": _rate(throughput.get("output_tokens_per_s"), "tokens/s"),
-        "total_token_rate": _rate(throughput.get("total_tokens_per_s"), "tokens/s"),
-        "request_rate": _rate(throughput.get("request_per_s"), "queries/s"),
+        "input_token_rate": _rate(throughput.input_tokens_per_s, "tokens/s"),
+        "output_token_rate": _rate(throughput.output_tokens_per_s, "tokens/s"),
+        "total_token_rate": _rate(throughput.total_tokens_per_s, "tokens/s"),
+        "request_rate": _rate(throughput.request_per_s, "queries/s"),
     }
     run = {
         "uid": manifest.run_id or Path(run_dir).name,
@@ -179,9 +189,9 @@ def llmd_report(run_dir: Path | str) -> dict:
         "time": {
             "start": _iso_time(manifest.started_at),
             "end": _iso_time(manifest.ended_at),
-            "duration": _iso_duration(summary.get("window_s")),
+            "duration": _iso_duration(summary.window_s),
         },  # fmt: skip
-        "description": "llm-bench run" + ("" if summary.get("run_complete") else " (incomplete)"),
+        "description": "llm-bench run" + ("" if summary.run_complete else " (incomplete)"),
         "keywords": ["llm-bench"],
     }
     return {
