@@ -1,0 +1,1 @@
+"""Helpers shared by every other package; this package imports none of them."""
