@@ -26,13 +26,12 @@ YAML fields (all optional except `name`):
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
+from bench_common import yaml_spec as ys
+from bench_common.yaml_spec import Where
 from slo.errors import SLOError
 
 PERCENTILE_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "max_itl_ms", "e2e_ms")
@@ -42,36 +41,27 @@ _TOP_LEVEL = (
 )  # fmt: skip
 
 
-def _positive_ms(value, where: str) -> float | None:
+def _at(where: Where | str) -> Where:
+    return ys.as_where(where, SLOError)
+
+
+def _positive_ms(value, where: Where | str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise SLOError(f"{where} must be a positive number of milliseconds, not {value!r}.")
-    if math.isinf(value):
-        raise SLOError(f"{where} must be finite; leave it out for no limit.")
+    ys.number(
+        value,
+        _at(where),
+        above=0,
+        what="a number of milliseconds",
+        hint="leave the key out for no limit",
+    )
     return float(value)
 
 
-def _fraction(value, where: str, *, allow_zero: bool) -> float:
-    ok_low = value >= 0 if allow_zero else value > 0
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (ok_low and value <= 1):
-        low = "[0, 1]" if allow_zero else "(0, 1]"
-        raise SLOError(f"{where} must be a fraction in {low} (write 0.99 for 99%), not {value!r}.")
+def _fraction(value, where: Where | str, *, allow_zero: bool) -> float:
+    low = {"minimum": 0} if allow_zero else {"above": 0}
+    ys.number(value, _at(where), **low, maximum=1, what="a fraction", hint="write 0.99 for 99%")
     return float(value)
-
-
-def _mapping(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise SLOError(f"{where} must be a mapping, not {type(value).__name__}.")
-    return value
-
-
-def _check_keys(data: dict, known: tuple[str, ...], where: str) -> None:
-    unknown = sorted(str(k) for k in data if k not in known)
-    if unknown:
-        raise SLOError(
-            f"{where} has unknown field {unknown[0]!r}; known fields: {', '.join(known)}."
-        )
 
 
 @dataclass(frozen=True)
@@ -88,10 +78,8 @@ class PerRequestObjectives:
             object.__setattr__(self, f.name, _positive_ms(getattr(self, f.name), f.name))
 
     @classmethod
-    def from_dict(cls, data, where: str) -> PerRequestObjectives:
-        data = _mapping(data, where)
-        _check_keys(data, tuple(f.name for f in fields(cls)), where)
-        return cls(**{k: _positive_ms(v, f"{where}.{k}") for k, v in data.items()})
+    def from_dict(cls, data, where: Where | str) -> PerRequestObjectives:
+        return ys.from_mapping(cls, data, _at(where), tuple(f.name for f in fields(cls)))
 
     def merged(self, override: PerRequestObjectives) -> PerRequestObjectives:
         """These objectives with every limit that `override` sets replaced."""
@@ -113,14 +101,9 @@ class PercentileObjective:
     max_ms: float
 
     def __post_init__(self) -> None:
-        if self.metric not in PERCENTILE_METRICS:
-            raise SLOError(
-                f"percentile metric {self.metric!r} is unknown; known: {', '.join(PERCENTILE_METRICS)}."
-            )
-        p = self.percentile
-        if isinstance(p, bool) or not isinstance(p, int | float) or not 0 < p < 100:
-            raise SLOError(f"percentile must be a number strictly between 0 and 100, not {p!r}.")
-        object.__setattr__(self, "percentile", float(p))
+        ys.enum_member(self.metric, _at("metric"), PERCENTILE_METRICS)
+        ys.number(self.percentile, _at("percentile"), above=0, below=100, what="a percentile")
+        object.__setattr__(self, "percentile", float(self.percentile))
         object.__setattr__(self, "max_ms", _positive_ms(self.max_ms, "max_ms"))
 
     @property
@@ -128,26 +111,22 @@ class PercentileObjective:
         return f"{self.metric} p{self.percentile:g} <= {self.max_ms:g} ms"
 
     @classmethod
-    def from_dict(cls, data, where: str) -> PercentileObjective:
-        data = _mapping(data, where)
-        _check_keys(data, ("metric", "percentile", "max_ms"), where)
-        missing = [k for k in ("metric", "percentile", "max_ms") if k not in data]
-        if missing:
-            raise SLOError(f"{where} is missing {missing[0]!r}.")
-        return cls(**data)
+    def from_dict(cls, data, where: Where | str) -> PercentileObjective:
+        names = ("metric", "percentile", "max_ms")
+        return ys.from_mapping(cls, data, _at(where), names, required=names)
 
 
-def _bounds(value, where: str) -> tuple[float | None, float | None]:
+def _bounds(value, where: Where) -> tuple[float | None, float | None]:
     if value is None:
         return (None, None)
     if not isinstance(value, list | tuple) or len(value) != 2:
-        raise SLOError(f"{where} must be a [low, high) pair such as [2048, null], not {value!r}.")
+        where.fail(f"got {ys.describe(value)}", "expected a [low, high) pair such as [2048, null]")
     low, high = value
-    for v in (low, high):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
-            raise SLOError(f"{where} bounds must be non-negative numbers or null, not {v!r}.")
+    for i, v in enumerate(value):
+        if v is not None:
+            ys.number(v, where / i, minimum=0, what="a token count or null")
     if low is not None and high is not None and not low < high:
-        raise SLOError(f"{where} must have low < high, not {value!r}.")
+        where.fail(f"low {low:g} is not below high {high:g}", "expected low < high")
     return (None if low is None else float(low), None if high is None else float(high))
 
 
@@ -161,24 +140,23 @@ class SliceOverride:
     output_tokens: tuple[float | None, float | None] = (None, None)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise SLOError("every slice override needs a non-empty name.")
+        ys.string(self.name, _at("name"), nonempty=True)
 
     @classmethod
-    def from_dict(cls, data, where: str) -> SliceOverride:
-        data = _mapping(data, where)
-        _check_keys(data, ("name", "input_tokens", "output_tokens", "per_request"), where)
-        name = data.get("name")
-        if not isinstance(name, str) or not name:
-            raise SLOError(f"{where} needs a non-empty name.")
-        return cls(
-            name=name,
-            per_request=PerRequestObjectives.from_dict(
-                data.get("per_request", {}), f"{where}.per_request"
-            ),
-            input_tokens=_bounds(data.get("input_tokens"), f"{where}.input_tokens"),
-            output_tokens=_bounds(data.get("output_tokens"), f"{where}.output_tokens"),
-        )
+    def from_dict(cls, data, where: Where | str) -> SliceOverride:
+        where = _at(where)
+        data = ys.mapping(data, where)
+        names = ("name", "input_tokens", "output_tokens", "per_request")
+        ys.keys(data, where, names, required=("name",))
+        with ys.relocating(where):
+            return cls(
+                name=data["name"],
+                per_request=PerRequestObjectives.from_dict(
+                    data.get("per_request", {}), where / "per_request"
+                ),
+                input_tokens=_bounds(data.get("input_tokens"), where / "input_tokens"),
+                output_tokens=_bounds(data.get("output_tokens"), where / "output_tokens"),
+            )
 
 
 @dataclass(frozen=True)
@@ -198,60 +176,57 @@ class SLOSpec:
     slices: tuple[SliceOverride, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise SLOError("an SLO spec needs a non-empty name.")
+        ys.string(self.name, _at("name"), nonempty=True)
+        for key in ("description", "source"):
+            ys.string(getattr(self, key), _at(key))
         if not isinstance(self.per_request, PerRequestObjectives):
-            raise SLOError("per_request must be a PerRequestObjectives.")
+            _at("per_request").fail(
+                f"got {ys.describe(self.per_request)}", "expected a PerRequestObjectives"
+            )
         object.__setattr__(self, "percentiles", tuple(self.percentiles))
         object.__setattr__(self, "slices", tuple(self.slices))
-        if not all(isinstance(p, PercentileObjective) for p in self.percentiles):
-            raise SLOError("percentiles must be PercentileObjective entries.")
-        if not all(isinstance(s, SliceOverride) for s in self.slices):
-            raise SLOError("slices must be SliceOverride entries.")
+        for key, kind in (("percentiles", PercentileObjective), ("slices", SliceOverride)):
+            for i, entry in enumerate(getattr(self, key)):
+                if not isinstance(entry, kind):
+                    (_at(key) / i).fail(f"got {ys.describe(entry)}", f"expected a {kind.__name__}")
         if self.attainment_min is not None:
             v = _fraction(self.attainment_min, "attainment_min", allow_zero=False)
             object.__setattr__(self, "attainment_min", v)
         if self.error_rate_max is not None:
             v = _fraction(self.error_rate_max, "error_rate_max", allow_zero=True)
             object.__setattr__(self, "error_rate_max", v)
-        n = self.min_samples
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise SLOError(f"min_samples must be a non-negative integer, not {n!r}.")
+        ys.number(self.min_samples, _at("min_samples"), minimum=0, integer=True)
         for key in ("confidence", "early_stopping_confidence"):
             c = getattr(self, key)
-            if isinstance(c, bool) or not isinstance(c, int | float) or not 0.5 <= c < 1:
-                raise SLOError(f"{key} must be a fraction in [0.5, 1), such as 0.95, not {c!r}.")
+            ys.number(c, _at(key), minimum=0.5, below=1, what="a fraction", hint="such as 0.95")
             object.__setattr__(self, key, float(c))
         names = [s.name for s in self.slices]
-        if len(set(names)) != len(names):
-            raise SLOError("slice override names must be unique.")
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                (_at("slices") / i).fail(
+                    f"the name {name!r} is taken", "give every slice override its own name"
+                )
 
     @classmethod
-    def from_dict(cls, data, origin: str = "SLO spec") -> SLOSpec:
-        """Build from a parsed YAML/JSON mapping; `origin` names it in error messages."""
-        data = _mapping(data, origin)
-        _check_keys(data, _TOP_LEVEL, origin)
-        if "name" not in data:
-            raise SLOError(f"{origin} is missing 'name'.")
-        percentiles = data.get("percentiles") or []
-        if not isinstance(percentiles, list):
-            raise SLOError(f"{origin}: percentiles must be a list of objectives.")
-        slices = data.get("slices") or []
-        if not isinstance(slices, list):
-            raise SLOError(f"{origin}: slices must be a list of overrides.")
-        for key in ("description", "source"):
-            if not isinstance(data.get(key, ""), str):
-                raise SLOError(f"{origin}: {key} must be text.")
-        try:
+    def from_dict(cls, data, origin: str | Where = "SLO spec") -> SLOSpec:
+        """The spec a parsed YAML or JSON mapping describes. Errors name `origin`, and the
+        line too when it is the root `Where` that `bench_common.yaml_spec.load` returned."""
+        root = ys.root(origin, SLOError)
+        data = ys.document(data, root, _TOP_LEVEL, required=("name",))
+        percentiles = ys.sequence(
+            data.get("percentiles") or [], root / "percentiles", what="a list of objectives"
+        )
+        slices = ys.sequence(data.get("slices") or [], root / "slices", what="a list of overrides")
+        with ys.relocating(root):
             return cls(
                 name=data["name"],
                 description=data.get("description", ""),
                 source=data.get("source", ""),
                 per_request=PerRequestObjectives.from_dict(
-                    data.get("per_request") or {}, "per_request"
+                    data.get("per_request") or {}, root / "per_request"
                 ),
                 percentiles=tuple(
-                    PercentileObjective.from_dict(p, f"percentiles[{i}]")
+                    PercentileObjective.from_dict(p, root / "percentiles" / i)
                     for i, p in enumerate(percentiles)
                 ),
                 attainment_min=data.get("attainment_min"),
@@ -260,13 +235,9 @@ class SLOSpec:
                 confidence=data.get("confidence", 0.95),
                 early_stopping_confidence=data.get("early_stopping_confidence", 0.99),
                 slices=tuple(
-                    SliceOverride.from_dict(s, f"slices[{i}]") for i, s in enumerate(slices)
+                    SliceOverride.from_dict(s, root / "slices" / i) for i, s in enumerate(slices)
                 ),
             )
-        except SLOError as exc:
-            if str(exc).startswith(origin):
-                raise
-            raise SLOError(f"{origin}: {exc}") from None
 
     def to_dict(self) -> dict:
         """A plain, JSON- and YAML-serialisable dict that `from_dict` reads back."""
@@ -300,13 +271,8 @@ def builtin_names() -> list[str]:
 
 
 def _parse_yaml(text: str, origin: str) -> SLOSpec:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SLOError(f"{origin} is not valid YAML{at}; fix its syntax.") from None
-    return SLOSpec.from_dict(data, origin)
+    data, root = ys.load(text, origin, error=SLOError)
+    return SLOSpec.from_dict(data, root)
 
 
 def load_slo(name_or_path: str | Path) -> SLOSpec:
@@ -317,11 +283,8 @@ def load_slo(name_or_path: str | Path) -> SLOSpec:
     """
     path = Path(name_or_path)
     if path.is_file():
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise SLOError(f"cannot read SLO spec {path} ({exc.strerror}).") from None
-        return _parse_yaml(text, str(path))
+        data, root = ys.load_file(path, error=SLOError, what="SLO spec")
+        return SLOSpec.from_dict(data, root)
     name = path.name
     for suffix in (".yaml", ".yml"):
         if name.endswith(suffix):

@@ -61,24 +61,48 @@ def test_slice_overrides_parse(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("per_request: {ttft_ms: 1}", "missing 'name'"),
-        ("name: x\nttft_ms: 1", "unknown field 'ttft_ms'; known fields: name"),
-        ("name: x\nper_request: {ttft: 1}", "per_request has unknown field 'ttft'"),
-        ("name: x\nper_request: {ttft_ms: -5}", "positive number of milliseconds"),
-        ("name: x\nattainment_min: 99", r"fraction in \(0, 1\] \(write 0.99 for 99%\)"),
-        ("name: x\nerror_rate_max: 1.5", r"fraction in \[0, 1\]"),
-        ("name: x\npercentiles: [{metric: ttfb_ms, percentile: 99, max_ms: 1}]", "unknown; known"),
+        ("per_request: {ttft_ms: 1}", r"bad\.yaml:1: missing key 'name'; required keys: name\."),
+        ("name: x\nttft_ms: 1", r"bad\.yaml:2: unknown key 'ttft_ms'; known keys: name, "),
+        (
+            "name: x\nper_request: {ttft: 1}",
+            r"bad\.yaml:2: per_request: unknown key 'ttft' \(did you mean 'ttft_ms'\?\)",
+        ),
+        (
+            "name: x\nper_request: {ttft_ms: -5}",
+            r":2: per_request\.ttft_ms: got -5; expected a number of milliseconds > 0",
+        ),
+        (
+            "name: x\nattainment_min: 99",
+            r":2: attainment_min: got 99; expected a fraction in \(0, 1\] \(write 0.99 for 99%\)",
+        ),
+        (
+            "name: x\nerror_rate_max: 1.5",
+            r"error_rate_max: got 1\.5; expected a fraction in \[0, 1\]",
+        ),
+        (
+            "name: x\npercentiles: [{metric: ttfb_ms, percentile: 99, max_ms: 1}]",
+            r"percentiles\[0\]\.metric: got 'ttfb_ms' \(did you mean 'ttft_ms'\?\); expected one of "
+            r"ttft_ms, tpot_ms",
+        ),
         (
             "name: x\npercentiles: [{metric: ttft_ms, percentile: 100, max_ms: 1}]",
-            "strictly between",
+            r"percentiles\[0\]\.percentile: got 100; expected a percentile in \(0, 100\)",
         ),
-        ("name: x\npercentiles: [{metric: ttft_ms, max_ms: 1}]", "missing 'percentile'"),
-        ("name: x\nmin_samples: -1", "non-negative integer"),
-        ("name: x\nconfidence: 95", r"\[0.5, 1\)"),
-        ("name: x\nslices: [{name: a, input_tokens: [5, 1]}]", "low < high"),
-        ("name: x\nper_request: [1, 2]", "must be a mapping"),
-        ("name: [unclosed", "not valid YAML at line 1"),
-        ("- just a list", "must be a mapping"),
+        (
+            "name: x\npercentiles: [{metric: ttft_ms, max_ms: 1}]",
+            r"percentiles\[0\]: missing key 'percentile'",
+        ),
+        ("name: x\nmin_samples: -1", r":2: min_samples: got -1; expected an integer >= 0"),
+        ("name: x\nconfidence: 95", r"confidence: got 95; expected a fraction in \[0.5, 1\)"),
+        (
+            "name: x\nslices: [{name: a, input_tokens: [5, 1]}]",
+            r"slices\[0\]\.input_tokens: low 5 is not below high 1; expected low < high",
+        ),
+        ("name: x\nper_request: [1, 2]", r":2: per_request: got a list; expected a mapping"),
+        ("name: [unclosed", r"bad\.yaml:1: not valid YAML \(.*\); fix its syntax"),
+        ("- just a list", r"bad\.yaml:1: got a list; expected a mapping"),
+        ("name: x\nname: y", r"bad\.yaml:2: duplicate key 'name' \(first on line 1\)"),
+        ("", r"bad\.yaml: the document is empty; expected a mapping"),
     ],
 )
 def test_schema_errors_are_one_sentence(tmp_path, text, message):
@@ -94,7 +118,7 @@ def test_schema_errors_are_one_sentence(tmp_path, text, message):
 def test_direct_construction_is_validated():
     with pytest.raises(SLOError, match="PerRequestObjectives"):
         SLOSpec(name="x", per_request={"ttft_ms": 1})
-    with pytest.raises(SLOError, match="positive number"):
+    with pytest.raises(SLOError, match="^ttft_ms: got 0; expected a number of milliseconds > 0"):
         PerRequestObjectives(ttft_ms=0)
-    with pytest.raises(SLOError, match="non-empty name"):
+    with pytest.raises(SLOError, match="^name: got ''; expected non-empty text"):
         SLOSpec(name="")
