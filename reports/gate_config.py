@@ -26,14 +26,17 @@ A YAML file (`--thresholds FILE`) overrides any of them:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
+from bench_common import yaml_spec as ys
+from bench_common.yaml_spec import Where
 from reports.errors import ReportError
 from slo.comparison import Statistic
+
+
+def _at(where: Where | str) -> Where:
+    return ys.as_where(where, ReportError)
 
 
 @dataclass(frozen=True)
@@ -44,12 +47,17 @@ class Threshold:
     floor: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (0 <= self.relative < 10 and math.isfinite(self.relative)):
-            raise ReportError(
-                f"a relative threshold must be a fraction such as 0.05, not {self.relative!r}."
-            )
-        if not (self.floor >= 0 and math.isfinite(self.floor)):
-            raise ReportError(f"a noise floor must be a non-negative number, not {self.floor!r}.")
+        ys.number(
+            self.relative,
+            _at("relative"),
+            minimum=0,
+            below=10,
+            what="a fraction",
+            hint="such as 0.05",
+        )
+        ys.number(self.floor, _at("floor"), minimum=0, what="a noise floor")
+        object.__setattr__(self, "relative", float(self.relative))
+        object.__setattr__(self, "floor", float(self.floor))
 
 
 @dataclass(frozen=True)
@@ -111,22 +119,14 @@ class GateConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        unknown = [k for k in (*self.metric_thresholds, *self.only) if k not in METRIC_KEYS]
-        if unknown:
-            raise ReportError(
-                f"unknown gate metric {unknown[0]!r}; known: {', '.join(METRIC_KEYS)}."
-            )
-        missing = [c for c in DEFAULT_THRESHOLDS if c not in self.thresholds]
-        if missing:
-            raise ReportError(f"the gate thresholds lack class {missing[0]!r}.")
-        if not (isinstance(self.min_samples, int) and self.min_samples >= 1):
-            raise ReportError(f"min_samples must be a positive integer, not {self.min_samples!r}.")
-        if not 0.5 <= self.confidence < 1:
-            raise ReportError(
-                f"confidence must be in [0.5, 1), such as 0.95, not {self.confidence!r}."
-            )
-        if not (isinstance(self.n_resamples, int) and self.n_resamples >= 100):
-            raise ReportError(f"n_resamples must be an integer >= 100, not {self.n_resamples!r}.")
+        ys.keys(self.metric_thresholds, _at("metrics"), METRIC_KEYS)
+        for i, key in enumerate(self.only):
+            ys.enum_member(key, _at("only") / i, METRIC_KEYS)
+        ys.keys(self.thresholds, _at("thresholds"), DEFAULT_THRESHOLDS, required=DEFAULT_THRESHOLDS)
+        ys.number(self.min_samples, _at("min_samples"), minimum=1, integer=True)
+        ys.number(self.confidence, _at("confidence"), minimum=0.5, below=1, hint="such as 0.95")
+        ys.number(self.n_resamples, _at("n_resamples"), minimum=100, integer=True)
+        ys.number(self.seed, _at("seed"), minimum=0, integer=True)
 
     def metric_specs(self) -> list[MetricSpec]:
         """The metrics to compare, in METRICS order."""
@@ -141,79 +141,49 @@ class GateConfig:
         return Threshold(relative, self.floors_ms.get(metric.source, 0.0))
 
 
-def _threshold(data, where: str, base: Threshold | None) -> Threshold:
-    if not isinstance(data, dict) or not set(data) <= {"relative", "floor"}:
-        raise ReportError(f"{where} must be a mapping with 'relative' and optionally 'floor'.")
+_SETTINGS = ("min_samples", "confidence", "n_resamples", "seed")
+_KEYS = ("thresholds", "floors_ms", "metrics", "only", *_SETTINGS)
+
+
+def _threshold(data, where: Where, base: Threshold | None) -> Threshold:
+    data = ys.mapping(data, where)
+    ys.keys(data, where, ("relative", "floor"), required=() if base else ("relative",))
     relative = data.get("relative", base.relative if base else None)
-    if relative is None:
-        raise ReportError(f"{where} needs a 'relative' threshold such as 0.05.")
     floor = data.get("floor", base.floor if base else 0.0)
-    for name, value in (("relative", relative), ("floor", floor)):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ReportError(f"{where}.{name} must be a number, not {value!r}.")
-    return Threshold(float(relative), float(floor))
+    with ys.relocating(where):
+        return Threshold(relative, floor)
+
+
+def _entries(data: dict, key: str, root: Where, known) -> dict:
+    """The mapping under `key` (none: empty), each of its keys one of `known`."""
+    entries = ys.mapping(data.get(key) or {}, root / key)
+    ys.keys(entries, root / key, known)
+    return entries
 
 
 def load_gate_config(path: Path | str) -> GateConfig:
-    """Read a thresholds YAML file (format in this module's docstring) over the defaults.
+    """Read a thresholds YAML file (format in this module's docstring) over the defaults; an
+    empty file gives the defaults.
 
-    Raises ReportError for an unreadable file, bad YAML, an unknown key or a bad value."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise ReportError(f"cannot read thresholds file {path} ({exc.strerror}).") from None
-    except yaml.YAMLError:
-        raise ReportError(f"{path} is not valid YAML; fix its syntax.") from None
-    known = {
-        "thresholds",
-        "floors_ms",
-        "metrics",
-        "only",
-        "min_samples",
-        "confidence",
-        "n_resamples",
-        "seed",
-    }
-    if not isinstance(data, dict) or not set(data) <= known:
-        extra = sorted(set(data) - known) if isinstance(data, dict) else ["(not a mapping)"]
-        raise ReportError(
-            f"{path} has unknown field {extra[0]!r}; known fields: {', '.join(sorted(known))}."
-        )
+    Raises ReportError for an unreadable file, bad YAML, an unknown key or a bad value, with
+    the line of the key at fault."""
+    data, root = ys.load_file(path, error=ReportError, what="thresholds file")
+    data = ys.document(data, root, _KEYS, empty={})
     config = GateConfig()
     thresholds = dict(config.thresholds)
-    for cls, value in (data.get("thresholds") or {}).items():
-        if cls not in DEFAULT_THRESHOLDS:
-            raise ReportError(
-                f"{path}: unknown threshold class {cls!r}; known: {', '.join(DEFAULT_THRESHOLDS)}."
-            )
-        thresholds[cls] = _threshold(value, f"thresholds.{cls}", thresholds[cls])
+    for cls, value in _entries(data, "thresholds", root, DEFAULT_THRESHOLDS).items():
+        thresholds[cls] = _threshold(value, root / "thresholds" / cls, thresholds[cls])
     floors_ms = dict(config.floors_ms)
-    for family, value in (data.get("floors_ms") or {}).items():
-        if family not in DEFAULT_FLOORS_MS:
-            raise ReportError(
-                f"{path}: unknown floors_ms entry {family!r}; known: {', '.join(DEFAULT_FLOORS_MS)}."
-            )
-        floors_ms[family] = _threshold(
-            {"relative": 0.0, "floor": value}, f"floors_ms.{family}", None
-        ).floor
+    for family, value in _entries(data, "floors_ms", root, DEFAULT_FLOORS_MS).items():
+        ys.number(value, root / "floors_ms" / family, minimum=0, what="a noise floor in ms")
+        floors_ms[family] = float(value)
     base = replace(config, thresholds=thresholds, floors_ms=floors_ms)
     by_key = {m.key: m for m in METRICS}
-    metric_thresholds = {}
-    for key, value in (data.get("metrics") or {}).items():
-        if key not in by_key:
-            raise ReportError(
-                f"{path}: unknown gate metric {key!r}; known: {', '.join(METRIC_KEYS)}."
-            )
-        metric_thresholds[key] = _threshold(
-            value, f"metrics.{key}", base.threshold_for(by_key[key])
-        )
-    settings = {
-        k: data[k] for k in ("min_samples", "confidence", "n_resamples", "seed") if k in data
+    metric_thresholds = {
+        key: _threshold(value, root / "metrics" / key, base.threshold_for(by_key[key]))
+        for key, value in _entries(data, "metrics", root, METRIC_KEYS).items()
     }
-    return replace(
-        base,
-        metric_thresholds=metric_thresholds,
-        only=tuple(data.get("only") or ()),
-        **settings,
-    )
+    only = ys.sequence(data.get("only") or [], root / "only", what="a list of metric keys")
+    settings = {k: data[k] for k in _SETTINGS if k in data}
+    with ys.relocating(root):
+        return replace(base, metric_thresholds=metric_thresholds, only=tuple(only), **settings)

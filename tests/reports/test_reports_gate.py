@@ -186,10 +186,20 @@ def test_thresholds_file_overrides_defaults(tmp_path, runs):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("colour: red\n", "unknown field 'colour'"),
-        ("metrics:\n  ttft_p42_ms: {relative: 0.1}\n", "unknown gate metric 'ttft_p42_ms'"),
-        ("thresholds:\n  p50: {relative: -1}\n", "relative threshold"),
-        ("thresholds: [\n", "not valid YAML"),
+        ("colour: red\n", r"t\.yaml:1: unknown key 'colour'; known keys: thresholds, "),
+        (
+            "metrics:\n  ttft_p42_ms: {relative: 0.1}\n",
+            r"t\.yaml:2: metrics: unknown key 'ttft_p42_ms' \(did you mean 'ttft_p\d\d_ms'\?\); "
+            r"known keys: output_tokens_per_s, ",
+        ),
+        (
+            "thresholds:\n  p50: {relative: -1}\n",
+            r"t\.yaml:2: thresholds\.p50\.relative: got -1; expected a fraction in \[0, 10\)",
+        ),
+        ("thresholds: [\n", r"t\.yaml:2: not valid YAML \(.*\); fix its syntax"),
+        ("seed: 1\nmin_samples: 0\n", r"t\.yaml:2: min_samples: got 0; expected an integer >= 1"),
+        ("only: [ttft_p50_ms, ttfb]\n", r"t\.yaml:1: only\[1\]: got 'ttfb'; expected one of "),
+        ("floors_ms: {ttft: -1}\n", r"floors_ms\.ttft: got -1; expected a noise floor in ms >= 0"),
     ],
 )
 def test_bad_thresholds_file_is_one_sentence(tmp_path, text, message):
