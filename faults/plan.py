@@ -32,9 +32,10 @@ from importlib import resources
 from pathlib import Path
 
 import orjson
-import yaml
 
-from faults.plan_checks import FaultPlanError, as_mapping, check_keys
+from bench_common import yaml_spec as ys
+from bench_common.yaml_spec import Where
+from faults.plan_checks import FaultPlanError, at
 from faults.retry import RetryPolicy
 from faults.window import FaultKind, Layer, Window, WindowTracker
 
@@ -56,6 +57,7 @@ __all__ = [
 ]
 
 _PLAN_KEYS = ("name", "description", "seed", "windows", "retry", "engine_args")
+_ARGS = "a list of arguments, e.g. [--num-blocks, '48']"
 
 
 @dataclass(frozen=True)
@@ -71,27 +73,21 @@ class FaultPlan:
     engine_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise FaultPlanError("a fault plan needs a non-empty name.")
-        if not isinstance(self.description, str):
-            raise FaultPlanError("description must be text.")
-        s = self.seed
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise FaultPlanError(f"seed must be an integer >= 0, not {s!r}.")
+        ys.string(self.name, at("name"), nonempty=True)
+        ys.string(self.description, at("description"))
+        ys.number(self.seed, at("seed"), minimum=0, integer=True)
         object.__setattr__(self, "windows", tuple(self.windows))
-        if not all(isinstance(w, Window) for w in self.windows):
-            raise FaultPlanError("windows must be Window entries.")
+        for i, w in enumerate(self.windows):
+            if not isinstance(w, Window):
+                (at("windows") / i).fail(f"got {ys.describe(w)}", "expected a Window")
         if not isinstance(self.retry, RetryPolicy):
-            raise FaultPlanError("retry must be a RetryPolicy.")
-        if isinstance(self.engine_args, str) or not all(
-            isinstance(a, str) and a for a in self.engine_args
-        ):
-            raise FaultPlanError(
-                "engine_args must be a list of non-empty strings, e.g. [--num-blocks, '48']."
-            )
-        object.__setattr__(self, "engine_args", tuple(self.engine_args))
+            at("retry").fail(f"got {ys.describe(self.retry)}", "expected a RetryPolicy")
+        args = ys.sequence(self.engine_args, at("engine_args"), what=_ARGS)
+        for i, arg in enumerate(args):
+            ys.string(arg, at("engine_args") / i, nonempty=True, what="a non-empty argument")
+        object.__setattr__(self, "engine_args", tuple(args))
         if sum(w.kind is FaultKind.SLOW_READER for w in self.windows) > 1:
-            raise FaultPlanError("a plan may have one slow_reader window; merge the others.")
+            at("windows").fail("a plan may have one slow_reader window", "merge the others")
 
     @property
     def kinds_by_layer(self) -> dict[Layer, tuple[FaultKind, ...]]:
@@ -145,28 +141,23 @@ class FaultPlan:
         ]
 
     @classmethod
-    def from_dict(cls, data, origin: str = "fault plan") -> FaultPlan:
-        """Build from a parsed YAML/JSON mapping; `origin` names it in error messages."""
-        data = as_mapping(data, origin)
-        try:
-            check_keys(data, _PLAN_KEYS, origin)
-            if "name" not in data:
-                raise FaultPlanError(f"{origin} is missing 'name'.")
-            windows = data.get("windows") or []
-            if not isinstance(windows, list):
-                raise FaultPlanError("windows must be a list of fault windows.")
+    def from_dict(cls, data, origin: str | Where = "fault plan") -> FaultPlan:
+        """Build from a parsed YAML/JSON mapping (a manifest's copy, or a file's); errors name
+        `origin`, with lines when it is the `Where` of `bench_common.yaml_spec.load`."""
+        root = ys.root(origin, FaultPlanError)
+        data = ys.document(data, root, _PLAN_KEYS, required=("name",))
+        windows = ys.sequence(
+            data.get("windows") or [], root / "windows", what="a list of fault windows"
+        )
+        with ys.relocating(root):
             return cls(
                 name=data["name"],
                 description=data.get("description", ""),
                 seed=data.get("seed", 0),
-                windows=tuple(Window.from_dict(w, f"windows[{i}]") for i, w in enumerate(windows)),
-                retry=RetryPolicy.from_dict(data.get("retry") or {}),
-                engine_args=_engine_args(data.get("engine_args")),
+                windows=tuple(_window(w, root / "windows" / i) for i, w in enumerate(windows)),
+                retry=_retry(data.get("retry") or {}, root / "retry"),
+                engine_args=_engine_args(data.get("engine_args"), root / "engine_args"),
             )
-        except FaultPlanError as exc:
-            if str(exc).startswith(origin):
-                raise
-            raise FaultPlanError(f"{origin}: {exc}") from None
 
     def to_dict(self) -> dict:
         """A plain JSON/YAML-serialisable dict (for the manifest) that `from_dict` reads back."""
@@ -186,12 +177,23 @@ class FaultPlan:
         return hashlib.sha256(orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _engine_args(value) -> tuple[str, ...]:
+def _window(data, where: Where) -> Window:
+    """`Window.from_dict` at `where`: the window's own checks name it in what they raise, and
+    its other messages get the line of the window."""
+    with ys.relocating(where):
+        return Window.from_dict(data, where)
+
+
+def _retry(data, where: Where) -> RetryPolicy:
+    with ys.relocating(where):
+        return RetryPolicy.from_dict(data, where)
+
+
+def _engine_args(value, where: Where) -> tuple[str, ...]:
     """`engine_args` from YAML: a list whose numbers (YAML reads 48 as an int) become text."""
     if value is None:
         return ()
-    if not isinstance(value, list):
-        raise FaultPlanError("engine_args must be a list, e.g. [--num-blocks, '48'].")
+    ys.sequence(value, where, what=_ARGS)
     return tuple(
         str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in value
     )
@@ -221,13 +223,8 @@ def builtin_plan_text(name: str) -> str:
 
 def parse_plan(text: str, origin: str) -> FaultPlan:
     """A plan from YAML text; `origin` names it in error messages."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise FaultPlanError(f"{origin} is not valid YAML{at}; fix its syntax.") from None
-    return FaultPlan.from_dict(data, origin)
+    data, root = ys.load(text, origin, error=FaultPlanError)
+    return FaultPlan.from_dict(data, root)
 
 
 def load_plan(name_or_path: str | Path) -> FaultPlan:
@@ -235,11 +232,8 @@ def load_plan(name_or_path: str | Path) -> FaultPlan:
     an unknown name raises `FaultPlanError` listing the built-ins."""
     path = Path(name_or_path)
     if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise FaultPlanError(f"cannot read fault plan {path} ({exc.strerror}).") from None
-        return parse_plan(text, str(path))
+        data, root = ys.load_file(path, error=FaultPlanError, what="fault plan")
+        return FaultPlan.from_dict(data, root)
     stem = _builtin_stem(str(name_or_path))
     return parse_plan(builtin_plan_text(stem), f"built-in fault plan {stem!r}")
 

@@ -1,38 +1,35 @@
 """The checks every part of a fault plan shares when it is read from YAML, and the error they
-raise: one sentence naming the fix."""
+raise: one sentence naming the fix, in the form of `bench_common.yaml_spec`."""
 
 from __future__ import annotations
 
 import math
 from enum import StrEnum
 
+from bench_common import yaml_spec as ys
+from bench_common.yaml_spec import Where
+
 
 class FaultPlanError(Exception):
     """A bad fault plan or an unknown built-in name; the message is one sentence naming the fix."""
+
+
+def at(where: Where | str) -> Where:
+    """`where` as a place whose checks raise `FaultPlanError` (a string is a bare key path)."""
+    return ys.as_where(where, FaultPlanError)
 
 
 def is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def as_mapping(value, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise FaultPlanError(f"{where} must be a mapping, not {type(value).__name__}.")
-    return value
+def as_mapping(value, where: Where | str) -> dict:
+    return ys.mapping(value, at(where))
 
 
-def check_keys(data: dict, known: tuple[str, ...], where: str) -> None:
-    unknown = sorted(str(k) for k in data if k not in known)
-    if unknown:
-        known_text = ", ".join(known) if known else "none"
-        raise FaultPlanError(
-            f"{where} has unknown field {unknown[0]!r}; known fields: {known_text}."
-        )
+def check_keys(data: dict, known: tuple[str, ...], where: Where | str) -> None:
+    ys.keys(data, at(where), known)
 
 
-def member(enum: type[StrEnum], value, where: str):
-    try:
-        return enum(value)
-    except (ValueError, TypeError):
-        known = ", ".join(m.value for m in enum)
-        raise FaultPlanError(f"{where} {value!r} is unknown; known: {known}.") from None
+def member(enum: type[StrEnum], value, where: Where | str):
+    return ys.enum_member(value, at(where), enum)

@@ -172,6 +172,39 @@ def test_invalid_yaml_names_the_line():
         parse_plan("name: x\nwindows: [\n", "p.yaml")
 
 
+LINES_PLAN = """\
+name: p
+windows:
+  - kind: down
+  - kind: reset_peer
+    WINDOW
+retry:
+  RETRY
+"""
+
+
+@pytest.mark.parametrize(
+    ("window", "retry", "message"),
+    [
+        (
+            "fraktion: 0.5",
+            "max_attempts: 2",
+            r"^p\.yaml:5: windows\[1\]: unknown key 'fraktion' \(did you mean 'fraction'\?\); "
+            r"known keys: kind, at, ",
+        ),
+        ("kind: down", "max_attempts: 2", r"^p\.yaml:5: duplicate key 'kind' \(first on line 4\)"),
+        ("direction: sideways", "max_attempts: 2", r"^p\.yaml:4: windows\[1\]: direction: got "),
+        ("fraction: 2", "max_attempts: 2", r"^p\.yaml:4: windows\[1\]: fraction must be in "),
+        ("at: 1", "tries: 2", r"^p\.yaml:7: retry: unknown key 'tries'; known keys: enabled, "),
+        ("at: 1", "max_attempts: 0", r"^p\.yaml:6: retry\.max_attempts must be an integer >= 1"),
+    ],
+)
+def test_plan_file_errors_name_the_line(window, retry, message):
+    text = LINES_PLAN.replace("WINDOW", window).replace("RETRY", retry)
+    with pytest.raises(FaultPlanError, match=message):
+        parse_plan(text, "p.yaml")
+
+
 @pytest.mark.parametrize(
     ("text", "seconds"),
     [
