@@ -15,6 +15,7 @@ from dataclasses import Field, field, fields
 from typing import Any, Self
 
 _READ = "read"  # field metadata: how the field's JSON value becomes its value
+_KIND = "section"  # field metadata: the section class a field holds (alone, listed or keyed)
 
 
 class Section:
@@ -34,6 +35,11 @@ class Section:
     def empty(cls) -> Self:
         """The section of `{}`: every field None, and no keys (`to_dict()` is `{}`)."""
         return cls.from_dict({})
+
+    @classmethod
+    def key_names(cls) -> tuple[str, ...]:
+        """The keys the block can have, in writing order (its field names), for the contract."""
+        return tuple(f.name for f in fields(cls))
 
     def json_keys(self) -> tuple[str, ...]:
         """The keys this section has, in writing order: those its document had, else all."""
@@ -67,15 +73,21 @@ def _read(f: Field, value: Any) -> Any:
     return value if read is None else read(value)
 
 
+def section_of(f: Field) -> type[Section] | None:
+    """The section class the dataclass field `f` holds, or None for a plain JSON value."""
+    return f.metadata.get(_KIND)
+
+
 def nested(kind: type[Section], *, always: bool = False) -> Any:
     """A field holding one section: None when absent or not an object, or with `always` the
     empty section (a block every summary has)."""
-    if always:
-        return field(
-            default_factory=kind.empty,
-            metadata={_READ: lambda v: kind.from_dict(v) or kind.empty()},
-        )
-    return field(default=None, metadata={_READ: kind.from_dict})
+    if not always:
+        return field(default=None, metadata={_READ: kind.from_dict, _KIND: kind})
+
+    def read(value: Any) -> Section:
+        return kind.from_dict(value) or kind.empty()
+
+    return field(default_factory=kind.empty, metadata={_READ: read, _KIND: kind})
 
 
 def listed(kind: type[Section]) -> Any:
@@ -84,7 +96,7 @@ def listed(kind: type[Section]) -> Any:
     def read(value: Any) -> list | None:
         return [kind.from_dict(v) for v in value] if isinstance(value, list) else None
 
-    return field(default=None, metadata={_READ: read})
+    return field(default=None, metadata={_READ: read, _KIND: kind})
 
 
 def keyed(kind: type[Section]) -> Any:
@@ -93,4 +105,4 @@ def keyed(kind: type[Section]) -> Any:
     def read(value: Any) -> dict | None:
         return {k: kind.from_dict(v) for k, v in value.items()} if isinstance(value, dict) else None
 
-    return field(default=None, metadata={_READ: read})
+    return field(default=None, metadata={_READ: read, _KIND: kind})

@@ -155,6 +155,10 @@ class Conventions(Section):
     tools: dict[str, ToolConvention] = field(default_factory=dict)
 
     @classmethod
+    def key_names(cls) -> tuple[str, ...]:
+        return (_UNDEFINED, "<tool>")
+
+    @classmethod
     def from_dict(cls, data: Any) -> Self | None:
         """The block of `data`; an entry that is not an object is not a tool."""
         if not isinstance(data, dict):
