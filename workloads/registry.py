@@ -9,12 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from workloads.build import (
-    FORMAT_VERSION,
-    build_workload,
-    build_workload_file,
-    tokenizer_fingerprint,
-)
+from workloads.build import build_workload, build_workload_file
+from workloads.manifest import FORMAT_VERSION, tokenizer_fingerprint
 from workloads.options import WorkloadOptions
 from workloads.prompts import corpus_text
 from workloads.schema import Workload, WorkloadError, table_sha256

@@ -12,25 +12,31 @@ A spec is a mapping with these keys (see `builtin/*.yaml` for examples):
                            synthetic {input, output}, mix {components, interleave},
                            sharegpt {path, fallback, rules...}, trace {format, path, ...},
                            sessions {turns, input, output, think_ms | path, max_turns, output}
+                           (one module each in `workloads/sources/`)
   arrivals                 {process: poisson|gamma|constant|all_at_once|ramp|stages|trace|closed_loop, ...}
   prefix                   optional shared prefixes {groups, prefix_len, assign}
   constraint               optional output constraint of every request: one of json_schema,
                            json_object, regex, choice, grammar (see workloads/constraint.py)
+
+A mistake is one sentence in the form of `bench_common.yaml_spec`, with the line:
+`mine.yaml:7: source.components[1].weight: got -1; expected a number > 0.`
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from bench_common import yaml_spec as ys
+from bench_common.yaml_spec import Where
 from workloads.constraint import check_constraint
+from workloads.options import ENDPOINTS
 from workloads.schema import WorkloadError
+from workloads.sources import Source, source_from_dict
+from workloads.sources.base import at
 
-TOP_LEVEL_KEYS = {
+TOP_LEVEL_KEYS = (
     "name",
     "description",
     "num_requests",
@@ -45,220 +51,151 @@ TOP_LEVEL_KEYS = {
     "prefix",
     "constraint",
     "notes",
-}
-SOURCE_KINDS = {
-    "synthetic": {"kind", "input", "output"},
-    "mix": {"kind", "components", "interleave"},
-    "sharegpt": {
-        "kind",
-        "path",
-        "fallback",
-        "min_prompt_tokens",
-        "max_prompt_tokens",
-        "min_output_tokens",
-        "max_total_tokens",
-        "shuffle",
-        "skip_malformed",
-    },
-    "trace": {"kind", "format", "path", "skip_malformed", "sample", "model", "log_type"},
-    "sessions": {"kind", "turns", "input", "output", "think_ms", "path", "max_turns", "shuffle"},
-}
+)
+PROCESSES = (
+    "poisson",
+    "gamma",
+    "constant",
+    "all_at_once",
+    "ramp",
+    "stages",
+    "trace",
+    "closed_loop",
+)
+ASSIGNS = ("round_robin", "random")
+
+
+@dataclass(frozen=True)
+class PrefixSpec:
+    """Shared prefixes: `groups` distinct prefixes of `prefix_len` tokens, each request given
+    one (`assign`: round_robin or random) before its own suffix."""
+
+    groups: int
+    prefix_len: int
+    assign: str = "round_robin"
+
+    def __post_init__(self) -> None:
+        ys.number(self.groups, at("groups"), minimum=1, integer=True)
+        ys.number(self.prefix_len, at("prefix_len"), minimum=1, integer=True)
+        ys.enum_member(self.assign, at("assign"), ASSIGNS)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: Where | str) -> PrefixSpec:
+        names = ("groups", "prefix_len", "assign")
+        return ys.from_mapping(cls, data, at(where), names, required=("groups", "prefix_len"))
 
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """A parsed, checked spec. `data` is the mapping as written; `origin` says where it came
-    from (a built-in name or a file path); `base_dir` resolves relative paths inside it."""
+    """A parsed, checked spec. `data` is the mapping as written (the manifest records it and
+    the cache key hashes it); the other fields are what a build reads, with the defaults of
+    the module docstring (`num_requests_given` tells a written `null` from no key: a trace
+    replays all its rows either way, other sources default to 100). `origin` says where the
+    spec came from (a built-in name or a file path), `base_dir` resolves relative paths
+    inside it, and `where` places its keys, lines included, for messages at build time."""
 
     name: str
     data: dict[str, Any]
     origin: str
+    source: Source
     base_dir: Path | None = None
+    num_requests: int | None = None
+    num_requests_given: bool = False
+    seed: int = 0
+    ignore_eos: bool = True
+    endpoint: str = "completions"
+    temperature: float | None = None
+    top_p: float | None = None
+    duration_s: float | None = None
+    arrivals: dict[str, Any] = field(default_factory=lambda: {"process": "all_at_once"})
+    prefix: PrefixSpec | None = None
+    constraint: dict[str, Any] | None = None
+    where: Where = field(default_factory=Where, compare=False, repr=False)
 
     @property
     def description(self) -> str:
-        return str(self.data.get("description", "")).strip()
+        return str(self.data.get("description") or "").strip()
+
+    @classmethod
+    def from_dict(
+        cls, data: Any, where: Where | str, *, base_dir: Path | None = None
+    ) -> WorkloadSpec:
+        """Check `data` (a parsed spec) and read it; `where` is its origin, or the root
+        `Where` of `bench_common.yaml_spec.load`, which also knows the lines."""
+        root = ys.root(where, WorkloadError)
+        data = ys.document(data, root, TOP_LEVEL_KEYS)
+        for key in ("name", "description"):
+            if data.get(key) is not None:
+                ys.string(data[key], root / key)
+        if data.get("num_requests") is not None:
+            ys.number(data["num_requests"], root / "num_requests", minimum=1, integer=True)
+        ys.number(data.get("seed", 0), root / "seed", minimum=0, integer=True)
+        ys.boolean(data.get("ignore_eos", True), root / "ignore_eos")
+        ys.enum_member(data.get("endpoint", "completions"), root / "endpoint", ENDPOINTS)
+        for key in ("temperature", "top_p"):
+            if data.get(key) is not None:
+                ys.number(data[key], root / key, minimum=0)
+        if data.get("duration_s") is not None:
+            ys.number(data["duration_s"], root / "duration_s", above=0)
+        source = source_from_dict(data.get("source", {"kind": "synthetic"}), root / "source")
+        arrivals = _arrivals(data.get("arrivals", {"process": "all_at_once"}), root, source)
+        if data.get("constraint") is not None:
+            check_constraint(data["constraint"], (root / "constraint").place)
+        prefix = None
+        if data.get("prefix") is not None:
+            prefix = PrefixSpec.from_dict(data["prefix"], root / "prefix")
+            if not source.takes_prefix:
+                (root / "prefix").fail(
+                    f"shared prefixes do not apply to this {source.kind} source",
+                    "they apply to synthetic, mix and azure/burstgpt trace sources",
+                )
+        return cls(
+            name=str(data.get("name") or Path(root.origin).stem),
+            data=data,
+            origin=root.origin,
+            source=source,
+            base_dir=base_dir,
+            num_requests=data.get("num_requests"),
+            num_requests_given="num_requests" in data,
+            seed=data.get("seed", 0),
+            ignore_eos=data.get("ignore_eos", True),
+            endpoint=data.get("endpoint", "completions"),
+            temperature=data.get("temperature"),
+            top_p=data.get("top_p"),
+            duration_s=data.get("duration_s"),
+            arrivals=arrivals,
+            prefix=prefix,
+            constraint=data.get("constraint"),
+            where=root,
+        )
 
 
-def _expect(cond: bool, origin: str, message: str) -> None:
-    if not cond:
-        raise WorkloadError(f"{origin}: {message}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_spec(data: Any, origin: str) -> None:
-    """Raise `WorkloadError` (naming `origin`) if `data` does not follow the spec schema."""
-    _expect(isinstance(data, dict), origin, "a workload spec must be a YAML mapping.")
-    unknown = set(data) - TOP_LEVEL_KEYS
-    _expect(
-        not unknown,
-        origin,
-        f"unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}.",
-    )
-    n = data.get("num_requests", 100)
-    _expect(
-        n is None or (_is_int(n) and n >= 1),
-        origin,
-        f"num_requests must be a positive integer, got {n!r}.",
-    )
-    seed = data.get("seed", 0)
-    _expect(
-        _is_int(seed) and seed >= 0, origin, f"seed must be a non-negative integer, got {seed!r}."
-    )
-    _expect(
-        isinstance(data.get("ignore_eos", True), bool), origin, "ignore_eos must be true or false."
-    )
-    _expect(
-        data.get("endpoint", "completions") in ("completions", "chat"),
-        origin,
-        "endpoint must be completions or chat.",
-    )
-    for key in ("temperature", "top_p"):
-        v = data.get(key)
-        _expect(
-            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0),
-            origin,
-            f"{key} must be a non-negative number or null.",
-        )
-    d = data.get("duration_s")
-    _expect(
-        d is None or (isinstance(d, (int, float)) and 0 < d < math.inf),
-        origin,
-        "duration_s must be a positive number.",
-    )
-    source = data.get("source", {"kind": "synthetic"})
-    _expect(
-        isinstance(source, dict) and source.get("kind") in SOURCE_KINDS,
-        origin,
-        f"source must be a mapping with kind one of {', '.join(SOURCE_KINDS)}.",
-    )
-    extra = set(source) - SOURCE_KINDS[source["kind"]]
-    _expect(
-        not extra,
-        origin,
-        f"source kind {source['kind']!r} does not take {', '.join(sorted(extra))}.",
-    )
-    if source["kind"] == "synthetic":
-        _expect(
-            "input" in source and "output" in source,
-            origin,
-            "a synthetic source needs input and output lengths.",
-        )
-    if source["kind"] == "sessions":
-        _expect(
-            ("path" in source) != ("turns" in source or "input" in source),
-            origin,
-            "a sessions source takes either path (ShareGPT conversations) or turns and input.",
-        )
-        _expect(
-            "path" in source or {"turns", "input", "output"} <= set(source),
-            origin,
-            "synthetic sessions need turns, input and output lengths.",
-        )
-        m = source.get("max_turns")
-        _expect(
-            m is None or (_is_int(m) and m >= 1),
-            origin,
-            f"max_turns must be a positive integer, got {m!r}.",
-        )
-        _expect(data.get("prefix") is None, origin, "shared prefixes do not apply to sessions.")
-    if source["kind"] == "mix":
-        comps = source.get("components")
-        _expect(
-            isinstance(comps, list) and len(comps) >= 1,
-            origin,
-            "a mix source needs a list of components.",
-        )
-        for i, comp in enumerate(comps):
-            _expect(
-                isinstance(comp, dict)
-                and {"input", "output"} <= set(comp)
-                and set(comp) <= {"name", "weight", "input", "output"},
-                origin,
-                f"mix component {i} needs input and output (and optional name, weight).",
-            )
-            w = comp.get("weight", 1)
-            _expect(
-                isinstance(w, (int, float)) and w > 0,
-                origin,
-                f"mix component {i} weight must be positive.",
-            )
-        _expect(
-            source.get("interleave", "alternate") in ("alternate", "random"),
-            origin,
-            "mix interleave must be alternate or random.",
-        )
-    if source["kind"] == "trace":
-        _expect(
-            source.get("format") in ("azure", "burstgpt", "mooncake"),
-            origin,
-            "a trace source needs format azure, burstgpt or mooncake.",
-        )
-        _expect(
-            source.get("sample", "sequential") in ("sequential", "bootstrap"),
-            origin,
-            "trace sample must be sequential or bootstrap.",
-        )
-    arrivals = data.get("arrivals", {"process": "all_at_once"})
-    _expect(
-        isinstance(arrivals, dict) and "process" in arrivals,
-        origin,
-        "arrivals must be a mapping with 'process'.",
-    )
+def _arrivals(value: Any, root: Where, source: Source) -> dict[str, Any]:
+    """The arrivals mapping, its process known (the process's own keys are checked when the
+    workload is built, by `workloads.arrivals.arrivals_from_spec`)."""
+    where = root / "arrivals"
+    arrivals = ys.mapping(value, where)
+    if "process" not in arrivals:
+        where.fail("missing key 'process'", f"expected one of {', '.join(PROCESSES)}")
+    ys.enum_member(arrivals["process"], where / "process", PROCESSES)
     if arrivals["process"] == "trace":
-        _expect(source["kind"] == "trace", origin, "trace arrivals need a trace source.")
-        extra = set(arrivals) - {"process", "speedup", "jitter_s"}
-        _expect(not extra, origin, f"trace arrivals do not take {', '.join(sorted(extra))}.")
-    if data.get("constraint") is not None:
-        check_constraint(data["constraint"], origin)
-    prefix = data.get("prefix")
-    if prefix is not None:
-        _expect(
-            isinstance(prefix, dict) and set(prefix) <= {"groups", "prefix_len", "assign"},
-            origin,
-            "prefix must be a mapping of groups, prefix_len and assign.",
-        )
-        _expect(
-            _is_int(prefix.get("groups")) and prefix["groups"] >= 1,
-            origin,
-            "prefix.groups must be a positive integer.",
-        )
-        _expect(
-            _is_int(prefix.get("prefix_len")) and prefix["prefix_len"] >= 1,
-            origin,
-            "prefix.prefix_len must be a positive integer.",
-        )
-        _expect(
-            prefix.get("assign", "round_robin") in ("round_robin", "random"),
-            origin,
-            "prefix.assign must be round_robin or random.",
-        )
-        _expect(
-            source["kind"] in ("synthetic", "mix", "trace")
-            and not (source["kind"] == "trace" and source.get("format") == "mooncake"),
-            origin,
-            "shared prefixes apply to synthetic, mix and azure/burstgpt trace sources.",
-        )
+        if source.kind != "trace":
+            (where / "process").fail(
+                "trace arrivals need a trace source", "use another process, or a trace source"
+            )
+        ys.keys(arrivals, where, ("process", "speedup", "jitter_s"))
+        ys.number(arrivals.get("speedup", 1.0), where / "speedup", above=0)
+        ys.number(arrivals.get("jitter_s", 0.0), where / "jitter_s", minimum=0)
+    return arrivals
 
 
 def parse_spec(text: str, origin: str, *, base_dir: Path | None = None) -> WorkloadSpec:
     """Parse YAML text into a checked spec; `origin` names it in error messages."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{origin}: not valid YAML ({str(exc).splitlines()[0]}).") from None
-    check_spec(data, origin)
-    name = str(data.get("name") or Path(origin).stem)
-    return WorkloadSpec(name=name, data=data, origin=origin, base_dir=base_dir)
+    data, root = ys.load(text, origin, error=WorkloadError)
+    return WorkloadSpec.from_dict(data, root, base_dir=base_dir)
 
 
 def load_spec_file(path: Path) -> WorkloadSpec:
     """Read and check a YAML spec file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise WorkloadError(f"Cannot read workload spec {path} ({exc.strerror}).") from None
-    return parse_spec(text, str(path), base_dir=Path(path).resolve().parent)
+    data, root = ys.load_file(path, error=WorkloadError, what="workload spec")
+    return WorkloadSpec.from_dict(data, root, base_dir=Path(path).resolve().parent)

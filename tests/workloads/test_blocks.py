@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from workloads import WorkloadOptions, read_parquet, resolve_workload, store
-from workloads import build as build_module
 from workloads.blocks import block_reuse_from_ids, block_reuse_from_tokens
 from workloads.build import build_workload
 from workloads.cli import workload as workload_cli
 from workloads.registry import find_spec
+from workloads.sources import trace as trace_source
 
 BLOCK = 512
 
@@ -77,7 +77,7 @@ def test_distinct_ids_distinct_blocks(tmp_path, tiny_tokenizer):
 
 def test_streamed_build_in_row_groups_equals_in_memory(tmp_path, tiny_tokenizer, monkeypatch):
     monkeypatch.setattr(store, "ROW_GROUP_ROWS", 16)
-    monkeypatch.setattr(build_module, "BLOCK_CHUNK_ROWS", 24)
+    monkeypatch.setattr(trace_source, "BLOCK_CHUNK_ROWS", 24)
     rows = [_row(i * 10, 600 + 13 * (i % 7), [i % 5, 1000 + i]) for i in range(70)]
     spec = _trace(tmp_path, rows)
     out = tmp_path / "built.parquet"
@@ -105,7 +105,7 @@ def test_streamed_build_in_row_groups_equals_in_memory(tmp_path, tiny_tokenizer,
 
 
 def test_large_build_samples_prompt_check(tmp_path, tiny_tokenizer, monkeypatch):
-    monkeypatch.setattr(build_module, "FULL_CHECK_TOKENS", 4 * BLOCK)
+    monkeypatch.setattr(trace_source, "FULL_CHECK_TOKENS", 4 * BLOCK)
     rows = [_row(i, 2 * BLOCK, [i % 3, 100 + i]) for i in range(40)]
     w = resolve_workload(
         str(_trace(tmp_path, rows)), options=WorkloadOptions(), tokenizer=tiny_tokenizer

@@ -104,14 +104,26 @@ def test_sharegpt_sessions_keep_every_turn(tmp_path, tiny_tokenizer):
     [
         (
             "{kind: sessions, input: 8, output: 4}",
-            "synthetic sessions need turns, input and output",
+            r"x\.yaml:2: source: missing key 'turns'; synthetic sessions need turns, input and "
+            "output",
         ),
-        ("{kind: sessions, path: x.json, turns: 2}", "either path .* or turns and input"),
+        (
+            "{kind: sessions, path: x.json, turns: 2}",
+            r"x\.yaml:2: source: path and turns/input are both given; expected either path .* or "
+            "turns and input",
+        ),
         (
             "{kind: sessions, turns: 2, input: 8, output: 4, max_turns: 0}",
-            "max_turns must be a positive",
+            r"x\.yaml:2: source\.max_turns: got 0; expected an integer >= 1",
         ),
-        ("{kind: sessions, turns: 2, input: 8, output: 4, rounds: 3}", "does not take rounds"),
+        (
+            "{kind: sessions, turns: 2, input: 8, output: 4, rounds: 3}",
+            r"x\.yaml:2: source: unknown key 'rounds'; known keys: kind, turns",
+        ),
+        (
+            "{kind: sessions, turns: 2, input: 8, output: 4}\nprefix: {groups: 2, prefix_len: 8}",
+            r"x\.yaml:3: prefix: shared prefixes do not apply to this sessions source",
+        ),
     ],
 )
 def test_bad_session_specs_name_the_problem(source, message):

@@ -106,22 +106,28 @@ def test_cache(tmp_path, monkeypatch, tiny_tokenizer):
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("name: x\nrate: 3\n", "unknown key"),
-        ("[1, 2]\n", "must be a YAML mapping"),
-        ("name: x\nsource: {kind: synthetic, input: 5}\n", "needs input and output"),
-        ("name: x\nsource: {kind: magic}\n", "kind one of"),
-        ("name: x\nnum_requests: -2\n", "num_requests"),
+        ("name: x\nrate: 3\n", r"bad\.yaml:2: unknown key 'rate'; known keys: name, "),
+        ("[1, 2]\n", r"bad\.yaml:1: got a list; expected a mapping"),
+        (
+            "name: x\nsource: {kind: synthetic, input: 5}\n",
+            r"bad\.yaml:2: source: missing key 'output'; required keys: kind, input, output",
+        ),
+        (
+            "name: x\nsource: {kind: magic}\n",
+            r"bad\.yaml:2: source\.kind: got 'magic'; expected one of synthetic, mix, sharegpt",
+        ),
+        ("name: x\nnum_requests: -2\n", r"bad\.yaml:2: num_requests: got -2; expected an integer"),
         (
             "name: x\nsource: {kind: synthetic, input: 5, output: 5}\narrivals: {process: trace}\n",
-            "trace arrivals need",
+            r"bad\.yaml:3: arrivals\.process: trace arrivals need a trace source",
         ),
         (
             "name: x\nsource: {kind: synthetic, input: {dist: normal, mean: 5}, output: 5}\n",
-            "needs the field 'std'",
+            r"bad\.yaml:2: source\.input: dist 'normal' needs the field 'std'",
         ),
         (
             "name: x\nsource: {kind: synthetic, input: 5, output: 5}\narrivals: {process: poisson}\n",
-            "needs the field 'rate'",
+            r"bad\.yaml:3: arrivals: process 'poisson' needs the field 'rate'",
         ),
         ("name: x: y\n", "not valid YAML"),
     ],
