@@ -15,8 +15,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from harness.config import RunConfig
-from harness.run import run_benchmark
+from harness.run.config import RunConfig
+from harness.run.orchestrator import run_benchmark
 from harness.targets.target import target_for
 
 DEFAULT_PLANS = (

@@ -26,8 +26,8 @@ import uvloop
 
 from faults.proxy import FaultProxy
 from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body
-from harness.loadgen import LoadPlan, run_load
-from harness.records import RecordContext, to_rows
+from harness.load.loadgen import LoadPlan, run_load
+from harness.load.records import RecordContext, to_rows
 
 
 def start_mock(ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, int]:

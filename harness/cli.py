@@ -185,8 +185,9 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     """Drive a target with a workload, record every request and chunk, and summarise.
 
     vLLM's `bench serve` flags are accepted with vLLM's meaning (listed last)."""
-    from harness.config import RunConfig
-    from harness.run import run_benchmark
+    from harness.cli_compose import run_extensions
+    from harness.run.config import RunConfig
+    from harness.run.orchestrator import run_benchmark
     from reports.terminal import cli_console
 
     targets, repeat = kwargs.pop("targets"), kwargs.pop("repeat")
@@ -195,13 +196,11 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     config = RunConfig(stream=not no_stream, server_args=server_args, **kwargs)
     console = cli_console()
     quiet = quiet or no_progress
+    extensions = run_extensions(config)
     if len(targets) > 1 or repeat != 1:
-        sys.exit(
-            run_comparative_command(
-                config, targets or (config.server.spec.text,), repeat, console, quiet
-            )
-        )
-    outcome = run_benchmark(config, console=console, quiet=quiet)
+        targets = targets or (config.server.spec.text,)
+        sys.exit(run_comparative_command(config, targets, repeat, console, quiet, extensions))
+    outcome = run_benchmark(config, console=console, quiet=quiet, extensions=extensions)
     if result_request is not None:
         click.echo(f"vLLM result: {save_result(result_request, outcome.run_dir)}")
     if not quiet:
@@ -282,7 +281,7 @@ def mock_server(host: str, port: int, **kwargs) -> None:
         finally:
             await runner.cleanup()
 
-    from harness.run import run_event_loop
+    from harness.load.services import run_event_loop
 
     try:
         run_event_loop(serve())

@@ -49,8 +49,8 @@ def capacity(
     slo, start_rate, max_rate, max_iterations, rel_width, out, quiet, server_args, **kwargs
 ) -> None:
     """Search the request rate: exponential ramp, then bisection, bracket re-checks, a confirming run."""
-    from harness.capacity import run_capacity_search
-    from harness.config import RunConfig
+    from harness.run.capacity import run_capacity_search
+    from harness.run.config import RunConfig
 
     config = RunConfig(
         slo=slo, server_args=server_args, **{k: v for k, v in kwargs.items() if v is not None}

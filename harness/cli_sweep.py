@@ -46,8 +46,8 @@ def sweep(rates, concurrencies, repeat, no_stream, out, server_args, **kwargs) -
     `sweep.html` and `sweep_card.json` are the card (throughput, latency percentiles and
     goodput per point, and a Pareto chart of output tokens/s per user against total).
     """
-    from harness.config import RunConfig
-    from harness.sweep import SweepPlan, run_sweep
+    from harness.run.config import RunConfig
+    from harness.run.sweep import SweepPlan, run_sweep
 
     if (rates is None) == (concurrencies is None):
         raise HarnessError("bench sweep needs one of --request-rate LIST or --concurrency LIST.")

@@ -60,14 +60,16 @@ _OPTIONS = (
 
 
 def run_comparative_command(
-    config, targets: tuple[str, ...], repeat: int, console, quiet: bool
+    config, targets: tuple[str, ...], repeat: int, console, quiet: bool, extensions=None
 ) -> int:
-    """`bench run` with several targets or repetitions: run them, print the comparative
-    table and where the card is; returns the exit code."""
-    from harness.comparative import run_comparative
+    """`bench run` with several targets or repetitions: run them (each with `extensions`),
+    print the comparative table and where the card is; returns the exit code."""
+    from harness.run.comparative import run_comparative
     from reports.repeated import compare_repeated, repeated_table
 
-    outcome = run_comparative(config, list(targets), repeat, console=console, quiet=quiet)
+    outcome = run_comparative(
+        config, list(targets), repeat, console=console, quiet=quiet, extensions=extensions
+    )
     if not quiet:
         console.print(repeated_table(compare_repeated(outcome.runs, outcome.order)))
     if outcome.interrupted_reason:

@@ -35,7 +35,7 @@ class ParsedStream:
     event count alone: the growth of the usage so far that each event carries (vLLM's
     `stream_options.continuous_usage_stats`), else the length of the choice's `token_ids`
     (vLLM's `return_token_ids`); `chunk_tokens_source` says which. Only when neither is there
-    does a text event count one token (`CHUNK_COUNT`; `harness.records` then retokenises each
+    does a text event count one token (`CHUNK_COUNT`; `harness.load.records` then retokenises each
     event's text where it has a tokenizer); a text event counts at least one token either way.
     An event without text counts the tokens the server says it carries (an incomplete UTF-8
     character held back, an EOS); role-only and usage-only events count zero.

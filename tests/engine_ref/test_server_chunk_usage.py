@@ -16,8 +16,8 @@ import pytest
 from server_fixtures import running_server
 from test_server import _config
 
-from harness.config import RunConfig
-from harness.run import run_benchmark
+from harness.run.config import RunConfig
+from harness.run.orchestrator import run_benchmark
 from reports.build import build_card
 from reports.html import render_html
 from slo.runrecord import TokenSource

@@ -30,8 +30,8 @@ from harness.http.client import (
     RequestPayload,
     build_body,
 )
-from harness.loadgen import LoadPlan, run_load
-from harness.records import RecordContext, to_rows
+from harness.load.loadgen import LoadPlan, run_load
+from harness.load.records import RecordContext, to_rows
 from harness.targets.mock_server import MockConfig, start_mock
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 

@@ -1,5 +1,5 @@
 """The fault proxy between the harness's own client and the in-process mock server: what each
-toxic does to requests, as `harness/http/client.py` and `harness/records.py` classify them."""
+toxic does to requests, as `harness/http/client.py` and `harness/load/records.py` classify them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import uvloop
 
 from faults.proxy import TOXIC_KINDS, FaultProxy, Toxic
 from harness.http.client import AiohttpTransport, ClientOptions, RequestPayload, build_body, send
-from harness.loadgen import LoadPlan, run_load
-from harness.records import RecordContext, to_rows
+from harness.load.loadgen import LoadPlan, run_load
+from harness.load.records import RecordContext, to_rows
 from harness.targets.mock_server import MockConfig, start_mock
 
 FAST = MockConfig(ttft_ms=20, itl_ms=2)

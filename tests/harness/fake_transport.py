@@ -2,7 +2,7 @@
 
 `FakeTransport` fills `RawResult` the way `harness.http.client.send` does (the same timestamps,
 reads as `(perf_counter_ns, bytes)`, status and error class only for failures the transport decides),
-so `harness.records.to_rows` turns its results into the records a real run would write. It also
+so `harness.load.records.to_rows` turns its results into the records a real run would write. It also
 records what was sent and how many requests were in flight at once.
 """
 

@@ -10,8 +10,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from harness.config import RunConfig
-from harness.run import run_benchmark
+from harness.run.config import RunConfig
+from harness.run.orchestrator import run_benchmark
 from harness.targets.target import target_for
 from workloads.registry import builtin_names
 

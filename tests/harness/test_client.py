@@ -15,7 +15,6 @@ import pytest
 from aiohttp import web
 from fake_transport import FakeTransport, stream
 
-from harness.config import RunConfig
 from harness.http.client import (
     AiohttpTransport,
     ClientOptions,
@@ -26,7 +25,8 @@ from harness.http.client import (
 )
 from harness.http.sse import parse_stream
 from harness.http.transport import Transport
-from harness.run import _chunk_usage
+from harness.run.config import RunConfig
+from harness.run.plan import chunk_usage_for as _chunk_usage
 from harness.targets.mock_server import MockConfig, start_mock
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 

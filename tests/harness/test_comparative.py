@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.comparative import interleaved, target_labels
 from harness.errors import HarnessError
+from harness.run.comparative import interleaved, target_labels
 
 
 @pytest.mark.parametrize(

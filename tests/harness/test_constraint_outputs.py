@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from harness.cli import bench
 from harness.http.client import ClientOptions, RawResult, build_body
-from harness.output_checks import Expectation, OutputChecks
-from harness.records import RecordContext, to_rows
+from harness.load.output_checks import Expectation, OutputChecks
+from harness.load.records import RecordContext, to_rows
 from reports.build import build_card
 from slo.runrecord import OutputFlag
 from workloads.constraint import check_constraint, request_fields, violation

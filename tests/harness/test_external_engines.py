@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.config import RunConfig
 from harness.errors import HarnessError
+from harness.run.config import RunConfig
 from harness.targets.engines import ENGINES, parse_assignments, plan_launch
 from harness.targets.launch import free_port, launched
 from harness.targets.managed import ManagedServerConfig, managed_server

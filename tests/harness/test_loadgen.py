@@ -11,7 +11,7 @@ import pytest
 from fake_transport import FakeTransport, Stream, stream
 
 from harness.http.client import RawResult, RequestPayload
-from harness.loadgen import LoadPlan, LoadResult, run_load
+from harness.load.loadgen import LoadPlan, LoadResult, run_load
 from slo.runrecord import RequestStatus
 
 LOOSE_LAG_NS = 1_000_000_000  # sanity bound only: far above any schedule here

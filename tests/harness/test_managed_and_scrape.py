@@ -7,9 +7,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.run import run_benchmark
+from harness.run.config import RunConfig
+from harness.run.orchestrator import run_benchmark
 from harness.targets.managed import ManagedServerConfig, managed_server
 from harness.targets.scraper import parse_metrics
 

@@ -1,4 +1,4 @@
-"""Per-request output checks through the record path (`harness.records.to_rows`): the oracle
+"""Per-request output checks through the record path (`harness.load.records.to_rows`): the oracle
 comparison, the TEST06-style flags, `output_valid`, and the engine ids kept per request."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from harness.http.client import RawResult
-from harness.output_checks import Expectation, OutputChecks
-from harness.records import RecordContext, to_rows
+from harness.load.output_checks import Expectation, OutputChecks
+from harness.load.records import RecordContext, to_rows
 from slo.runrecord import OutputFlag
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.http.client import RawResult
-from harness.ray_workers import clock_offset, shift_raw
+from harness.load.ray_workers import clock_offset, shift_raw
 from slo.runrecord import RequestColumn, open_run
 
 FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8", "--quiet"]

@@ -28,9 +28,9 @@ from fake_transport import (
 )
 
 from harness.http.client import RawResult, RequestPayload
-from harness.loadgen import LoadPlan, run_load
-from harness.recorder import RunRecorder
-from harness.records import RecordContext
+from harness.load.loadgen import LoadPlan, run_load
+from harness.load.recorder import RunRecorder
+from harness.load.records import RecordContext
 from slo.runrecord import (
     ErrorClass,
     RequestStatus,
@@ -291,8 +291,8 @@ CRASH_SCRIPT = textwrap.dedent(
     sys.path[:0] = [sys.argv[2], sys.argv[3]]
     from fake_transport import FakeTransport, stream, usage
     from harness.http.client import RawResult, RequestPayload
-    from harness.recorder import RunRecorder
-    from harness.records import RecordContext
+    from harness.load.recorder import RunRecorder
+    from harness.load.records import RecordContext
     from slo.runrecord import RunManifest
 
     async def result(rid):

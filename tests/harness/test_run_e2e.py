@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.run import run_benchmark
+from harness.run.config import RunConfig
+from harness.run.orchestrator import run_benchmark
 
 FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8"]
 

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.outcome import OutputTally, judge
-from harness.run_context import RunContext
+from harness.run.context import RunContext
+from harness.run.outcome import OutputTally, judge
 from slo.runrecord import RequestRecord, RunWriter, read_manifest
 
 FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8", "--quiet"]

@@ -11,8 +11,8 @@ import pytest
 from fake_transport import DONE_EVENT, FakeTransport, HttpError, Stream, sse_event, stream
 
 from harness.http.client import ClientOptions, RawResult, RequestPayload
-from harness.loadgen import LoadPlan, run_load
-from harness.sessions import SessionPlan, sessions_from_rows
+from harness.load.loadgen import LoadPlan, run_load
+from harness.load.sessions import SessionPlan, sessions_from_rows
 from slo.runrecord import Endpoint, RequestStatus
 
 

@@ -13,10 +13,11 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from harness.config import RunConfig
 from harness.http.client import ClientOptions, make_session, send
 from harness.http.sse import split_events
-from harness.run import run_benchmark
+from harness.http.transport import BaseTransport
+from harness.run.config import RunConfig
+from harness.run.orchestrator import run_benchmark
 from harness.targets.target import target_for
 from slo.runrecord import Endpoint
 
@@ -43,7 +44,7 @@ def tiny_target():
         yield target
 
 
-class RecordingTransport:
+class RecordingTransport(BaseTransport):
     """The real client path (`harness.http.client.send`), one short-lived session per request,
     keeping every body sent and every raw result."""
 

@@ -24,7 +24,7 @@ from test_sse import _reads  # the same read splitter as the Python parser's tes
 
 from harness.http import sse, sse_native
 from harness.http.client import RawResult
-from harness.records import RecordContext, to_rows
+from harness.load.records import RecordContext, to_rows
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here"

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from harness.cli import _is_user_error, bench
 from harness.errors import HarnessError
-from harness.sweep import SweepPlan
+from harness.run.sweep import SweepPlan
 
 FAST = ["--tokenizer", "tiny-random", "--input-len", "4", "--output-len", "8",
         "--num-requests", "12"]  # fmt: skip

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.config import RunConfig
 from harness.errors import HarnessError
+from harness.run.config import RunConfig
 from harness.targets.spec import normalise_base_url
 from harness.vllm_compat import (
     fold_nargs_plus,
@@ -229,10 +229,10 @@ def _config(argv: list[str]) -> RunConfig:
         captured["config"] = config
         raise SystemExit(0)
 
-    import harness.run
+    import harness.run.orchestrator
 
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(harness.run, "run_benchmark", fake_run)
+    monkey.setattr(harness.run.orchestrator, "run_benchmark", fake_run)
     try:
         result = CliRunner().invoke(bench, ["run", *argv])
     finally:

@@ -19,8 +19,8 @@ from cli_runs import bench_run_command
 
 from harness.errors import HarnessError
 from harness.http.client import RequestPayload
-from harness.loadgen import LoadPlan
-from harness.workers import auto_workers, split_plan
+from harness.load.loadgen import LoadPlan
+from harness.load.split import auto_workers, split_plan
 from slo.runrecord import (
     ErrorClass,
     RequestColumn,
@@ -347,7 +347,7 @@ def test_killed_worker_leaves_every_request_accounted_for(mock_server, tmp_path,
 
 
 def test_workers_config_boundaries():
-    from harness.config import RunConfig
+    from harness.run.config import RunConfig
 
     assert RunConfig(workers="AUTO").load.workers == "auto"
     assert RunConfig(workers="3").load.workers == 3 and RunConfig(workers=1).load.workers == 1

@@ -66,7 +66,7 @@ def test_rank_correlation_matches_scipy():
 
 
 def test_the_run_verdict_says_it_in_words():
-    from harness.outcome import EXIT_OK, judge
+    from harness.run.outcome import EXIT_OK, judge
 
     summary = {"counts": {"total": 40, "by_status": {"ok": 40}}, "error_rate": 0.0,
                "saturation": saturation_summary(request_metrics(_queue_run(40, 10, 20), []))}  # fmt: skip

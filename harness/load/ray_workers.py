@@ -1,4 +1,4 @@
-"""`bench run --ray ADDRESS`: the worker shares of `harness.workers` run as Ray actors, spread
+"""`bench run --ray ADDRESS`: the worker shares of `harness.load.split` run as Ray actors, spread
 across a cluster's nodes (Ray is an optional extra: `pip install 'llm-bench-harness[ray]'`).
 
 Each actor measures latencies with its own node's monotonic clock. At start the parent measures
@@ -17,8 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from harness.errors import HarnessError
-from harness.http.client import RawResult
-from harness.workers import WorkerShare, WorkerSplit, drive_share
+from harness.http.client import ClientOptions, RawResult
+from harness.load.loadgen import LoadPlan
+from harness.load.pool import drive_share
+from harness.load.services import DrivenRun, run_services, stop_reason_of
+from harness.load.split import WorkerShare, WorkerSplit, split_into
 from slo.runrecord import ErrorClass, RequestStatus
 
 INSTALL_SENTENCE = (
@@ -60,6 +63,21 @@ def connect(address: str) -> int:
                 "ray start --head, or use --ray local."
             ) from None
     return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def ray_split(
+    plan: LoadPlan, options: ClientOptions, *, workers: int | str | None, address: str
+) -> WorkerSplit:
+    """The `WorkerSplit` of `--ray ADDRESS`: `workers` actors (a count), or one per alive node
+    of the cluster (None or `auto`)."""
+    nodes = connect(address)
+    if workers in (None, "auto"):
+        wanted, why = nodes, f"one Ray actor per alive node: {nodes}"
+    else:
+        wanted, why = int(workers), f"--workers {workers}"
+    return split_into(
+        plan, options, wanted, requested=workers, why=why, mode="ray", clock=RAY_CLOCK
+    )
 
 
 def clock_offset(samples: Sequence[tuple[int, int, int]]) -> tuple[int, int]:
@@ -157,11 +175,16 @@ def _lost(share: WorkerShare, sentence: str) -> list[RawResult]:
     return out
 
 
-async def drive_ray(run, split: WorkerSplit, on_lost: Callable[[int, str], None]) -> str | None:
-    """`harness.run._drive_workers` for `--ray`: run `split`'s shares as actors, record their
-    results through `run` on the parent's timeline; returns why the run stopped early."""
-    from harness.run import _run_services
-
+async def drive_ray(
+    run: DrivenRun,
+    split: WorkerSplit,
+    *,
+    on_lost: Callable[[int, str], None],
+    stop_on_loss: bool,
+) -> tuple[str | None, list[dict]]:
+    """`harness.load.pool.drive_workers` for `--ray`: run `split`'s shares as actors, record
+    their results through `run` on the parent's timeline. Returns (why the run stopped early,
+    or None; the manifest's per-worker entries)."""
     ray = require_ray()
     actor_class = ray.remote(num_cpus=1)(BenchWorkerActor)
     actors = [actor_class.options(scheduling_strategy="SPREAD").remote() for _ in split.shares]
@@ -170,10 +193,18 @@ async def drive_ray(run, split: WorkerSplit, on_lost: Callable[[int, str], None]
         for s in split.shares
     ]
     lost: list[str] = []
-    stop_reason: dict = {}
+
+    def lose(index: int, sentence: str) -> None:
+        lost.append(sentence)
+        on_lost(index, sentence)
+        if stop_on_loss:
+            run.request_stop(f"{sentence}; the other actors were stopped")
+
+    signalled: dict = {}
+    reason = None
     runs = []
     try:
-        async with _run_services(run) as stop_reason:
+        async with run_services(run) as signalled:
             runs = [a.run.remote(s) for a, s in zip(actors, split.shares, strict=True)]
             try:
                 await asyncio.gather(*(a.wait_ready.remote() for a in actors))
@@ -188,29 +219,29 @@ async def drive_ray(run, split: WorkerSplit, on_lost: Callable[[int, str], None]
                         for a, e in zip(actors, entries, strict=True)
                     )
                 )
-                await _collect(run, split, runs, entries, lost, on_lost)
+                await _collect(run, split, runs, entries, lose)
             except asyncio.CancelledError:
                 for actor in actors:
                     actor.stop.remote()
-                await _collect(run, split, runs, entries, lost, on_lost)
+                await _collect(run, split, runs, entries, lose)
                 raise
     except asyncio.CancelledError:
-        return stop_reason.get("reason") or run.stop_reason or "cancelled"
+        reason = stop_reason_of(run, signalled)
     finally:
-        run.workers = [{k: v for k, v in e.items() if k != "collected"} for e in entries]
         for actor in actors:
             ray.kill(actor)
         ray.shutdown()
-    if lost:
-        return (
+    if reason is None and lost:
+        reason = (
             f"{'; '.join(lost)} mid-run: its requests are unknown; the other actors ran to "
             "the end (--on-worker-failure continue)"
         )
-    return None
+    return reason, [{k: v for k, v in e.items() if k != "collected"} for e in entries]
 
 
-async def _collect(run, split, runs, entries, lost, on_lost) -> None:
-    """Take every actor's results as it finishes (shifted onto the parent's clock)."""
+async def _collect(run: DrivenRun, split: WorkerSplit, runs, entries, lose) -> None:
+    """Take every actor's results as it finishes (shifted onto the parent's clock); a dead
+    actor's requests are recorded lost and `lose(index, sentence)` is told."""
     ray = require_ray()
     pending = {ref: k for k, ref in enumerate(runs) if not entries[k].get("collected")}
 
@@ -224,10 +255,7 @@ async def _collect(run, split, runs, entries, lost, on_lost) -> None:
             entry["died"] = True
             for raw in _lost(share, sentence):
                 run.on_result(raw)
-            lost.append(sentence)
-            on_lost(k, sentence)
-            if run.config.stop.on_worker_failure == "stop":
-                run.request_stop(f"{sentence}; the other actors were stopped")
+            lose(k, sentence)
             return
         entry["collected"], entry["died"] = True, False
         offset = entry.get("clock_offset_ns", 0)

@@ -10,11 +10,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.outcome import EXIT_INTERRUPTED, EXIT_OK
-from harness.run import RunOutcome, run_benchmark
+from harness.run.config import RunConfig
+from harness.run.extensions import RunExtensions
+from harness.run.orchestrator import run_benchmark
+from harness.run.outcome import EXIT_INTERRUPTED, EXIT_OK, RunOutcome
 from harness.targets.spec import TargetSpec
+from reports.repeated import compare_repeated, repeated_html, repeated_markdown
 
 
 def interleaved(targets: list[str], repeat: int) -> list[tuple[int, str]]:
@@ -66,10 +68,12 @@ def run_comparative(
     *,
     console=None,
     quiet: bool = True,
+    extensions: RunExtensions | None = None,
 ) -> ComparativeOutcome:
     """Run `config` against each of `targets`, `repeat` times, interleaved; then write the
-    comparative card into the parent directory (`config.recording.out`, else runs/<time>-compare).
-    Stops at the first interrupted run (what ran is still compared)."""
+    comparative card into the parent directory (`config.recording.out`, else
+    runs/<time>-compare). Every run gets `extensions` (`run_benchmark`'s). Stops at the first
+    interrupted run (what ran is still compared)."""
     order = interleaved(targets, repeat)
     labels = dict(zip(targets, target_labels(targets), strict=True))
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -91,7 +95,10 @@ def run_comparative(
         if console is not None and not quiet:
             console.print(f"run {len(done) + 1}/{len(order)}: {label}, repetition {rep + 1}")
         outcome = run_benchmark(
-            replace(base, target=target, out=run_dir), console=console, quiet=quiet
+            replace(base, target=target, out=run_dir),
+            console=console,
+            quiet=quiet,
+            extensions=extensions,
         )
         outcomes.append(outcome)
         runs[label].append(run_dir)
@@ -106,8 +113,6 @@ def run_comparative(
 
 def write_comparison(out_dir: Path, runs: dict[str, list[Path]], order: list[str]):
     """Write comparison.json, .html and .md for `runs` into `out_dir`; returns the comparison."""
-    from reports.repeated import compare_repeated, repeated_html, repeated_markdown
-
     comparison = compare_repeated(runs, order)
     (out_dir / "comparison.json").write_text(comparison.to_json())
     (out_dir / "comparison.html").write_text(repeated_html(comparison))

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.recorder import prepare_run_dir
-from harness.run import load_tokenizer_for, removed_if_left_empty, run_benchmark
+from harness.load.recorder import prepare_run_dir
+from harness.run.config import RunConfig
+from harness.run.orchestrator import load_tokenizer_for, removed_if_left_empty, run_benchmark
 from harness.targets.target import launch_plan_for, target_for
 
 SWEEP_FILE = "sweep.json"

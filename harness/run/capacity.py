@@ -9,10 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.run import load_tokenizer_for, run_benchmark
+from harness.run.config import RunConfig
+from harness.run.orchestrator import load_tokenizer_for, run_benchmark
 from harness.targets.target import launch_plan_for, target_for
+from slo import load_slo
+from slo.capacity import ProbeResult, search
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,6 @@ def run_capacity_search(
     Every probe is a full run in `<out>/probe-NN-<rate>`, against one target started once.
     `capacity.json` in `out` holds the goodput-versus-rate curve and the search outcome.
     """
-    from slo import load_slo
-    from slo.capacity import ProbeResult, search
-
     if config.recording.slo is None:
         raise HarnessError(
             "bench capacity needs --slo (its attainment target is what is searched for)."

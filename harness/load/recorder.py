@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.errors import HarnessError
 from harness.http.client import RawResult
-from harness.records import RecordContext, to_rows
+from harness.load.records import RecordContext, to_rows
 from slo.runrecord import RunManifest, RunWriter
 
 

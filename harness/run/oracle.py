@@ -96,10 +96,10 @@ def _guided(constraint: dict | None):
 
 
 def _compute(rows: list[dict], *, model: str, endpoint: Endpoint) -> dict[str, str]:
-    from engine_ref import EngineConfig, LLMEngine, SamplingParams
+    from engine_ref import EngineConfig, SamplingParams, build_engine
 
     try:
-        engine = LLMEngine(EngineConfig(model=model))
+        engine = build_engine(EngineConfig(model=model))
     except Exception as exc:  # the loader's errors are one sentence
         raise HarnessError(
             f"cannot load {model!r} on the reference engine for the output oracle: {exc}"

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from harness.http.client import RawResult, RequestPayload
 from harness.http.transport import Transport
-from harness.sessions import SessionPlan, drive_sessions
+from harness.load.sessions import SessionPlan, drive_sessions
 from slo.runrecord import RequestStatus
 
 
@@ -38,7 +38,7 @@ class LoadPlan:
     closed loop with `concurrency` users. `concurrency` caps in-flight requests in open loop.
     `duration_s` stops dispatching new requests after that many seconds. Warm-up requests are
     sent first, all at once under the same cap, and are recorded as warm-up. With `sessions`
-    (see `harness.sessions`) the turns are sent as their sessions say; `payloads` and
+    (see `harness.load.sessions`) the turns are sent as their sessions say; `payloads` and
     `arrival_s` (None for turns after the first) list them for the schedule and the ledger.
     """
 

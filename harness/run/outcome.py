@@ -15,6 +15,7 @@ verdict (3), as a regression does in the gate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.targets.process import exit_description
 from slo.runrecord import RequestStatus
@@ -37,6 +38,18 @@ class Verdict:
 
     def to_dict(self) -> dict:
         return {"exit_code": self.exit_code, "sentence": self.sentence}
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """Where the run went and what it found; `summary` is `slo.summarize`'s dict."""
+
+    run_dir: Path
+    summary: dict
+    complete: bool
+    interrupted_reason: str | None
+    verdict: Verdict = Verdict(EXIT_OK, None)
+    stopped_by_errors: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import numpy as np
 
 from harness.http.client import RawResult
 from harness.http.sse import ParsedStream, parse_body, parse_stream
-from harness.output_checks import CheckResult, OutputChecks
+from harness.load.output_checks import CheckResult, OutputChecks
 from slo.runrecord import ErrorClass, RequestRecord, RequestStatus, TokenSource
 
 TokenCounter = Callable[[str], int]
@@ -50,7 +50,7 @@ def _rel(t_ns: int | None, t0_ns: int) -> int | None:
 def _slot_freed(raw: RawResult, t0_ns: int) -> int | None:
     """When the concurrency-cap slot the request took was freed, relative to t0 (None: no
     cap, or a slot free from the start). The load generator hands it as an offset from the
-    scheduled time (see `harness.loadgen.DispatchedResult`); other results have none."""
+    scheduled time (see `harness.load.loadgen.DispatchedResult`); other results have none."""
     offset_ns = getattr(raw, "slot_freed_offset_ns", None)
     if offset_ns is None or raw.t_scheduled_ns is None:
         return None

@@ -114,7 +114,7 @@ class RecordingConfig:
       idle after the run (the ledger's leak check).
     - `slice_duration_s`: fixed-width time slices on the card.
     - `check_outputs`: greedy requests, each output compared with the reference engine's
-      batch-1 output (`harness.oracle`); an output diverging before `diverge_before` tokens
+      batch-1 output (`harness.run.oracle`); an output diverging before `diverge_before` tokens
       is `wrong output`.
     """
 

@@ -7,10 +7,12 @@ from collections import Counter
 
 import pyarrow as pa
 
-from harness.config import RunConfig
 from harness.errors import HarnessError
-from harness.outcome import OutputTally
-from harness.output_checks import Expectation, OutputChecks
+from harness.load.output_checks import Expectation, OutputChecks
+from harness.run.config import RunConfig
+from harness.run.oracle import reference_texts
+from harness.run.outcome import OutputTally
+from harness.targets.engines import DEFAULT_MODEL
 from harness.targets.tokenizer_choice import names_a_model
 from slo.correctness import WRONG_FLAGS
 from slo.runrecord import Endpoint, RequestColumn, RequestStatus
@@ -43,8 +45,6 @@ def request_rows(config: RunConfig, workload) -> list[dict]:
 
 def oracle_model(config: RunConfig) -> str:
     """The reference model whose batch-1 outputs judge the target's (`--check-outputs`)."""
-    from harness.targets.tokenizer_choice import DEFAULT_MODEL
-
     if not config.server.spec.is_url:
         return config.server.model or DEFAULT_MODEL
     for candidate in (config.server.model, config.server.tokenizer):
@@ -60,8 +60,6 @@ def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) ->
     """The run's output checks: TEST06-style flags and the workload's output constraint
     always; with `check_outputs`, the reference engine's batch-1 outputs for the greedy
     requests (cached per workload)."""
-    from harness.oracle import reference_texts
-
     # the reference outputs need every row at once; otherwise a batch of dicts at a time
     rows = request_rows(config, workload) if config.recording.check_outputs else None
     shared: dict[tuple, Expectation] = {}  # one object per distinct expectation, not per row

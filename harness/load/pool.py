@@ -1,10 +1,8 @@
-"""Worker processes: one hash-pinned schedule split across N local processes (`--workers`).
+"""Worker processes: the shares of one schedule (`harness.load.split`) driven by N local
+processes (`--workers`).
 
 Each worker is a spawned process with its own event loop (uvloop when installed) and connection
-pool, running `run_load` on its share of the plan. Request i of the schedule goes to worker
-i mod N (open loop: the arrival process is thinned evenly and every request keeps its own
-arrival offset; closed loop: user u is on worker u mod N and request i goes to the worker of
-user i mod users; sessions: whole sessions). `time.perf_counter_ns()` is CLOCK_MONOTONIC,
+pool, running `run_load` on its share of the plan. `time.perf_counter_ns()` is CLOCK_MONOTONIC,
 shared by every process of one host, so the parent picks one start time a little in the
 future and every worker's times are on the parent's timeline unchanged.
 
@@ -25,195 +23,17 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-import orjson
-
-from harness.errors import HarnessError
-from harness.http.client import AiohttpTransport, ClientOptions, RawResult
-from harness.loadgen import LoadPlan, run_load
+from harness.http.client import AiohttpTransport, RawResult
+from harness.load.loadgen import run_load
+from harness.load.services import DrivenRun, run_event_loop, run_services, stop_reason_of
+from harness.load.split import WorkerShare
 from slo.runrecord import ErrorClass, RequestStatus
 
 START_LEAD_NS = 200_000_000  # the shared start time: this far after the last worker is ready
 RESULT_BATCH_S = 0.02  # how often a worker sends its finished results to the parent
 STOP_GRACE_S = 30.0  # a stopped worker that has not reported back by then is killed
-# `--workers auto`: expected output tokens/s one worker keeps up with (one process ingests
-# 680-750k from the cheap mock with the compiled stream scanner: benchmarks/client_capacity.py)
-TOKENS_PER_S_PER_WORKER = 600_000
-USERS_PER_WORKER = 64  # `--workers auto`, closed loop
-SAME_HOST_CLOCK = (
-    "CLOCK_MONOTONIC (time.perf_counter_ns), shared by every process of one host: the "
-    "workers' times need no alignment"
-)
-
-
-@dataclass(frozen=True)
-class WorkerShare:
-    """One worker's part of the plan (`index` of `count`), with how to reach the target."""
-
-    index: int
-    count: int
-    options: ClientOptions
-    plan: LoadPlan
-    max_connections: int
-
-    @property
-    def request_ids(self) -> list[str]:
-        """Every request this worker was given (warm-up first), in schedule order."""
-        return [p.request_id for p in (*self.plan.warmup, *self.plan.payloads)]
-
-    def scheduled_ns(self, t0_ns: int | None) -> dict[str, int | None]:
-        """Each request's scheduled time once the run started at `t0_ns` (None: closed loop,
-        a later turn, warm-up, or not started)."""
-        arrivals = self.plan.arrival_s or [None] * len(self.plan.payloads)
-        out: dict[str, int | None] = {p.request_id: None for p in self.plan.warmup}
-        for payload, offset_s in zip(self.plan.payloads, arrivals, strict=True):
-            out[payload.request_id] = (
-                None if t0_ns is None or offset_s is None else t0_ns + round(offset_s * 1e9)
-            )
-        return out
-
-
-def _split_evenly(total: int, n: int) -> list[int]:
-    """`total` split into `n` whole parts that differ by at most one, larger parts first."""
-    return [total // n + (1 if k < total % n else 0) for k in range(n)]
-
-
-def split_plan(plan: LoadPlan, workers: int) -> list[LoadPlan]:
-    """`plan` split into at most `workers` plans whose union is `plan` (each request once).
-
-    Fewer plans come back when there are fewer units to split (requests, sessions, closed-loop
-    users, or slots of an open-loop concurrency cap), so no worker is idle.
-    """
-    closed = plan.arrival_s is None
-    units = len(plan.sessions.sessions) if plan.sessions is not None else len(plan.payloads)
-    n = max(1, min(workers, units))
-    if plan.concurrency:
-        n = min(n, plan.concurrency)
-    caps = _split_evenly(plan.concurrency, n) if plan.concurrency else [None] * n
-    if plan.sessions is not None:
-        owner_of_session = {s.session_id: k % n for k, s in enumerate(plan.sessions.sessions)}
-        owner = {
-            turn.request_id: owner_of_session[s.session_id]
-            for s in plan.sessions.sessions
-            for turn in s.turns
-        }
-    elif closed:
-        owner = {p.request_id: (i % plan.concurrency) % n for i, p in enumerate(plan.payloads)}
-    else:
-        owner = {p.request_id: i % n for i, p in enumerate(plan.payloads)}
-    arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
-    plans = []
-    for k in range(n):
-        mine = [
-            (p, a) for p, a in zip(plan.payloads, arrivals, strict=True) if owner[p.request_id] == k
-        ]
-        sessions = None
-        if plan.sessions is not None:
-            sessions = replace(
-                plan.sessions,
-                sessions=tuple(s for j, s in enumerate(plan.sessions.sessions) if j % n == k),
-            )
-        plans.append(
-            LoadPlan(
-                payloads=[p for p, _ in mine],
-                arrival_s=None if plan.arrival_s is None else [a for _, a in mine],
-                concurrency=caps[k],
-                duration_s=plan.duration_s,
-                warmup=[w for j, w in enumerate(plan.warmup) if j % n == k],
-                sessions=sessions,
-            )
-        )
-    return plans
-
-
-def auto_workers(plan: LoadPlan, cores: int | None = None) -> tuple[int, str]:
-    """(`--workers auto`'s count, why): one worker per `TOKENS_PER_S_PER_WORKER` expected
-    output tokens/s (open loop: the schedule's mean rate x mean max_tokens) or per
-    `USERS_PER_WORKER` closed-loop users, at most cores - 1, at least 1."""
-    cores = cores or os.cpu_count() or 1
-    ceiling = max(1, cores - 1)
-    if plan.arrival_s is None:
-        users = plan.concurrency or 1
-        wanted = -(-users // USERS_PER_WORKER)
-        basis = f"{users} closed-loop users at {USERS_PER_WORKER} per worker"
-    else:
-        span_s = max(plan.arrival_s) if plan.arrival_s else 0.0
-        rate = len(plan.arrival_s) / span_s if span_s > 0 else float("inf")
-        lengths = [orjson.loads(p.body).get("max_tokens") or 0 for p in plan.payloads[:1000]]
-        mean_len = sum(lengths) / len(lengths) if lengths else 0
-        tokens_per_s = rate * mean_len
-        wanted = (
-            ceiling
-            if tokens_per_s == float("inf")
-            else max(1, -(-int(tokens_per_s) // TOKENS_PER_S_PER_WORKER))
-        )
-        basis = (
-            f"expected {tokens_per_s:.0f} output tokens/s ({rate:.3g} requests/s x "
-            f"{mean_len:.0f} tokens) at {TOKENS_PER_S_PER_WORKER} per worker"
-        )
-    count = max(1, min(wanted, ceiling))
-    return count, f"{basis}, at most {ceiling} (cores - 1 of {cores}): {count}"
-
-
-@dataclass(frozen=True)
-class WorkerSplit:
-    """How a run's plan was split: the shares, and what the manifest says about them."""
-
-    shares: list[WorkerShare]
-    mode: str  # "processes" or "ray"
-    requested: int | str | None  # what --workers said
-    why: str  # how the count was chosen
-    clock: str  # how the workers' times are put on one timeline
-
-    def worker_of(self) -> dict[str, int]:
-        """request id -> the worker that was given it."""
-        return {rid: s.index for s in self.shares for rid in s.request_ids}
-
-    def manifest_entry(self) -> dict:
-        return {
-            "mode": self.mode,
-            "count": len(self.shares),
-            "requested": self.requested,
-            "why": self.why,
-            "assignment": ASSIGNMENT,
-            "clock": self.clock,
-        }
-
-
-ASSIGNMENT = (
-    "open loop: request i of the schedule on worker i mod N, each at its own arrival offset; "
-    "closed loop: user u on worker u mod N, request i on the worker of user i mod users; "
-    "sessions: whole sessions, session j on worker j mod N; warm-up request j on worker j mod N"
-)
-
-
-def split_for(config, plan: LoadPlan, options: ClientOptions) -> WorkerSplit:
-    """The `WorkerSplit` for `config.load.workers` (a count, `auto` or None) and `config.load.ray_address`."""
-    requested = config.load.workers
-    if config.load.ray_address is not None:
-        from harness.ray_workers import RAY_CLOCK, connect
-
-        nodes = connect(config.load.ray_address)
-        if requested in (None, "auto"):
-            wanted, why = nodes, f"one Ray actor per alive node: {nodes}"
-        else:
-            wanted, why = int(requested), f"--workers {requested}"
-        mode, clock = "ray", RAY_CLOCK
-    else:
-        if requested == "auto":
-            wanted, why = auto_workers(plan)
-        else:
-            wanted, why = int(requested), f"--workers {requested}"
-        mode, clock = "processes", SAME_HOST_CLOCK
-    plans = split_plan(plan, wanted)
-    if len(plans) < wanted:
-        why += f"; {len(plans)} used (no more requests, sessions, users or slots to split)"
-    shares = []
-    for k, part in enumerate(plans):
-        connections = part.concurrency or max(len(part.payloads), len(part.warmup), 1)
-        shares.append(WorkerShare(k, len(plans), options, part, min(connections, 4096)))
-    return WorkerSplit(shares, mode, requested, why, clock)
 
 
 # The worker side -----------------------------------------------------------------------------
@@ -235,8 +55,6 @@ class _Reporter:
 def worker_process_main(conn, share: WorkerShare) -> None:
     """A worker process's entry point: drive `share` and report over `conn` until done."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a run stops
-    from harness.run import run_event_loop
-
     try:
         run_event_loop(_serve(conn, share))
     finally:
@@ -503,8 +321,54 @@ class WorkerPool:
         ]
 
 
-def check_workers_supported(transport) -> None:
-    """Refuse, in one sentence, what `--workers`/`--ray` cannot do: a test transport lives in
-    this process only (`--faults` with workers is refused by `RunConfig`)."""
-    if transport is not None:
-        raise HarnessError("a test transport runs in this process only; drop --workers/--ray.")
+async def drive_workers(
+    run: DrivenRun,
+    shares: list[WorkerShare],
+    *,
+    observer=None,
+    display: contextlib.AbstractContextManager | None = None,
+    on_lost: Callable[[int, str], None],
+    stop_on_loss: bool,
+) -> tuple[str | None, list[dict]]:
+    """The load phase with its shares in worker processes; this process records their
+    results through `run`. `on_lost(index, sentence)` hears of a worker that died mid-run;
+    with `stop_on_loss` (`--on-worker-failure stop`) the others are stopped then.
+
+    Returns (why the run stopped early, or None; the manifest's per-worker entries)."""
+    lost: list[str] = []
+
+    def worker_lost(index: int, sentence: str) -> None:
+        lost.append(sentence)
+        on_lost(index, sentence)
+        if stop_on_loss:
+            run.request_stop(
+                f"{sentence} mid-run; the other workers were stopped (--on-worker-failure stop)"
+            )
+
+    pool = WorkerPool(shares, run.on_result, run.start, worker_lost, observer)
+    signalled: dict = {}
+    reason = None
+    try:
+        async with run_services(run) as signalled:
+            pool.start()
+            with display or contextlib.nullcontext():
+                try:
+                    await pool.wait()
+                except asyncio.CancelledError:
+                    pool.stop()
+                    try:
+                        await asyncio.wait_for(pool.wait(), STOP_GRACE_S)
+                    except TimeoutError:
+                        pool.kill_stragglers()
+                        await pool.wait()
+                    raise
+    except asyncio.CancelledError:
+        reason = stop_reason_of(run, signalled)
+    finally:
+        pool.close()
+    if reason is None and lost:
+        reason = (
+            f"{'; '.join(lost)} mid-run: its in-flight requests are unknown, its unsent ones "
+            "not_sent; the other workers ran to the end (--on-worker-failure continue)"
+        )
+    return reason, pool.manifest_entries()

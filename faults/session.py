@@ -1,6 +1,12 @@
 """A fault plan applied to one run: the TCP proxy in front of the target, the client-fault
 transport, engine faults on a managed server, and the scheduler that opens and closes each
-window on time. The load loop knows none of this: it sends through the session's transport."""
+window on time. The load loop knows none of this: it sends through the session, a transport
+layer the CLI hands the run (`harness.run.extensions.RunExtensions`).
+
+What an engine fault does to the server when its window opens and closes is registered in
+one table, `ENGINE_FAULTS`; network windows become the proxy's toxics and client windows
+transport wrappers (`faults.client.ClientFaults`).
+"""
 
 from __future__ import annotations
 
@@ -9,29 +15,79 @@ import contextlib
 import dataclasses
 import time
 import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from faults.client import ClientFaults
+from faults.plan import FaultPlan
+from faults.proxy import FaultProxy
+from faults.toxics import Toxic
+from faults.window import FaultKind, Layer, Window, WindowTracker
 from harness.errors import HarnessError
 from harness.http.client import ClientOptions, RawResult, RequestPayload
 from harness.targets.process import ServerProcess
 
 POLL_S = 0.02  # how often windows are checked; their start and end are this accurate
 
+# What an engine fault does to the server (in a worker thread: signals and HTTP calls block).
+EngineAction = Callable[[ServerProcess, Window], Awaitable[None]]
+
+
+async def _restart(server: ServerProcess, window: Window) -> None:
+    delay_s = (window.param("restart_delay_ms") or 0) / 1e3
+    await asyncio.to_thread(server.restart, delay_s)
+
+
+async def _pause(server: ServerProcess, window: Window) -> None:
+    server.pause()
+
+
+async def _resume(server: ServerProcess, window: Window) -> None:
+    server.resume()
+
+
+async def _slow_steps(server: ServerProcess, window: Window) -> None:
+    await asyncio.to_thread(server.set_step_delay, window.param("delay_ms"))
+
+
+async def _normal_steps(server: ServerProcess, window: Window) -> None:
+    await asyncio.to_thread(server.set_step_delay, 0)
+
+
+@dataclass(frozen=True)
+class EngineFault:
+    """An engine fault kind: `start` when its window opens, `end` when it closes (None:
+    nothing to undo). `outage`: the window lasts until `start` returned (a kill's outage
+    ends when the restarted engine answers), not until its `for`. `undo_at_exit`: a window
+    still open when the session closes is undone then (the server outlives the run)."""
+
+    start: EngineAction
+    end: EngineAction | None = None
+    outage: bool = False
+    undo_at_exit: bool = False
+
+
+ENGINE_FAULTS: dict[FaultKind, EngineFault] = {
+    FaultKind.KILL_ENGINE: EngineFault(_restart, outage=True),
+    FaultKind.PAUSE_ENGINE: EngineFault(_pause, _resume),
+    FaultKind.SLOW_STEPS: EngineFault(_slow_steps, _normal_steps, undo_at_exit=True),
+}
+
 
 class FaultSession:
     """Use as `async with FaultSession(plan, options, server=..., max_connections=n) as s:`,
-    send through `s` (it is a Transport), pass `s.start` as the measured phase's start callback,
-    and read `s.applied` (each window's kind and actual start and end, seconds from t0)."""
+    send through `s` (a transport), call `s.start(t0_ns)` when the measured phase starts,
+    and record `s.manifest_changes()` once it closed (each window's kind and actual start
+    and end, seconds from t0). `aclose` closes it as leaving the `with` block does."""
 
     def __init__(
         self,
-        plan,
+        plan: FaultPlan,
         options: ClientOptions,
         *,
         server: ServerProcess | None,
         max_connections: int,
     ) -> None:
-        from faults.client import ClientFaults
-
         if plan.needs_managed_engine and server is None:
             raise HarnessError(
                 f"the fault plan {plan.name!r} acts on the engine process, which only a managed "
@@ -40,7 +96,7 @@ class FaultSession:
         self.plan = plan
         self.server = server
         self.options = options
-        self.proxy = None
+        self.proxy: FaultProxy | None = None
         self.max_connections = max_connections
         self.client: ClientFaults | None = None
         self.applied: list[dict] = []
@@ -49,11 +105,9 @@ class FaultSession:
         self._open: dict[int, dict] = {}
         self._started: set[int] = set()
         self._engine_jobs: list[asyncio.Task] = []
+        self._closed = False
 
     async def __aenter__(self) -> FaultSession:
-        from faults.client import ClientFaults
-        from faults.proxy import FaultProxy
-
         if self.plan.needs_proxy:
             url = urllib.parse.urlsplit(self.options.base_url)
             self.proxy = FaultProxy(url.hostname, url.port or 80, seed=self.plan.seed)
@@ -69,8 +123,6 @@ class FaultSession:
         """Apply the engine faults of windows open from the start before any request is sent
         (warm-up included): applied by the scheduler after t0, a fast engine ran a run's
         first steps before the fault's HTTP call reached it."""
-        from faults.plan import Layer, WindowTracker
-
         active = WindowTracker(self.plan).poll(0.0, 0)
         for i, w in enumerate(self.plan.windows):
             if w not in active or w.layer is not Layer.ENGINE:
@@ -82,8 +134,15 @@ class FaultSession:
             await self._engine_fault(w, entry, start=True)
 
     async def __aexit__(self, *exc_info) -> None:
-        from faults.plan import FaultKind
+        await self._close(exc_info)
 
+    async def aclose(self) -> None:
+        await self._close((None, None, None))
+
+    async def _close(self, exc_info) -> None:
+        if self._closed:
+            return
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,19 +153,29 @@ class FaultSession:
         now_s = self._elapsed_s()
         for entry in self._open.values():
             entry.setdefault("end_s", now_s)
-        still_slow = any(self.plan.windows[i].kind is FaultKind.SLOW_STEPS for i in self._open)
+        still_open = [self.plan.windows[i] for i in sorted(self._open)]
         self._open.clear()
         if self.server is not None:
             self.server.resume()
-            if still_slow:
-                with contextlib.suppress(HarnessError):
-                    await asyncio.to_thread(self.server.set_step_delay, 0)
+            await self._undo_at_exit(still_open)
         try:
             if self.client is not None:
                 await self.client.__aexit__(*exc_info)
         finally:
             if self.proxy is not None:
                 await self.proxy.stop()
+
+    async def _undo_at_exit(self, still_open: list[Window]) -> None:
+        """Undo, once per kind, the engine faults whose windows were still open and that the
+        server would otherwise keep after the run (a slowed engine stays slow)."""
+        undone: set[FaultKind] = set()
+        for window in still_open:
+            fault = ENGINE_FAULTS.get(window.kind)
+            if fault is None or not fault.undo_at_exit or window.kind in undone:
+                continue
+            undone.add(window.kind)
+            with contextlib.suppress(HarnessError):
+                await fault.end(self.server, window)
 
     async def handle_request(self, payload: RequestPayload, result: RawResult) -> None:
         await self.client.handle_request(payload, result)
@@ -121,9 +190,6 @@ class FaultSession:
         return 0.0 if self._t0_ns is None else (time.perf_counter_ns() - self._t0_ns) / 1e9
 
     async def _schedule(self) -> None:
-        from faults.plan import Layer, WindowTracker
-        from faults.toxics import Toxic
-
         tracker = WindowTracker(self.plan)
         toxics: tuple = ()
         while True:
@@ -162,30 +228,21 @@ class FaultSession:
                     toxics = wanted
             await asyncio.sleep(POLL_S)
 
-    async def _engine_fault(self, window, entry: dict, *, start: bool) -> None:
-        """Apply (or, at the window's end, undo) an engine fault; what went wrong is kept in
-        the window's manifest entry as `error`, since the run goes on."""
+    async def _engine_fault(self, window: Window, entry: dict, *, start: bool) -> None:
+        """Apply (or, at the window's end, undo) an engine fault of `ENGINE_FAULTS`; what
+        went wrong is kept in the window's manifest entry as `error`, since the run goes on."""
+        fault = ENGINE_FAULTS[window.kind]
+        action = fault.start if start else fault.end
+        if action is None:
+            return
         try:
-            await self._apply_engine_fault(window, entry, start=start)
+            await action(self.server, window)
         except HarnessError as exc:
             entry["error"] = str(exc)
-
-    async def _apply_engine_fault(self, window, entry: dict, *, start: bool) -> None:
-        from faults.plan import FaultKind
-
-        server = self.server
-        if window.kind is FaultKind.KILL_ENGINE and start:
-            await asyncio.to_thread(server.kill)
-            await asyncio.sleep((window.param("restart_delay_ms") or 0) / 1e3)
-            await asyncio.to_thread(server.start)
-            server.restarts += 1
-            # The outage lasts from the kill until the restarted engine answers /health.
+            return
+        if start and fault.outage:
+            # The outage lasts from the fault until the engine answers again.
             entry["end_s"] = self._elapsed_s()
-        elif window.kind is FaultKind.PAUSE_ENGINE:
-            (server.pause if start else server.resume)()
-        elif window.kind is FaultKind.SLOW_STEPS:
-            delay_ms = window.param("delay_ms") if start else 0
-            await asyncio.to_thread(server.set_step_delay, delay_ms)
 
     def manifest_entry(self) -> dict:
         """The `fault_plan` section of the manifest: the plan, its hash, the windows applied."""
@@ -205,3 +262,7 @@ class FaultSession:
         if self.proxy is not None:
             entry["proxy"] = self.proxy.stats
         return entry
+
+    def manifest_changes(self) -> dict:
+        """What the run records in its manifest: the `fault_plan` section."""
+        return {"fault_plan": self.manifest_entry()}

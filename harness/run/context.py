@@ -10,14 +10,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness.config import RunConfig
 from harness.http.client import ClientOptions, RawResult
-from harness.loadgen import LoadPlan
-from harness.outcome import server_exit_sentence
-from harness.output_checks import OutputChecks
-from harness.prompt_watch import PromptTokenWatch
-from harness.recorder import RunRecorder
-from harness.records import RecordContext
+from harness.load.loadgen import LoadPlan
+from harness.load.output_checks import OutputChecks
+from harness.load.prompt_watch import PromptTokenWatch
+from harness.load.recorder import RunRecorder
+from harness.load.records import RecordContext
+from harness.run.config import RunConfig
+from harness.run.outcome import server_exit_sentence
 from harness.targets.process import ServerProcess, log_tail
 from harness.targets.scraper import MetricsScraper
 from slo.runrecord import RequestStatus, RunManifest
@@ -28,16 +28,26 @@ NOT_FOUND = 404
 SERVER_LOG_LINES = 5  # of a dead managed server's log, in the sentence that names its exit
 
 
+def warn(console: Console | None, sentence: str) -> None:
+    """One warning sentence on `console`, when there is one."""
+    if console is not None:
+        console.print(
+            f"warning: {sentence}", style="yellow", markup=False, highlight=False, soft_wrap=True
+        )
+
+
 @dataclass
 class RunContext:
     """One run's state while it is driven: what to send, where to record it, how to show it.
 
-    `start(t0_ns)` opens the recorder when the measured phase begins; results that finish
-    before that (warm-up) wait in `early`. `close` always leaves a readable run directory.
-    It is also a load observer (`on_sent`, `on_done`): it keeps the requests in flight, so
-    a stop can let them finish. The first request answered (any HTTP status) with 404 stops
-    the run: a wrong URL or model would fail every request the same way. `server` is the
-    process the harness manages, if any (`server_death` names its exit when it died).
+    Built once, with everything the run needs (`harness.run.plan.plan_run`); what changes
+    afterwards is the run's own state. `start(t0_ns)` opens the recorder when the measured
+    phase begins; results that finish before that (warm-up) wait in `early`. `close` always
+    leaves a readable run directory. It is also a load observer (`on_sent`, `on_done`): it
+    keeps the requests in flight, so a stop can let them finish. The first request answered
+    (any HTTP status) with 404 stops the run: a wrong URL or model would fail every request
+    the same way. `server` is the process the harness manages, if any (`server_death` names
+    its exit when it died). It is the `harness.load.services.DrivenRun` the load drivers feed.
     """
 
     config: RunConfig
@@ -48,27 +58,38 @@ class RunContext:
     input_tokens: dict[str, int]
     tokenizer: object
     scraper: MetricsScraper
-    console: Console | None = None
-    quiet: bool = True
-    recorder: RunRecorder | None = None
-    early: list[RawResult] = field(default_factory=list)
-    errors: ErrorLimits | None = None
-    stop: asyncio.Task | None = None  # the task to cancel when the error limits trip
-    stop_reason: str | None = None
+    errors: ErrorLimits
     checks: OutputChecks | None = None
     watch: PromptTokenWatch | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
-    workers: list[dict] | None = None  # `--workers`/`--ray`: one entry per worker, at the end
     server: ServerProcess | None = None
-    in_flight: set[str] = field(default_factory=set)  # request ids sent and not yet done
-    first_http_status: int | None = None  # of the first request answered, warm-up included
-    _awaited: set[str] | None = None  # a draining stop: the requests it waits for
-    _drain_timer: asyncio.TimerHandle | None = None
-    _cancelled: bool = False
+    console: Console | None = None
+    quiet: bool = True
+    recorder: RunRecorder | None = field(default=None, init=False)
+    early: list[RawResult] = field(default_factory=list, init=False)
+    task: asyncio.Task | None = field(default=None, init=False)  # cancelled by a stop
+    stop_reason: str | None = field(default=None, init=False)
+    in_flight: set[str] = field(default_factory=set, init=False)  # sent and not yet done
+    first_http_status: int | None = field(default=None, init=False)  # warm-up included
+    _awaited: set[str] | None = field(default=None, init=False)  # a draining stop waits for
+    _drain_timer: asyncio.TimerHandle | None = field(default=None, init=False)
+    _cancelled: bool = field(default=False, init=False)
 
     @property
     def t0_ns(self) -> int | None:
         return self.recorder.context.t0_ns if self.recorder is not None else None
+
+    @property
+    def flush_interval_s(self) -> float:
+        return self.config.recording.flush_interval_s
+
+    @property
+    def watches_server(self) -> bool:
+        return self.server is not None
+
+    def bind_task(self, task: asyncio.Task) -> None:
+        """`task` drives the load: a stop of the run cancels it."""
+        self.task = task
 
     def start(self, t0_ns: int) -> None:
         context = RecordContext(
@@ -109,7 +130,7 @@ class RunContext:
                     f"the first request answered got HTTP 404 from POST {self.options.url}",
                     let_in_flight_finish=True,
                 )
-        if self.errors is not None and not raw.is_warmup and self.stop_reason is None:
+        if not raw.is_warmup and self.stop_reason is None:
             reason = self.errors.observe(raw)
             if reason is not None:
                 self.request_stop(reason)
@@ -132,9 +153,9 @@ class RunContext:
         if self.stop_reason is not None:
             return
         self.stop_reason = reason
-        if let_in_flight_finish and self.in_flight and self.stop is not None:
+        if let_in_flight_finish and self.in_flight and self.task is not None:
             self._awaited = set(self.in_flight)
-            self._drain_timer = self.stop.get_loop().call_later(DRAIN_GRACE_S, self._cancel)
+            self._drain_timer = self.task.get_loop().call_later(DRAIN_GRACE_S, self._cancel)
         else:
             self._cancel()
 
@@ -143,9 +164,9 @@ class RunContext:
         # records the in-flight requests as cancelled and the unsent ones as not_sent.
         if self._drain_timer is not None:
             self._drain_timer.cancel()
-        if not self._cancelled and self.stop is not None:
+        if not self._cancelled and self.task is not None:
             self._cancelled = True
-            self.stop.cancel()
+            self.task.cancel()
 
     def server_death(self) -> str | None:
         """The sentence naming the managed server's exit (how, when, its log's last lines)
@@ -164,15 +185,20 @@ class RunContext:
             self.server.name, code, elapsed_s, path.name, lines[-SERVER_LOG_LINES:]
         )
 
+    def warn(self, sentence: str) -> None:
+        """One warning sentence on the console (nothing for library callers without one)."""
+        warn(self.console, sentence)
+
     def flush(self) -> None:
         if self.recorder is not None:
             self.recorder.flush()
 
-    def set_fault_plan(self, entry: dict) -> None:
-        """Record the plan and the windows it applied (written when the run closes)."""
-        self.manifest = self.manifest.evolve(fault_plan=entry)
+    def record_in_manifest(self, **sections) -> None:
+        """Record manifest sections (a transport layer's, such as the fault plan and the
+        windows it applied); written when the run closes."""
+        self.manifest = self.manifest.evolve(**sections)
         if self.recorder is not None:
-            self.recorder.writer.manifest = self.recorder.writer.manifest.evolve(fault_plan=entry)
+            self.recorder.writer.manifest = self.recorder.writer.manifest.evolve(**sections)
 
     def close(self, reason: str | None, server_state: dict | None = None) -> None:
         if self.recorder is None:  # stopped during warm-up: still leave a readable run

@@ -1,0 +1,1 @@
+"""The load generator, sessions, worker processes and Ray actors, and the recorder they feed."""

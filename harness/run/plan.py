@@ -1,0 +1,245 @@
+"""Plan a run: the workload materialised, the target's answers to the preflight, the client
+options, the load plan with its warm-up and sessions, the manifest, and the `RunContext` that
+holds them, built in one go before anything is sent."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+from rich.console import Console
+
+import harness
+from harness.errors import HarnessError
+from harness.http import sse_native
+from harness.http.client import ClientOptions, RequestPayload, build_body
+from harness.load.loadgen import LoadPlan
+from harness.load.prompt_watch import PromptTokenWatch
+from harness.load.sessions import SessionPlan, sessions_from_rows
+from harness.run.checks import iter_request_rows, output_checks, request_rows
+from harness.run.config import RunConfig
+from harness.run.context import ErrorLimits, RunContext, warn
+from harness.run.environment import git_sha, hardware_info, software_versions
+from harness.targets.probe import preflight, target_info
+from harness.targets.scraper import MetricsScraper
+from harness.targets.target import Target
+from harness.targets.tokenizer_choice import TokenizerChoice, chat_overhead_tokens
+from slo.runrecord import Endpoint, RunManifest
+from workloads import WorkloadError, WorkloadOptions, resolve_workload
+
+CHUNK_USAGE_ENGINES = ("engine_ref", "vllm")  # servers known to honour continuous_usage_stats
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run is made of, resolved before any target is contacted."""
+
+    config: RunConfig
+    workload: object  # workloads.Workload
+    tokenizer: object
+    slo_spec: dict | None
+    run_dir: Path
+    console: Console | None = None
+    quiet: bool = True
+    tokenizer_choice: TokenizerChoice | None = None
+
+    def warn(self, sentence: str) -> None:
+        """One warning sentence on the console (nothing for library callers without one)."""
+        warn(self.console, sentence)
+
+
+def materialise_workload(config: RunConfig, tokenizer):
+    """Resolve `config.load.workload` into a `workloads.Workload` with the CLI's overrides."""
+    load = config.load
+    try:
+        options = WorkloadOptions(
+            num_requests=load.num_requests,
+            input_len=load.input_len,
+            output_len=load.output_len,
+            range_ratio=load.range_ratio,
+            request_rate=load.request_rate,
+            burstiness=load.burstiness,
+            seed=load.seed,
+            ignore_eos=load.ignore_eos,
+            dataset_path=load.dataset_path,
+            endpoint=config.server.endpoint,
+            duration_s=load.duration_s,
+            concurrency=load.concurrency if load.is_closed_loop else None,
+        )
+        return resolve_workload(load.workload, options=options, tokenizer=tokenizer)
+    except WorkloadError as exc:
+        raise HarnessError(str(exc)) from exc
+
+
+def chunk_usage_for(config: RunConfig, engine: str | None) -> bool:
+    """Whether to ask for the usage so far in every chunk: `--chunk-usage`, else on for the
+    engines known to honour it (others may reject an unknown stream option)."""
+    if config.server.chunk_usage is not None:
+        return config.server.chunk_usage
+    return engine in CHUNK_USAGE_ENGINES
+
+
+def plan_run(inputs: RunInputs, started: Target) -> RunContext:
+    """Ask the started target what it serves, build the client options and the load plan,
+    and return the run's `RunContext` (its manifest not yet written)."""
+    config, workload, server = inputs.config, inputs.workload, inputs.config.server
+    base_url, target = started.base_url, started.entry
+    models = preflight(base_url, api_key=server.api_key, headers=server.headers)
+    served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
+    model = server.model or (served[0] if served else None)
+    if model is None:
+        raise HarnessError(f"the target at {base_url} lists no model; name one with --model.")
+    endpoint = Endpoint(
+        server.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
+    )
+    info = target_info(base_url, server.api_key, server.headers)
+    overhead = chat_overhead_tokens(inputs.tokenizer) if endpoint is Endpoint.CHAT else 0
+    target.update(
+        model=model,
+        endpoint=endpoint.value,
+        engine=info.get("engine") or target.get("engine"),
+        engine_version=info.get("version") or target.get("engine_version"),
+        dtype=info.get("dtype"),
+        engine_config=info.get("engine_config"),
+        tokenizer=inputs.tokenizer_choice.to_dict() if inputs.tokenizer_choice else None,
+        prompt_overhead_tokens=overhead,
+    )
+    options = ClientOptions(
+        base_url=base_url,
+        model=model,
+        endpoint=endpoint,
+        stream=server.stream,
+        timeout_s=server.timeout_s,
+        api_key=server.api_key,
+        headers=server.headers,
+        extra_body=server.extra_body,
+        chunk_usage=chunk_usage_for(config, target.get("engine")),
+    )
+    plan, input_tokens = load_plan(config, workload, options, inputs.tokenizer)
+    sse_native.available()  # build the stream scanner now (about a second), not in the load
+    release_free_memory()
+    manifest = RunManifest(
+        harness_version=harness.__version__,
+        git_sha=git_sha(),
+        command_line=sys.argv,
+        target=target,
+        hardware=hardware_info(),
+        versions=software_versions(),
+        workload=workload.manifest,
+        slo=inputs.slo_spec,
+        fault_plan=None,
+        started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        config=config.to_dict(),
+    )
+    sessions = {}
+    if plan.sessions is not None:
+        sessions = {
+            turn.request_id: (session.session_id, k)
+            for session in plan.sessions.sessions
+            for k, turn in enumerate(session.turns)
+        }
+    return RunContext(
+        config=config,
+        options=options,
+        plan=plan,
+        run_dir=inputs.run_dir,
+        manifest=manifest,
+        input_tokens=input_tokens,
+        tokenizer=inputs.tokenizer,
+        scraper=MetricsScraper(metrics_url(base_url), config.recording.scrape_interval_s),
+        errors=ErrorLimits(config.stop.max_error_rate, config.stop.max_consecutive_errors),
+        checks=output_checks(config, workload, inputs.tokenizer, endpoint),
+        watch=PromptTokenWatch(overhead, inputs.warn),
+        sessions=sessions,
+        server=started.server,
+        console=inputs.console,
+        quiet=inputs.quiet,
+    )
+
+
+def metrics_url(base_url: str) -> str:
+    """The target's Prometheus `/metrics` beside its OpenAI base URL."""
+    return base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+
+
+def release_free_memory() -> None:
+    """Hand back to the system what building the workload and the plan freed, before the load:
+    glibc's malloc and Arrow's pool otherwise keep it, and the run's memory then grows with
+    the workload's size (30,000 generated requests kept about 90 MB this way). No-op where
+    glibc is not the allocator."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def load_plan(
+    config: RunConfig, workload, options: ClientOptions, tokenizer=None
+) -> tuple[LoadPlan, dict[str, int]]:
+    """The `LoadPlan` of the workload's rows as sent (with `config.load.warmup` warm-up
+    requests repeating the first rows), and each request's input tokens."""
+    payloads: list[RequestPayload] = []
+    input_tokens: dict[str, int] = {}
+    arrivals: list[float | None] = []
+    head: list[dict] = []  # the rows the warm-up requests repeat
+    load = config.load
+    for r in iter_request_rows(config, workload):
+        if r.get("session_id") is not None:  # multi-turn: the sessions need every row
+            rows = request_rows(config, workload)
+            warmup = warmup_payloads(load.warmup, options, rows)
+            input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
+            return session_plan(config, workload, options, rows, warmup, tokenizer), input_tokens
+        payloads.append(RequestPayload(r["request_id"], build_body(options, r)))
+        input_tokens[r["request_id"]] = r["input_tokens"]
+        arrivals.append(None if r["arrival_s"] is None else float(r["arrival_s"]))
+        if len(head) < load.warmup:
+            head.append(r)
+    if not payloads:
+        raise HarnessError("the workload has no requests; raise --num-requests or --duration.")
+    warmup = warmup_payloads(load.warmup, options, head)
+    closed = workload.closed_loop_concurrency is not None or any(a is None for a in arrivals)
+    if closed:
+        users = workload.closed_loop_concurrency or load.concurrency
+        if not users:
+            raise HarnessError("a closed-loop workload needs --concurrency (the number of users).")
+        plan = LoadPlan(payloads, None, users, load.duration_s, warmup)
+    else:
+        plan = LoadPlan(payloads, arrivals, load.concurrency, load.duration_s, warmup)
+    return plan, input_tokens
+
+
+def session_plan(config, workload, options: ClientOptions, rows, warmup, tokenizer) -> LoadPlan:
+    """A multi-turn plan: the sessions, and every turn listed for the schedule (a later turn's
+    arrival is null: it waits for the turn before it)."""
+    if config.recording.check_outputs:
+        raise HarnessError(
+            "--check-outputs compares single prompts with the reference engine; it does not "
+            "apply to multi-turn sessions, whose prompts depend on the answers."
+        )
+    sessions = SessionPlan(
+        sessions_from_rows(rows, options),
+        chat=options.is_chat,
+        session_header=config.load.session_header,
+        encode=getattr(tokenizer, "encode", None),
+    )
+    turns = [RequestPayload(r["request_id"], b"") for r in rows]
+    users = workload.closed_loop_concurrency
+    arrivals = None if users else [r["arrival_s"] for r in rows]
+    return LoadPlan(
+        turns, arrivals, users or config.load.concurrency, config.load.duration_s, warmup, sessions
+    )
+
+
+def warmup_payloads(count: int, options: ClientOptions, rows: list[dict]) -> list[RequestPayload]:
+    """`count` warm-up requests repeating `rows` in turn."""
+    return [
+        RequestPayload(f"warmup-{i}", build_body(options, rows[i % len(rows)]), is_warmup=True)
+        for i in range(count)
+    ]
