@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import _is_user_error, bench
+from harness.cli import bench
+from harness.cli.main import _is_user_error
 
 FAST = ["--tokenizer", "tiny-random", "--input-len", "4", "--output-len", "2", "--quiet"]
 

@@ -8,7 +8,8 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import _is_user_error, bench
+from harness.cli import bench
+from harness.cli.main import _is_user_error
 from harness.errors import HarnessError
 from harness.run.sweep import SweepPlan
 

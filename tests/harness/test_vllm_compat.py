@@ -14,16 +14,16 @@ import pytest
 from click.testing import CliRunner
 
 from harness.cli import bench
-from harness.errors import HarnessError
-from harness.run.config import RunConfig
-from harness.targets.spec import normalise_base_url
-from harness.vllm_compat import (
+from harness.cli.vllm_compat import (
     fold_nargs_plus,
     parse_extra_body,
     parse_goodput,
     parse_headers,
     translate,
 )
+from harness.errors import HarnessError
+from harness.run.config import RunConfig
+from harness.targets.spec import normalise_base_url
 from slo.runrecord import Endpoint
 
 # The first example of vLLM's docs/benchmarking/cli.md ("Online Benchmark"), as printed there.
@@ -265,7 +265,7 @@ def _config(argv: list[str]) -> RunConfig:
     ],
 )
 def test_contradictions_and_bad_values_end_in_one_sentence(argv, message, tmp_path, monkeypatch):
-    from harness.cli import _is_user_error
+    from harness.cli.main import _is_user_error
 
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(bench, ["run", *argv, "--tokenizer", "tiny-random"])

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from harness.cli_options import target_and_workload_options
-from harness.cli_targets import one_target_options
+from harness.cli.options import target_and_workload_options
+from harness.cli.targets import one_target_options
 from harness.errors import HarnessError
 
 

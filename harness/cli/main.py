@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from harness.cli_options import target_and_workload_options
-from harness.cli_targets import run_comparative_command, target_options
+from harness.cli.options import target_and_workload_options
+from harness.cli.targets import run_comparative_command, target_options
+from harness.cli.vllm_compat import VllmCompatCommand, save_result, translate, vllm_options
 from harness.errors import HarnessError
-from harness.vllm_compat import VllmCompatCommand, save_result, translate, vllm_options
 
 EXAMPLES = """
 \b
@@ -50,12 +50,12 @@ LAZY_COMMANDS = {
     ),
     "export": ("reports.cli_export", "export", "Export a run as vLLM JSON, llm-d report or CSV."),
     "sweep": (
-        "harness.cli_sweep",
+        "harness.cli.sweep",
         "sweep",
         "Run several request rates or concurrencies; sweep card.",
     ),
     "capacity": (
-        "harness.cli_capacity",
+        "harness.cli.capacity",
         "capacity",
         "Find the highest request rate that meets an SLO.",
     ),
@@ -185,7 +185,7 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     """Drive a target with a workload, record every request and chunk, and summarise.
 
     vLLM's `bench serve` flags are accepted with vLLM's meaning (listed last)."""
-    from harness.cli_compose import run_extensions
+    from harness.cli.compose import run_extensions
     from harness.run.config import RunConfig
     from harness.run.orchestrator import run_benchmark
     from reports.terminal import cli_console
