@@ -9,13 +9,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench_common.cache import CacheArea, cache_area
 from workloads.build import build_workload, build_workload_file
 from workloads.manifest import FORMAT_VERSION, tokenizer_fingerprint
 from workloads.options import WorkloadOptions
 from workloads.prompts import corpus_text
 from workloads.schema import Workload, WorkloadError, table_sha256
 from workloads.spec import WorkloadSpec, load_spec_file, parse_spec
-from workloads.store import cache_dir, cache_key, file_identity, read_parquet
+from workloads.store import cache_key, file_identity, read_parquet
 
 
 def builtin_names() -> list[str]:
@@ -120,7 +121,7 @@ def resolve_workload(
         return _replay(found, options)
     if not use_cache:
         return build_workload(found, options, tokenizer)
-    path = cache_dir() / "workloads" / f"{_key(found, options, tokenizer)}.parquet"
+    path = cache_area(CacheArea.WORKLOADS) / f"{_key(found, options, tokenizer)}.parquet"
     if path.is_file():
         try:
             return read_parquet(path)

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -24,12 +23,6 @@ from workloads.schema import (
 
 MANIFEST_KEY = b"workload_manifest"
 ROW_GROUP_ROWS = 1024
-
-
-def cache_dir() -> Path:
-    """`$BENCH_CACHE_DIR` if set, else `platformdirs.user_cache_dir("llm-bench")`."""
-    env = os.environ.get("BENCH_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("llm-bench"))
 
 
 class WorkloadWriter:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
+from bench_common.cache import CacheArea, cache_area
 
 GGUF_MAGIC = b"GGUF"
 _HASH_CHUNK_BYTES = 4 * 1024 * 1024
@@ -109,14 +109,8 @@ def find_spec(name: str) -> ModelSpec | None:
     return None
 
 
-def cache_dir() -> Path:
-    """The cache root: `$BENCH_CACHE_DIR`, else the platform's user cache dir for llm-bench."""
-    env = os.environ.get("BENCH_CACHE_DIR")
-    return Path(env) if env else Path(platformdirs.user_cache_dir("llm-bench"))
-
-
 def models_dir() -> Path:
-    return cache_dir() / "models"
+    return cache_area(CacheArea.MODELS)
 
 
 def cached_model_path(spec: WheelModel) -> Path:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_common.cache import CacheArea, cache_area
+
 SOURCE = Path(__file__).with_name("sse_scan.c")
 NONE_USAGE = np.iinfo(np.int64).min  # the scanner's "this event carries no usage so far"
 
@@ -46,10 +48,8 @@ class Scan:
 
 
 def library_path() -> Path:
-    from platformdirs import user_cache_dir
-
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    return Path(user_cache_dir("llm-bench")) / "native" / f"sse_scan-{digest}.so"
+    return cache_area(CacheArea.NATIVE) / f"sse_scan-{digest}.so"
 
 
 def _build(path: Path) -> bool:

@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from bench_common.cache import CacheArea, cache_area
 from harness.errors import HarnessError
 from slo.runrecord import Endpoint
 
@@ -36,7 +37,7 @@ def oracle_path(
 ) -> Path:
     import harness
     from engine_ref import EngineConfig
-    from workloads.store import cache_dir, cache_key
+    from workloads.store import cache_key
 
     key = cache_key(
         {
@@ -49,7 +50,7 @@ def oracle_path(
             **({"constraint": constraint} if constraint is not None else {}),
         }
     )
-    return cache_dir() / "oracle" / f"{workload_sha256[:16]}-{key[:16]}.json"
+    return cache_area(CacheArea.ORACLE) / f"{workload_sha256[:16]}-{key[:16]}.json"
 
 
 def reference_texts(

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench_common.cache import CacheArea, cache_area
 from harness.errors import HarnessError
 
 DEFAULT_MODEL = "smollm2-135m"  # the reference engine's model when none is named
@@ -100,9 +101,9 @@ def exported_dir(model: str) -> Path:
     """The Hugging Face export of reference model `model` (float32), written once under
     `<cache>/exports/`, as `bench model export MODEL --format hf DIR --dtype float32` does."""
     from engine_ref.loading.export import export_hf
-    from engine_ref.loading.model_files import ModelFileError, cache_dir
+    from engine_ref.loading.model_files import ModelFileError
 
-    out = cache_dir() / "exports" / f"{Path(model).name}-float32"
+    out = cache_area(CacheArea.EXPORTS) / f"{Path(model).name}-float32"
     if (out / "config.json").is_file():
         return out
     tmp = out.with_name(out.name + ".partial")

@@ -423,7 +423,8 @@ def test_a_float32_engine_builds_the_kernels_in_the_background(tmp_path):
         " num_threads=1))\n"
         "print(e.model.fused_decode is not None, e.model.small_head)\n"
     )
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    # The build lands under BENCH_CACHE_DIR; the user cache dir (XDG) is not touched.
+    env = dict(os.environ, BENCH_CACHE_DIR=str(tmp_path / "root"), XDG_CACHE_HOME=str(tmp_path))
 
     def engine_line() -> list[str]:
         result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -431,7 +432,7 @@ def test_a_float32_engine_builds_the_kernels_in_the_background(tmp_path):
         return result.stdout.split()
 
     assert engine_line() == ["False", "False"]
-    kernel_dirs = tmp_path / "llm-bench" / "kernels"
+    kernel_dirs = tmp_path / "root" / "kernels"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         built = [d for d in kernel_dirs.glob("refkern-*") if (d / "refkern.so").is_file()]
@@ -439,6 +440,7 @@ def test_a_float32_engine_builds_the_kernels_in_the_background(tmp_path):
             break
         time.sleep(1)
     assert built, "the background build left no library within 300 s"
+    assert not (tmp_path / "llm-bench").exists(), "something was cached beside BENCH_CACHE_DIR"
     assert engine_line() == ["True", "True"]
 
 

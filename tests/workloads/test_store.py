@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from bench_common.cache import cache_root
 from workloads import WorkloadError, WorkloadOptions, read_parquet, resolve_workload, write_parquet
 from workloads.cli import workload as workload_cli
 from workloads.registry import builtin_names
 from workloads.schema import table_sha256
-from workloads.store import cache_dir
 
 OPTS = WorkloadOptions(num_requests=12, input_len=30, output_len=5, request_rate=2.0, seed=3)
 
@@ -90,7 +90,7 @@ def test_sha256_detects_a_changed_table(tmp_path, tiny_tokenizer):
 
 def test_cache(tmp_path, monkeypatch, tiny_tokenizer):
     monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
-    assert cache_dir() == tmp_path / "cache"
+    assert cache_root() == tmp_path / "cache"
     first = resolve_workload("random", options=OPTS, tokenizer=tiny_tokenizer)
     entries = list((tmp_path / "cache" / "workloads").glob("*.parquet"))
     assert len(entries) == 1

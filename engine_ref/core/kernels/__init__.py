@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from bench_common.cache import CacheArea, cache_area
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("lowbit.cpp")
@@ -90,10 +92,8 @@ def missing_prerequisite() -> str | None:
 
 
 def _build_dir() -> Path:
-    from platformdirs import user_cache_dir
-
     digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    path = Path(user_cache_dir("llm-bench")) / "kernels" / f"refkern-{digest}"
+    path = cache_area(CacheArea.KERNELS) / f"refkern-{digest}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
