@@ -15,8 +15,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from harness.cli.compose import run_benchmark
 from harness.run.config import RunConfig
-from harness.run.orchestrator import run_benchmark
 from harness.targets.target import target_for
 
 DEFAULT_PLANS = (

@@ -7,8 +7,10 @@ from faults.plan import FaultPlan, FaultPlanError, load_plan
 from faults.session import FaultSession
 from harness.errors import HarnessError
 from harness.http.client import ClientOptions
+from harness.run import orchestrator
 from harness.run.config import RunConfig
 from harness.run.extensions import RunExtensions
+from harness.run.outcome import RunOutcome
 from harness.targets.process import ServerProcess
 
 
@@ -36,3 +38,9 @@ def run_extensions(config: RunConfig) -> RunExtensions | None:
         return FaultSession(plan, options, server=server, max_connections=max_connections)
 
     return RunExtensions(engine_args=plan.managed_engine_args, transport_layer=fault_session)
+
+
+def run_benchmark(config: RunConfig, **kwargs) -> RunOutcome:
+    """`harness.run.orchestrator.run_benchmark` with what `bench run` composes from `config`
+    (its fault plan); `kwargs` are passed on (console, quiet, target, tokenizer, transport)."""
+    return orchestrator.run_benchmark(config, extensions=run_extensions(config), **kwargs)

@@ -13,9 +13,15 @@ from harness.http.transport import Transport
 from harness.load.loadgen import run_load
 from harness.load.pool import drive_workers
 from harness.load.progress import ProgressDisplay
+from harness.load.ray_workers import drive_ray, ray_split
 from harness.load.saturation_watch import Observers, SaturationWatch
 from harness.load.services import run_services, stop_reason_of
-from harness.load.split import WorkerSplit, check_workers_supported, connection_pool_size
+from harness.load.split import (
+    WorkerSplit,
+    check_workers_supported,
+    connection_pool_size,
+    split_for,
+)
 from harness.run.context import RunContext
 from harness.run.extensions import TransportLayerFactory
 
@@ -36,11 +42,7 @@ def worker_split(run: RunContext, transport: Transport | None) -> WorkerSplit | 
         return None
     check_workers_supported(transport)
     if load.ray_address is not None:
-        from harness.load.ray_workers import ray_split  # Ray is an optional extra
-
         return ray_split(run.plan, run.options, workers=load.workers, address=load.ray_address)
-    from harness.load.split import split_for
-
     return split_for(run.plan, run.options, workers=load.workers)
 
 
@@ -61,8 +63,6 @@ def drive(
     if split is None:
         return Driven(asyncio.run(drive_here(run, display, observer, transport, layer)))
     if split.mode == "ray":
-        from harness.load.ray_workers import drive_ray  # Ray is an optional extra
-
         reason, entries = asyncio.run(
             drive_ray(run, split, on_lost=on_lost, stop_on_loss=stop_on_loss)
         )

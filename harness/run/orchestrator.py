@@ -12,6 +12,7 @@ from rich.console import Console
 
 from harness.errors import HarnessError
 from harness.http.transport import Transport
+from harness.load.ray_workers import require_ray
 from harness.load.recorder import prepare_run_dir
 from harness.run.config import RunConfig
 from harness.run.context import warn
@@ -52,13 +53,12 @@ def run_benchmark(
     if config.faults is not None and extensions is None:
         raise HarnessError(
             f"the fault plan {config.faults!r} is composed by the caller: pass "
-            "extensions=harness.cli.compose.run_extensions(config), as bench run does."
+            "extensions=harness.cli.compose.run_extensions(config), or call "
+            "harness.cli.compose.run_benchmark, as bench run does."
         )
     extensions = extensions or NO_EXTENSIONS
     slo_spec = load_slo_spec(config.recording.slo)
     if config.load.ray_address is not None:
-        from harness.load.ray_workers import require_ray  # Ray is an optional extra
-
         require_ray()  # before anything is contacted: a missing extra is one sentence
     run_dir = Path(config.recording.out or default_run_dir(config))
     with removed_if_left_empty(run_dir):
