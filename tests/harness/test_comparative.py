@@ -42,8 +42,7 @@ def test_target_labels_are_unique():
 
 
 @pytest.mark.slow
-def test_bench_run_two_targets_repeated(tmp_path, monkeypatch):
-    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
+def test_bench_run_two_targets_repeated(tmp_path, private_cache):
     from tests.harness.conftest import mock_server_process
 
     out = tmp_path / "cmp"

@@ -33,15 +33,8 @@ FAKE_VLLM = (
 
 
 @pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
+def _cache(private_cache):
     """Exports and oracle outputs land in a fresh cache; fetched models are shared with it."""
-    from engine_ref.loading.model_files import models_dir
-
-    shared = models_dir()
-    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
-    if shared.is_dir():
-        (tmp_path / "cache" / "models").symlink_to(shared)
 
 
 @pytest.fixture

@@ -82,11 +82,10 @@ DYING_ENGINE = Path(__file__).parent / "dying_engine.py"
 
 
 @pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
+def fresh_cache(private_cache):
     """The managed vllm's export of tiny-random lands in a cache of this test's own (two tests
     exporting into one cache at once would race)."""
-    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
+    return private_cache
 
 
 @pytest.mark.slow  # starts an engine process

@@ -5,7 +5,6 @@ engine generated, token for token, and the cached prompt tokens it reports grow 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -77,14 +76,13 @@ def _by_session(run_dir):
 
 
 def test_completions_turns_extend_prompt_and_answer_token_for_token(
-    tiny_target, tmp_path, monkeypatch
+    tiny_target, tmp_path, private_cache
 ):
     """The recording transport sends through the real client path and keeps each body (the
     token-id prompt the server takes verbatim) and each stream (whose `token_ids` are the
     server's report of the tokens it generated)."""
     spec = tmp_path / "sessions.yaml"
     spec.write_text(SPEC)
-    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
     config = RunConfig(
         model="tiny-random",
         workload=str(spec),
@@ -119,17 +117,16 @@ def test_completions_turns_extend_prompt_and_answer_token_for_token(
     assert rates[0] < rates[1] < rates[2]
 
 
-def test_chat_sessions_through_bench_run(tiny_target, tmp_path):
+def test_chat_sessions_through_bench_run(tiny_target, tmp_path, private_cache):
     spec = tmp_path / "sessions.yaml"
     spec.write_text(SPEC)
     out = tmp_path / "run"
-    env = dict(os.environ, BENCH_CACHE_DIR=str(tmp_path / "cache"))
     cmd = [
         sys.executable, "-m", "harness.cli", "run", "--url", tiny_target.base_url,
         "--tokenizer", "tiny-random", "--workload", str(spec), "--endpoint", "chat",
         "--session-header", "x-session-id", "--out", str(out), "--quiet",
     ]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ledger"]["verdict"] == "ok"
