@@ -1,10 +1,11 @@
 """Client faults: wrappers of the transport seam (`harness.transport.Transport`).
 
-Each wrapper takes an inner transport and keeps its contract: a failure is recorded in the
-`RawResult`, never raised, and only cancellation of the whole run propagates. A request that a
-wrapper cuts on purpose ends `cancelled` with an error message containing `PLANNED_MARK` ("by the
-fault plan"); one that the run stopped keeps the inner transport's message and the
-`CancelledError` propagates. Warm-up requests are never faulted.
+Each wrapper takes an inner transport and owns it (`faults.wrapper.TransportWrapper`: entering
+the wrapper enters it, closing the wrapper closes it once). It keeps the seam's contract: a
+failure is recorded in the `RawResult`, never raised, and only cancellation of the whole run
+propagates. A request that a wrapper cuts on purpose ends `cancelled` with an error message
+containing `PLANNED_MARK` ("by the fault plan"); one that the run stopped keeps the inner
+transport's message and the `CancelledError` propagates. Warm-up requests are never faulted.
 
 Which requests a wrapper affects: those its `active` gate admits (None: all; `RunClock.gate`
 turns a plan window into one, judged when the request is sent) and, of those, a `fraction`
@@ -27,6 +28,7 @@ from faults.plan import FaultPlan
 from faults.retrying import AttemptRecord, RetryAfterLog, RetryingTransport
 from faults.slow_reader import FaultAiohttpTransport, SlowReaderTransport
 from faults.window import FaultKind, Window
+from faults.wrapper import TransportWrapper
 from harness.http.client import ClientOptions, RawResult, RequestPayload
 from harness.http.transport import Transport
 from slo.runrecord import RequestStatus
@@ -131,7 +133,7 @@ async def _cut(
         result.error_message = message
 
 
-class CancellingTransport:
+class CancellingTransport(TransportWrapper):
     """Cancels a `fraction` of the admitted requests after `after_tokens` token-bearing SSE
     events or `after_ms` ms after it starts sending (exactly one of them): status `cancelled`,
     message "cancelled by the fault plan after 3 tokens". After k tokens the recorded stream
@@ -150,7 +152,8 @@ class CancellingTransport:
     ) -> None:
         if (after_tokens is None) == (after_ms is None):
             raise ValueError("give exactly one of after_tokens and after_ms")
-        self.inner, self.fraction, self.seed, self.active = inner, fraction, seed, active
+        super().__init__(inner)
+        self.fraction, self.seed, self.active = fraction, seed, active
         self.after_tokens, self.after_ms = after_tokens, after_ms
 
     async def handle_request(self, payload: RequestPayload, result: RawResult) -> None:
@@ -169,7 +172,7 @@ class CancellingTransport:
         )
 
 
-class DisconnectStormTransport:
+class DisconnectStormTransport(TransportWrapper):
     """Hangs up every admitted request (a `fraction` of them) at a point drawn uniformly from
     [min_ms, max_ms) after it starts sending, seeded by request id: status `cancelled`, message
     "disconnected by the fault plan after 412 ms"."""
@@ -186,7 +189,8 @@ class DisconnectStormTransport:
     ) -> None:
         if not 0 <= min_ms < max_ms:
             raise ValueError("need 0 <= min_ms < max_ms")
-        self.inner, self.min_ms, self.max_ms = inner, min_ms, max_ms
+        super().__init__(inner)
+        self.min_ms, self.max_ms = min_ms, max_ms
         self.fraction, self.seed, self.active = fraction, seed, active
 
     def cut_ms(self, request_id: str) -> float:
@@ -203,9 +207,10 @@ class DisconnectStormTransport:
         )
 
 
-class ClientFaults:
-    """The client side of a `FaultPlan` as one transport: an async context manager (it opens
-    and closes the aiohttp session) whose `handle_request` runs the whole wrapper stack.
+class ClientFaults(TransportWrapper):
+    """The client side of a `FaultPlan` as one transport whose `handle_request` runs the whole
+    wrapper stack; it owns the stack, so entering it opens the aiohttp session at the bottom
+    and closing it (`aclose`, or leaving its `with` block) closes the stack once.
 
     Pass `clock.start` as `run_load`'s `start_callback`; windows are judged against it, and
     `clock.requests_sent` counts every measured request (for the other layers' schedulers).
@@ -226,8 +231,12 @@ class ClientFaults:
         transport: Transport = self.base
         for i, w in enumerate(plan.windows):
             transport = self._wrap(transport, i, w)
-        self.retrying = RetryingTransport(transport, plan.retry, retry_after=self.retry_after)
-        self.transport: Transport = self.retrying if plan.retry.enabled else transport
+        self.retrying: RetryingTransport | None = None
+        if plan.retry.enabled:
+            transport = self.retrying = RetryingTransport(
+                transport, plan.retry, retry_after=self.retry_after
+            )
+        super().__init__(transport)
 
     def _base(self, options: ClientOptions, max_connections: int) -> FaultAiohttpTransport:
         for i, w in enumerate(self.plan.windows):
@@ -264,15 +273,9 @@ class ClientFaults:
 
     @property
     def attempts(self) -> dict[str, list[AttemptRecord]]:
-        return self.retrying.attempts
-
-    async def __aenter__(self) -> ClientFaults:
-        await self.base.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.base.__aexit__(*exc_info)
+        """The attempts of each request sent more than once (`RetryingTransport.attempts`)."""
+        return self.retrying.attempts if self.retrying is not None else {}
 
     async def handle_request(self, payload: RequestPayload, result: RawResult) -> None:
         self.clock.note_sent(payload)
-        await self.transport.handle_request(payload, result)
+        await self.inner.handle_request(payload, result)

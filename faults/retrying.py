@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, fields, replace
 
 from faults.retry import RetryPolicy
+from faults.wrapper import TransportWrapper
 from harness.http.client import RawResult, RequestPayload
 from harness.http.transport import Transport
 from slo.runrecord import ErrorClass, RequestStatus
@@ -62,7 +63,7 @@ class AttemptRecord:
     wait_s: float | None = None
 
 
-class RetryingTransport:
+class RetryingTransport(TransportWrapper):
     """Resends a request whose answer's HTTP status is in `policy.statuses`, up to
     `policy.max_attempts` attempts, waiting `policy.wait_s` (Retry-After when known) between
     them; passes everything straight through when `policy.enabled` is false.
@@ -81,7 +82,8 @@ class RetryingTransport:
         *,
         retry_after: RetryAfterLog | None = None,
     ) -> None:
-        self.inner, self.policy, self.retry_after = inner, policy, retry_after
+        super().__init__(inner)
+        self.policy, self.retry_after = policy, retry_after
         self.attempts: dict[str, list[AttemptRecord]] = {}
 
     async def handle_request(self, payload: RequestPayload, result: RawResult) -> None:

@@ -25,6 +25,7 @@ from faults.toxics import Toxic
 from faults.window import FaultKind, Layer, Window, WindowTracker
 from harness.errors import HarnessError
 from harness.http.client import ClientOptions, RawResult, RequestPayload
+from harness.http.transport import BaseTransport
 from harness.targets.process import ServerProcess
 
 POLL_S = 0.02  # how often windows are checked; their start and end are this accurate
@@ -74,7 +75,7 @@ ENGINE_FAULTS: dict[FaultKind, EngineFault] = {
 }
 
 
-class FaultSession:
+class FaultSession(BaseTransport):
     """Use as `async with FaultSession(plan, options, server=..., max_connections=n) as s:`,
     send through `s` (a transport), call `s.start(t0_ns)` when the measured phase starts,
     and record `s.manifest_changes()` once it closed (each window's kind and actual start
@@ -133,13 +134,10 @@ class FaultSession:
             self.applied.append(entry)
             await self._engine_fault(w, entry, start=True)
 
-    async def __aexit__(self, *exc_info) -> None:
-        await self._close(exc_info)
-
     async def aclose(self) -> None:
-        await self._close((None, None, None))
-
-    async def _close(self, exc_info) -> None:
+        """Stop the windows' clock, close the windows still open (undoing the engine faults
+        the server would keep), then the client stack and the proxy; a second call does
+        nothing."""
         if self._closed:
             return
         self._closed = True
@@ -160,7 +158,7 @@ class FaultSession:
             await self._undo_at_exit(still_open)
         try:
             if self.client is not None:
-                await self.client.__aexit__(*exc_info)
+                await self.client.aclose()
         finally:
             if self.proxy is not None:
                 await self.proxy.stop()

@@ -336,7 +336,8 @@ def test_a_plan_builds_its_stack_and_gates_windows_on_requests_sent():
 
 
 def _wrappers(base, options):
-    """Every wrapper, set so that it is still waiting when the run is cancelled."""
+    """Every wrapper, set so that it is still waiting when the run is cancelled; those over
+    `base` own it (entering one enters `base`)."""
     log = RetryAfterLog()
     return {
         "cancel_tokens": CancellingTransport(base, after_tokens=50),
@@ -353,24 +354,15 @@ def test_cancelling_the_run_propagates_through_every_wrapper(name):
     async def go():
         async with mock(ttft_ms=500) as url:
             options = _options(url)
-            async with AiohttpTransport(options, max_connections=4) as base:
-                transport = _wrappers(base, options)[name]
-                own_session = hasattr(transport, "__aenter__")
-                if own_session:
-                    await transport.__aenter__()
-                try:
-                    raw = RawResult("r0", False, time.perf_counter_ns())
-                    task = asyncio.create_task(
-                        transport.handle_request(_payloads(options, 1)[0], raw)
-                    )
-                    await asyncio.sleep(0.1)
-                    task.cancel()
-                    with pytest.raises(asyncio.CancelledError):
-                        await task
-                    return task, raw
-                finally:
-                    if own_session:
-                        await transport.__aexit__(None, None, None)
+            base = AiohttpTransport(options, max_connections=4)
+            async with _wrappers(base, options)[name] as transport:
+                raw = RawResult("r0", False, time.perf_counter_ns())
+                task = asyncio.create_task(transport.handle_request(_payloads(options, 1)[0], raw))
+                await asyncio.sleep(0.1)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                return task, raw
 
     task, raw = asyncio.run(go())
     assert task.cancelled()
