@@ -1,4 +1,4 @@
-"""Client faults: wrappers of the transport seam (`harness.transport.Transport`).
+"""Client faults: wrappers of the transport seam (`harness.http.transport.Transport`).
 
 Each wrapper takes an inner transport and owns it (`faults.wrapper.TransportWrapper`: entering
 the wrapper enters it, closing the wrapper closes it once). It keeps the seam's contract: a
@@ -45,7 +45,7 @@ class _TokenWatch(list):
     """`RawResult.reads` that calls `on_limit` once `limit` token-bearing SSE events arrived.
 
     A light scan, not a parse: an event bears a token when it has a non-empty `"text"` or
-    `"content"` string, as `harness.sse` counts them for OpenAI-style streams. `cut_at` is
+    `"content"` string, as `harness.http.sse` counts them for OpenAI-style streams. `cut_at` is
     (read index, byte offset) just past the `limit`-th token event. Every read is passed on to
     `parent`, the watch of an outer wrapper (nested cancel windows each keep their limit).
     """

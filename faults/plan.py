@@ -37,18 +37,13 @@ from bench_common import yaml_spec as ys
 from bench_common.yaml_spec import Where
 from faults.plan_checks import FaultPlanError, at
 from faults.retry import RetryPolicy
-from faults.window import FaultKind, Layer, Window, WindowTracker
+from faults.window import FaultKind, Layer, Window
 
-# The window types live in window.py and the retry policy in retry.py; harness imports
-# FaultKind, Layer and WindowTracker from here.
+# The window types live in faults.window and the retry policy in faults.retry: import them from
+# there. FaultPlanError is named here too, for the CLI, which reports it as a user's error.
 __all__ = [
-    "FaultKind",
     "FaultPlan",
     "FaultPlanError",
-    "Layer",
-    "RetryPolicy",
-    "Window",
-    "WindowTracker",
     "as_plan",
     "builtin_plan_names",
     "builtin_plan_text",

@@ -13,7 +13,7 @@ depends on the proxy's seed, the connection's number in accept order and the tox
 picks the same connections). Data already queued keeps the delay it was given; everything read
 from then on sees the new set.
 
-What a client sees (status / error class, as `harness/client.py` classifies it):
+What a client sees (status / error class, as `harness.http.client` classifies it):
 - `down`: the listener is closed and a bound, non-listening socket holds the port, so connects
   fail with ECONNREFUSED (`error` / `connection_refused`); with `reset_open` open links are
   reset too.

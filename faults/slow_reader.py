@@ -46,9 +46,9 @@ class _Answer:
 
 
 class _SessionView:
-    """The aiohttp session as `harness.client.send` uses it (`post` as an async context manager
-    giving a response with `status`, `read()` and `content.readany()`), noting the headers of
-    error answers and pacing the reads when `pacing` is set."""
+    """The aiohttp session as `harness.http.client.send` uses it (`post` as an async context
+    manager giving a response with `status`, `read()` and `content.readany()`), noting the
+    headers of error answers and pacing the reads when `pacing` is set."""
 
     def __init__(self, session, on_headers, pacing: tuple[float, int] | None) -> None:
         self._session, self._on_headers, self._pacing = session, on_headers, pacing
@@ -62,7 +62,7 @@ class _SessionView:
 class FaultAiohttpTransport(AiohttpTransport):
     """`AiohttpTransport` as the fault wrappers need it: it notes each error answer's
     Retry-After in `retry_after` (the result has no headers) and lets a subclass pace the reads
-    of chosen responses. Requests still go through `harness.client.send`, its one path."""
+    of chosen responses. Requests still go through `harness.http.client.send`, its one path."""
 
     def __init__(
         self,
