@@ -2,11 +2,14 @@
 process` the engine steps in a child of the HTTP process; a SIGSTOP to the parent alone froze
 the streams while the child kept running. `ManagedServer.pause` (what a `pause_engine` fault
 window calls) now stops the whole process group: every process is in state T and uses no CPU
-while paused, and both run again after `resume`."""
+(so the engine takes no step) while paused, and both run again after `resume`. Checked on the
+server object and through `bench run --faults pause-engine`, as a user runs it."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -84,3 +87,66 @@ def test_a_pause_stops_every_process_of_a_process_mode_server(tmp_path):
     assert sum(ticks for _, ticks in running.values()) > sum(
         ticks for _, ticks in paused.values()
     ), "nothing ran again after resume"
+
+
+TRACKER = b"multiprocessing.resource_tracker"  # the engine child's helper: it sleeps
+
+
+def _server_tree(bench_pid: int, trackers: set[int]) -> dict[int, tuple[str, int]]:
+    """The managed reference server's processes under a `bench run` process: its descendants
+    whose command line runs `engine_ref.serving` (the HTTP process) or Python's multiprocessing
+    (the engine child and its resource tracker, whose pid goes into `trackers`)."""
+    tree = _tree(bench_pid)
+    tree.pop(bench_pid, None)
+    serving = {}
+    for pid, stat in tree.items():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"engine_ref.serving" in cmdline or b"multiprocessing" in cmdline:
+            serving[pid] = stat
+        if TRACKER in cmdline:
+            trackers.add(pid)
+    return serving
+
+
+def test_a_pause_engine_window_of_bench_run_stops_the_whole_process_mode_server(tmp_path):
+    """The built-in `pause-engine` plan stops the managed server from 5 s to 8 s: sampled every
+    50 ms from /proc, every process of it (HTTP and engine child) is in state T for about the
+    window and uses no CPU tick meanwhile; afterwards all run again and the run loses nothing."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--model", "tiny-random",
+           "--faults", "pause-engine", "--request-rate", "4", "--num-requests", "48",
+           "--server-arg=--engine-loop", "--server-arg=process", "--out", str(out), "--quiet"]  # fmt: skip
+    bench = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    samples: list[tuple[float, dict[int, tuple[str, int]]]] = []
+    trackers: set[int] = set()
+    deadline = time.monotonic() + 240
+    while bench.poll() is None and time.monotonic() < deadline:
+        if tree := _server_tree(bench.pid, trackers):
+            samples.append((time.monotonic(), tree))
+        time.sleep(0.05)
+    console = bench.communicate(timeout=60)[0]
+    assert bench.returncode == 0, console[-3000:]
+    assert max(len(tree) for _, tree in samples) >= 2, "no engine child: is --engine-loop on?"
+    frozen = [
+        (t, tree) for t, tree in samples
+        if len(tree) >= 2 and all(state == "T" for state, _ in tree.values())
+    ]  # fmt: skip
+    assert frozen, "no sample saw every server process stopped"
+    # Every sample in the window: all stopped (none half-paused), the CPU ticks unchanged.
+    window = [(t, tree) for t, tree in samples if frozen[0][0] <= t <= frozen[-1][0]]
+    assert window == frozen
+    assert frozen[-1][0] - frozen[0][0] >= 2.0, "stopped for less than the 3 s window"
+    assert all(tree == frozen[0][1] for _, tree in frozen), "a paused process used the CPU"
+    after = [tree for t, tree in samples if t > frozen[-1][0] + 0.5]
+    assert after and all(state != "T" for tree in after for state, _ in tree.values())
+    paused = frozen[-1][1]
+    ran_again = {
+        pid for tree in after for pid, (_, ticks) in tree.items()
+        if pid in paused and ticks > paused[pid][1]
+    }  # fmt: skip
+    assert ran_again == set(paused) - trackers, "a server process did not run after the window"
+    ledger = json.loads((out / "summary.json").read_text())["ledger"]
+    assert ledger["lost"] == 0 and ledger["recorded"] == ledger["scheduled"] == 48
