@@ -18,6 +18,7 @@ from pathlib import Path
 from harness.cli.compose import run_benchmark
 from harness.run.config import RunConfig
 from harness.targets.target import target_for
+from slo.runrecord import LeakCheck, Ledger
 
 DEFAULT_PLANS = (
     "latency-200ms",
@@ -49,21 +50,21 @@ def one_plan(target, args, plan: str | None, out: Path) -> dict:
     )
     outcome = run_benchmark(config, target=target)
     s = outcome.summary
-    ledger = s.get("ledger") or {}
-    windows = (s.get("faults") or {}).get("windows") or []
-    by_status = {k: v for k, v in (s["counts"]["by_status"]).items() if v}
+    ledger = s.ledger or Ledger.empty()
+    leak = ledger.leak or LeakCheck.empty()
+    windows = (s.faults.windows if s.faults is not None else None) or []
+    by_status = {k: v for k, v in s.counts.by_status.items() if v}
     return {
         "plan": plan or "(none)",
-        "requests": s["counts"]["total"] + s["counts"].get("not_sent", 0),
+        "requests": s.counts.total + (s.counts.not_sent or 0),
         "outcomes": by_status,
-        "error_classes": s["counts"]["by_error_class"],
-        "ttft_p50_ms": s["latency_ms"]["ttft"]["p50"],
-        "recovery_s": [w.get("recovery_s") for w in windows],
-        "ledger": ledger.get("verdict"),
-        "lost": ledger.get("lost"),
-        "unexpected": ledger.get("unexpected"),
-        "leak": (ledger.get("leak") or {}).get("reasons")
-        or ([] if (ledger.get("leak") or {}).get("checked") else ["not checked"]),
+        "error_classes": s.counts.by_error_class,
+        "ttft_p50_ms": s.latency_ms.ttft.p50,
+        "recovery_s": [w.recovery_s for w in windows],
+        "ledger": ledger.verdict,
+        "lost": ledger.lost,
+        "unexpected": ledger.unexpected,
+        "leak": leak.reasons or ([] if leak.checked else ["not checked"]),
         "exit_code": outcome.verdict.exit_code,
     }
 

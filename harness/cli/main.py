@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,9 @@ from harness.cli.options import target_and_workload_options
 from harness.cli.targets import run_comparative_command, target_options
 from harness.cli.vllm_compat import VllmCompatCommand, save_result, translate, vllm_options
 from harness.errors import HarnessError
+
+if TYPE_CHECKING:  # a type only: `bench --help` imports no pyarrow
+    from slo.runrecord import RunSummary
 
 EXAMPLES = """
 \b
@@ -220,11 +224,17 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     sys.exit(verdict.exit_code)
 
 
-def _render(summary: dict, run_dir: Path, console) -> None:
+def _render(summary: RunSummary, run_dir: Path, console) -> None:
     try:
         from reports.console import render_summary
-    except ImportError:
-        console.print_json(data={k: summary.get(k) for k in ("counts", "throughput", "latency_ms")})
+    except ImportError:  # no reports: the headline blocks as JSON
+        console.print_json(
+            data=dict(
+                counts=summary.counts.to_dict(),
+                throughput=summary.throughput.to_dict(),
+                latency_ms=summary.latency_ms.to_dict(),
+            )
+        )
         return
     render_summary(summary, console, run_dir=run_dir)
 

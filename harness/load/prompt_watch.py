@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from slo.prompt_tokens import prompt_token_check
-from slo.runrecord import RequestRecord
+from slo.runrecord import PromptTokens, RequestRecord
 
 MIN_REQUESTS = 3  # judge once this many requests have both counts
 
@@ -33,9 +33,11 @@ class PromptTokenWatch:
                 self.usage.append(r.usage_prompt_tokens)
         if self.warned or len(self.inputs) < MIN_REQUESTS:
             return
-        check = prompt_token_check(
-            np.array(self.inputs), np.array(self.usage), overhead_tokens=self.overhead_tokens
+        check = PromptTokens.from_dict(
+            prompt_token_check(
+                np.array(self.inputs), np.array(self.usage), overhead_tokens=self.overhead_tokens
+            )
         )
-        if check["sentence"]:
+        if check.sentence:
             self.warned = True
-            self.warn(check["sentence"])
+            self.warn(check.sentence)

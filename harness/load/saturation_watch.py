@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harness.http.client import RawResult
-from slo.runrecord import RequestStatus
+from slo.runrecord import RequestStatus, Saturation
 from slo.saturation import MIN_REQUESTS, judge_saturation
 
 CHECK_EVERY = 10
@@ -52,10 +52,10 @@ class SaturationWatch:
 
     def _judge(self) -> None:
         rows = sorted(self._done)
-        verdict = judge_saturation([r[1] for r in rows], [r[2] for r in rows])
-        if verdict["saturated"]:
+        verdict = Saturation.from_dict(judge_saturation([r[1] for r in rows], [r[2] for r in rows]))
+        if verdict.saturated:
             self.fired = (
-                f"{verdict['sentence'].rstrip('.')}; stopped by --stop-on-saturation after "
+                f"{verdict.sentence.rstrip('.')}; stopped by --stop-on-saturation after "
                 f"{len(rows)} completed requests (time to first byte standing in for TTFT)."
             )
             self.stop(self.fired)

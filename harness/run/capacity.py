@@ -15,6 +15,7 @@ from harness.run.orchestrator import load_tokenizer_for, run_benchmark
 from harness.targets.target import launch_plan_for, target_for
 from slo import load_slo
 from slo.capacity import ProbeResult, search
+from slo.runrecord import Goodput
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,12 @@ def run_capacity_search(
             run_dir = out_dir / f"probe-{len(probes):02d}-{rate:.4g}rps"
             run_cfg = dataclasses.replace(config, request_rate=rate, out=run_dir)
             outcome = run_benchmark(run_cfg, target=target, tokenizer=tokenizer)
-            goodput = outcome.summary.get("goodput") or {}
-            attainment = goodput.get("attainment") or 0.0
+            goodput = outcome.summary.goodput or Goodput.empty()
+            attainment = goodput.attainment or 0.0
             probes.append({"rate_per_s": rate, "run_dir": run_dir.name, "attainment": attainment})
             if progress is not None:
                 progress(f"probe {len(probes)}: {rate:.4g} req/s -> attainment {attainment:.3f}")
-            return ProbeResult(
-                rate, attainment, goodput.get("request_per_s"), {"run_dir": run_dir.name}
-            )
+            return ProbeResult(rate, attainment, goodput.request_per_s, {"run_dir": run_dir.name})
 
         result = search(probe, target=spec.attainment_min, start_rate=start_rate, max_iterations=max_iterations,
                         rel_width=rel_width, max_rate=max_rate)  # fmt: skip

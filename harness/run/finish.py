@@ -40,8 +40,10 @@ def finish(
     early (None: it completed); `stopped_by_errors`: a stop rule stopped it."""
     if split is not None:
         record_workers(run_dir, split, workers or [])
-    summary = summarize(run_dir, slo_spec, client_bound_ms=client_bound_ms, conventions="all")
-    write_summary(run_dir, RunSummary.from_dict(summary))
+    summary = RunSummary.from_dict(
+        summarize(run_dir, slo_spec, client_bound_ms=client_bound_ms, conventions="all")
+    )
+    write_summary(run_dir, summary)
     requests = open_run(run_dir, chunks=False).requests
     verdict = judge(
         summary,

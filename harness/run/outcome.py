@@ -14,11 +14,11 @@ verdict (3), as a regression does in the gate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.targets.process import exit_description
-from slo.runrecord import RequestStatus
+from slo.runrecord import Ledger, RequestStatus, RunSummary, SLOEvaluation
 from slo.stats import FAIL, INCONCLUSIVE
 
 EXIT_OK = 0
@@ -37,15 +37,15 @@ class Verdict:
     sentence: str | None  # what the console says, None when all went well
 
     def to_dict(self) -> dict:
-        return {"exit_code": self.exit_code, "sentence": self.sentence}
+        return asdict(self)  # the manifest's `outcome`: exit_code, sentence
 
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """Where the run went and what it found; `summary` is `slo.summarize`'s dict."""
+    """Where the run went and what it found; `summary` is `slo.summarize`'s, typed."""
 
     run_dir: Path
-    summary: dict
+    summary: RunSummary
     complete: bool
     interrupted_reason: str | None
     verdict: Verdict = Verdict(EXIT_OK, None)
@@ -67,30 +67,30 @@ class OutputTally:
         return f"{self.n_wrong} of {self.n_ok} outputs checked are wrong output{detail}."
 
 
-def dominant_error(summary: dict) -> tuple[str | None, int, str | None]:
+def dominant_error(summary: RunSummary) -> tuple[str | None, int, str | None]:
     """(error class, count, its first message) of the most frequent error class."""
-    counts = summary.get("counts") or {}
-    by_class = counts.get("by_error_class") or {}
+    counts = summary.counts
+    by_class = counts.by_error_class or {}
     if not by_class:
         return None, 0, None
     name, n = max(by_class.items(), key=lambda item: (item[1], item[0]))
-    first = (counts.get("first_message_by_error_class") or {}).get(name)
+    first = (counts.first_message_by_error_class or {}).get(name)
     return name, n, first
 
 
-def served_counts(summary: dict) -> tuple[int, int]:
+def served_counts(summary: RunSummary) -> tuple[int, int]:
     """(failed, judged): the requests that reached a verdict on the target, i.e. all but those
     the client cancelled itself (a fault plan's cancel or disconnect storm, or Ctrl-C), and how
     many of them did not end ok."""
-    counts = summary.get("counts") or {}
-    by_status = counts.get("by_status") or {}
-    judged = int(counts.get("total") or 0) - int(by_status.get(RequestStatus.CANCELLED, 0))
+    counts = summary.counts
+    by_status = counts.by_status or {}
+    judged = int(counts.total or 0) - int(by_status.get(RequestStatus.CANCELLED, 0))
     return judged - int(by_status.get(RequestStatus.OK, 0)), judged
 
 
-def failure_sentence(summary: dict) -> str:
+def failure_sentence(summary: RunSummary) -> str:
     failed, judged = served_counts(summary)
-    cancelled = judged != int((summary.get("counts") or {}).get("total") or 0)
+    cancelled = judged != int(summary.counts.total or 0)
     name, n, first = dominant_error(summary)
     detail = f"; most failed with {name} ({n})" if name else ""
     if first:
@@ -99,29 +99,29 @@ def failure_sentence(summary: dict) -> str:
     return f"{failed} of {judged} requests{scope} failed{detail}."
 
 
-def inconclusive_sentence(slo: dict) -> str | None:
+def inconclusive_sentence(slo: SLOEvaluation) -> str | None:
     """Which SLO objectives could not be judged, and why the first of them could not; None
     when none could not (a spec of per-request limits only, such as vLLM's `--goodput`, has
     no objective: it defines goodput and judges nothing)."""
-    objectives = slo.get("objectives") or []
-    open_ = [o for o in objectives if o.get("verdict") == INCONCLUSIVE]
+    objectives = slo.objectives or []
+    open_ = [o for o in objectives if o.verdict == INCONCLUSIVE]
     if not open_:
         return None
     return (
         f"The SLO verdict is inconclusive ({len(open_)} of {len(objectives)} objectives could "
-        f"not be judged: {open_[0].get('name')}: {open_[0].get('reason')}); more requests "
+        f"not be judged: {open_[0].name}: {open_[0].reason}); more requests "
         "may decide it."
     )
 
 
-def ledger_sentence(summary: dict) -> str | None:
+def ledger_sentence(summary: RunSummary) -> str | None:
     """What is wrong with the run's ledger when it lost or invented rows; None when it
     balances (or could not be checked: a run without a schedule)."""
-    ledger = summary.get("ledger") or {}
-    lost, unexpected = int(ledger.get("lost") or 0), int(ledger.get("unexpected") or 0)
+    ledger = summary.ledger or Ledger.empty()
+    lost, unexpected = int(ledger.lost or 0), int(ledger.unexpected or 0)
     if not lost and not unexpected:
         return None
-    ids = list(ledger.get("lost_ids") or [])[:5]
+    ids = list(ledger.lost_ids or [])[:5]
     named = f" ({', '.join(ids)}{', ...' if lost > len(ids) else ''})" if ids else ""
     return (
         f"The ledger does not balance: {lost} scheduled requests have no row{named} and "
@@ -131,7 +131,7 @@ def ledger_sentence(summary: dict) -> str | None:
 
 
 def judge(
-    summary: dict,
+    summary: RunSummary,
     *,
     stopped_reason: str | None,
     stopped_by_errors: bool,
@@ -161,7 +161,7 @@ def judge(
 
 
 def _judge_run(
-    summary: dict,
+    summary: RunSummary,
     *,
     stopped_reason: str | None,
     stopped_by_errors: bool,
@@ -177,17 +177,17 @@ def _judge_run(
         return Verdict(
             EXIT_ERRORS, f"The target did not serve this run: {failure_sentence(summary)}"
         )
-    saturation = summary.get("saturation") or {}
-    saturated = saturation.get("sentence") if saturation.get("saturated") else None
-    slo = (summary.get("slo") or {}) if slo_given else {}
+    saturation = summary.saturation
+    saturated = saturation.sentence if saturation is not None and saturation.saturated else None
+    slo = (summary.slo if slo_given else None) or SLOEvaluation.empty()
     missed = []
-    if slo.get("verdict") == FAIL:
+    if slo.verdict == FAIL:
         missed.append("The run missed its SLO.")
     if outputs is not None and outputs.n_wrong:
         missed.append(outputs.sentence())
     if missed:
         return Verdict(EXIT_SLO_FAILED, " ".join(filter(None, [*missed, saturated])))
-    undecided = inconclusive_sentence(slo) if slo.get("verdict") == INCONCLUSIVE else None
+    undecided = inconclusive_sentence(slo) if slo.verdict == INCONCLUSIVE else None
     if undecided is not None:
         return Verdict(EXIT_INCONCLUSIVE, " ".join(filter(None, [undecided, saturated])))
     return Verdict(EXIT_OK, saturated)

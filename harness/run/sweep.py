@@ -107,7 +107,6 @@ def _run_points(config: RunConfig, plan: SweepPlan, out_dir: Path, progress) -> 
             change = {plan.kind: value, "out": out_dir / name}
             outcome = run_benchmark(dataclasses.replace(config, **change), target=target,
                                     tokenizer=tokenizer)  # fmt: skip
-            throughput = outcome.summary.get("throughput") or {}
             record["points"].append({
                 "kind": plan.kind, "value": "inf" if value == math.inf else value,
                 "repeat": rep, "run_dir": name, "complete": outcome.complete,
@@ -115,7 +114,7 @@ def _run_points(config: RunConfig, plan: SweepPlan, out_dir: Path, progress) -> 
             })  # fmt: skip
             _write(out_dir, record)
             if progress is not None:
-                rate = throughput.get("output_tokens_per_s")
+                rate = outcome.summary.throughput.output_tokens_per_s
                 shown = "—" if rate is None else f"{rate:.1f}"
                 progress(f"{name}: {shown} output tokens/s, exit {outcome.verdict.exit_code}")
             if not outcome.complete:

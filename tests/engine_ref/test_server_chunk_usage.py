@@ -126,27 +126,27 @@ def test_bench_run_counts_each_chunks_tokens_and_keeps_tpot_and_itl_apart(spec_s
     all_sizes = [n for s in sizes.values() for n in s]
     assert max(all_sizes) > 1
     summary = outcome.summary
-    block = summary["chunking"]
-    assert block["source"] == "usage" and block["source_counts"] == {"usage": 6}
-    assert block["tokens_per_chunk"]["mean"] == pytest.approx(np.mean(all_sizes))
-    assert block["tokens_per_chunk"]["n"] == len(all_sizes)
+    block = summary.chunking
+    assert block.source == "usage" and block.source_counts == {"usage": 6}
+    assert block.tokens_per_chunk.mean == pytest.approx(np.mean(all_sizes))
+    assert block.tokens_per_chunk.n == len(all_sizes)
     # TPOT is per token, ITL per chunk: per request, the chunk gaps add up to
     # t_last - t_first = TPOT x (output_tokens - 1), so mean ITL = mean TPOT x 47 / gaps.
-    lat = summary["latency_ms"]
+    lat = summary.latency_ms
     gaps = sum(len(t) - 1 for t in times.values())
     span_ms = sum((t[-1] - t[0]) / 1e6 for t in times.values())
-    assert lat["itl"]["n"] == gaps
-    assert lat["itl"]["mean"] == pytest.approx(span_ms / gaps)
-    assert lat["tpot"]["mean"] == pytest.approx(span_ms / 47 / 6)
-    assert lat["itl"]["mean"] > lat["tpot"]["mean"]
-    assert "per token" in summary["definitions"]["tpot"]
-    assert "per chunk" in summary["definitions"]["itl"]
+    assert lat.itl.n == gaps
+    assert lat.itl.mean == pytest.approx(span_ms / gaps)
+    assert lat.tpot.mean == pytest.approx(span_ms / 47 / 6)
+    assert lat.itl.mean > lat.tpot.mean
+    assert "per token" in summary.definitions["tpot"]
+    assert "per chunk" in summary.definitions["itl"]
     # The server's own counters: read into the run and onto the card.
-    sm = summary["server_metrics"]
-    drafts = sm["counters"]["spec_decode_drafts"]
-    accepted = sm["counters"]["spec_decode_accepted_tokens"]
+    sm = summary.server_metrics
+    drafts = sm.counters["spec_decode_drafts"]
+    accepted = sm.counters["spec_decode_accepted_tokens"]
     assert drafts > 0
-    assert sm["spec_decode_mean_accepted_length"] == pytest.approx(1 + accepted / drafts)
+    assert sm.spec_decode_mean_accepted_length == pytest.approx(1 + accepted / drafts)
     card = build_card(tmp_path / "run")
     sentence = card.chunking_sentence()
     assert sentence is not None
@@ -167,5 +167,5 @@ def test_without_chunk_usage_the_client_retokenises_each_chunk(spec_server, tmp_
     assert [r["output_tokens"] for r in req] == [48] * 6
     chunks = pq.read_table(tmp_path / "run" / "chunks.parquet").to_pylist()
     assert all(c["n_tokens"] >= 1 for c in chunks if c["n_chars"] > 0)
-    assert outcome.summary["chunking"]["source"] == "tokenizer"
-    assert outcome.summary["chunking"]["tokens_per_chunk"]["max"] > 1
+    assert outcome.summary.chunking.source == "tokenizer"
+    assert outcome.summary.chunking.tokens_per_chunk.max > 1

@@ -41,7 +41,7 @@ def test_builtin_workload_runs_with_zero_errors(tiny_target, workload, tmp_path)
     sessions = {r["session_id"] for r in requests}
     if workload == "multi-turn":  # num_requests counts sessions, each of 2-4 turns
         assert len(sessions) == 3 and len(requests) >= 6
-        assert outcome.summary["sessions"]["complete"] == 3
+        assert outcome.summary.sessions.complete == 3
     else:
         assert len(requests) == 3 and sessions == {None}
     failures = [

@@ -17,7 +17,15 @@ from click.testing import CliRunner
 from harness.cli import bench
 from harness.run.context import RunContext
 from harness.run.outcome import OutputTally, judge
-from slo.runrecord import RequestRecord, RunWriter, read_manifest
+from slo.runrecord import (
+    Ledger,
+    OutcomeCounts,
+    RequestRecord,
+    RunSummary,
+    RunWriter,
+    SLOEvaluation,
+    read_manifest,
+)
 
 FAST = ["--tokenizer", "tiny-random", "--workload", "random", "--input-len", "8", "--quiet"]
 
@@ -217,7 +225,9 @@ def _objective(verdict: str) -> dict:
     ],
 )
 def test_judge_ranks_a_miss_above_inconclusive(slo, outputs, exit_code, says):
-    summary = {"counts": {"total": 4, "by_status": {"ok": 4}}, "slo": slo}
+    summary = RunSummary(
+        counts=OutcomeCounts(total=4, by_status={"ok": 4}), slo=SLOEvaluation.from_dict(slo)
+    )
     verdict = judge(summary, stopped_reason=None, stopped_by_errors=False,
                     slo_given=slo is not None, outputs=outputs)  # fmt: skip
     assert verdict.exit_code == exit_code
@@ -235,10 +245,10 @@ def test_judge_ranks_a_miss_above_inconclusive(slo, outputs, exit_code, says):
 def test_a_ledger_that_does_not_balance_is_exit_4_whatever_else(
     stopped_reason, by_errors, exit_code, also
 ):
-    summary = {
-        "counts": {"total": 3, "by_status": {"ok": 3}},
-        "ledger": {"lost": 1, "lost_ids": ["r2"], "unexpected": 0, "verdict": "failed"},
-    }
+    summary = RunSummary(
+        counts=OutcomeCounts(total=3, by_status={"ok": 3}),
+        ledger=Ledger(lost=1, lost_ids=["r2"], unexpected=0, verdict="failed"),
+    )
     verdict = judge(summary, stopped_reason=stopped_reason, stopped_by_errors=by_errors,
                     slo_given=False)  # fmt: skip
     assert verdict.exit_code == exit_code

@@ -96,7 +96,7 @@ def test_completions_turns_extend_prompt_and_answer_token_for_token(
     )
     transport = RecordingTransport(options)
     outcome = run_benchmark(config, target=tiny_target, transport=transport)
-    assert outcome.complete and outcome.summary["ledger"]["verdict"] == "ok"
+    assert outcome.complete and outcome.summary.ledger.verdict == "ok"
     sent = transport.sent
     sessions = _by_session(tmp_path / "run")
     assert len(sessions) == 3
@@ -111,9 +111,9 @@ def test_completions_turns_extend_prompt_and_answer_token_for_token(
             assert turn["usage_prompt_tokens"] == len(prompt)  # the ids the server saw
         cached = [r["usage_cached_tokens"] for r in turns]
         assert all(b > a for a, b in zip(cached, cached[1:], strict=False)), cached
-    by_turn = outcome.summary["sessions"]["by_turn"]
-    assert [t["turn"] for t in by_turn][:3] == [0, 1, 2]
-    rates = [t["cache_hit_rate"] for t in by_turn[:3]]
+    by_turn = outcome.summary.sessions.by_turn
+    assert [t.turn for t in by_turn][:3] == [0, 1, 2]
+    rates = [t.cache_hit_rate for t in by_turn[:3]]
     assert rates[0] < rates[1] < rates[2]
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from slo_runs import ms, request_metrics
 
+from slo.runrecord import OutcomeCounts, RunSummary, Saturation
 from slo.saturation import rank_correlation, saturation_summary
 
 
@@ -68,11 +69,14 @@ def test_rank_correlation_matches_scipy():
 def test_the_run_verdict_says_it_in_words():
     from harness.run.outcome import EXIT_OK, judge
 
-    summary = {"counts": {"total": 40, "by_status": {"ok": 40}}, "error_rate": 0.0,
-               "saturation": saturation_summary(request_metrics(_queue_run(40, 10, 20), []))}  # fmt: skip
+    def summary_of(saturation: dict) -> RunSummary:
+        return RunSummary(counts=OutcomeCounts(total=40, by_status={"ok": 40}), error_rate=0.0,
+                          saturation=Saturation.from_dict(saturation))  # fmt: skip
+
+    summary = summary_of(saturation_summary(request_metrics(_queue_run(40, 10, 20), [])))
     verdict = judge(summary, stopped_reason=None, stopped_by_errors=False, slo_given=False)
     assert verdict.exit_code == EXIT_OK and verdict.sentence.startswith("The target cannot keep up")
-    summary["saturation"] = saturation_summary(request_metrics(_queue_run(40, 20, 10), []))
+    summary = summary_of(saturation_summary(request_metrics(_queue_run(40, 20, 10), [])))
     assert (
         judge(summary, stopped_reason=None, stopped_by_errors=False, slo_given=False).sentence
         is None
