@@ -1,10 +1,11 @@
-"""No reader spells a key of `summary.json`: `reports/` and `slo/` read the summary's blocks as
-the typed sections of `slo.runrecord` (attributes), so a key is named once, there, and a key
-renamed there cannot still be read the old way. The run-record counterpart for table columns
-and statuses is `test_runrecord_literals.py`; this is the same scan over the summary's keys.
+"""No reader spells a key of `summary.json`: `harness/`, `reports/` and `slo/` read the
+summary's blocks as the typed sections of `slo.runrecord` (attributes), so a key is named once,
+there, and a key renamed there cannot still be read the old way. The run-record counterpart for
+table columns and statuses is `test_runrecord_literals.py`; this is the same scan over the
+summary's keys.
 
 Only `slo/runrecord` and the writers (`slo.summary` and the block builders it calls) spell the
-keys. `harness/` is not scanned yet: it still reads `slo.summarize`'s dict by key."""
+keys."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import slo.runrecord as runrecord
 from slo.runrecord import RunSummary, Section
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("reports", "slo")
+PACKAGES = ("harness", "reports", "slo")
 EXEMPT_DIRS = (ROOT / "slo" / "runrecord",)
 # The writers: each builds the blocks named beside it, so it spells their keys.
 WRITERS = {
@@ -66,6 +67,12 @@ CARD_FIGURES = {
 }  # fmt: skip
 SHARED = STATISTICS | METRIC_NAMES | RECORD_WORDS | OTHER_CONTRACTS | CARD_FIGURES
 DISTINCTIVE = SUMMARY_KEYS - SHARED
+# Words one package uses with a meaning of its own. harness: `bench faults` and the run
+# config's fields and flat names (`faults`, `duration_s`, `diverge_before`), the OpenAI usage
+# field `prompt_tokens`, and the manifest's `server_state` entry (`before`, `after`).
+OWN_WORDS = {
+    "harness": {"faults", "duration_s", "diverge_before", "prompt_tokens", "before", "after"},
+}
 
 
 def _modules() -> list[Path]:
@@ -117,9 +124,10 @@ def _lookup(node: ast.AST) -> tuple[ast.AST, ast.Constant] | None:
 
 
 def _offences(source: str, rel: str) -> list[str]:
+    distinctive = DISTINCTIVE - OWN_WORDS.get(rel.split("/", 1)[0], set())
     found = set()
     for node in ast.walk(ast.parse(source, filename=rel)):
-        if isinstance(node, ast.Constant) and node.value in DISTINCTIVE:
+        if isinstance(node, ast.Constant) and node.value in distinctive:
             found.add(f"{rel}:{node.lineno}: {node.value!r} (a summary key)")
         lookup = _lookup(node)
         if lookup is not None:
@@ -132,6 +140,9 @@ def _offences(source: str, rel: str) -> list[str]:
 def test_the_scan_sees_the_readers_and_knows_the_keys():
     files = {p.relative_to(ROOT).as_posix() for p in _modules()}
     assert {"reports/build.py", "reports/console.py", "reports/exports/llmd.py"} <= files
+    assert {"harness/run/outcome.py", "harness/cli/main.py", "harness/load/prompt_watch.py"} <= (
+        files
+    )
     assert "slo/summary.py" not in files and "slo/spec.py" in files
     assert {"latency_ms", "by_error_class", "leaked", "cache_hit_rate", "tokens_per_chunk"} <= (
         DISTINCTIVE
@@ -142,25 +153,57 @@ def test_every_writer_and_shared_word_is_real():
     # a stale entry would hide nothing, but it would mislead whoever reads the lists
     assert all((ROOT / path).is_file() for path in WRITERS)
     assert SHARED <= SUMMARY_KEYS
+    assert set(OWN_WORDS) <= set(PACKAGES)
+    assert all(words <= DISTINCTIVE for words in OWN_WORDS.values())
 
 
-def test_the_scan_catches_summary_keys_spelt_in_a_reader():
-    probe = (
-        "def f(summary, ledger, block):\n"
-        '    p99 = summary["latency_ms"]["ttft"]["p99"]\n'
-        '    good = (summary.get("goodput") or {}).get("request_per_s")\n'
-        '    slo = "slo" in summary\n'
-        '    return p99, good, slo, ledger.get("leaked"), block["cache_hit_rate"]\n'
-    )
-    offences = _offences(probe, "reports/_probe.py")
-    assert [o.split(": ", 1)[1] for o in offences] == [
-        "'latency_ms' (a summary key)",
-        "'latency_ms' (looked up on a summary)",
-        "'goodput' (looked up on a summary)",
-        "'slo' (looked up on a summary)",
-        "'cache_hit_rate' (a summary key)",
-        "'leaked' (a summary key)",
-    ]
+READER_PROBE = (
+    "def f(summary, ledger, block):\n"
+    '    p99 = summary["latency_ms"]["ttft"]["p99"]\n'
+    '    good = (summary.get("goodput") or {}).get("request_per_s")\n'
+    '    slo = "slo" in summary\n'
+    '    return p99, good, slo, ledger.get("leaked"), block["cache_hit_rate"]\n'
+)
+# The harness's own words pass as words, and are still caught when looked up on a summary.
+HARNESS_PROBE = (
+    "def f(outcome, config):\n"
+    '    counts = outcome.summary.get("counts") or {}\n'
+    '    rate = (outcome.summary["goodput"] or {}).get("request_per_s")\n'
+    '    faults = outcome.summary.get("faults")\n'
+    '    return counts.get("by_status"), rate, faults, config["faults"], {"before": 1}\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("rel", "probe", "caught"),
+    [
+        (
+            "reports/_probe.py",
+            READER_PROBE,
+            [
+                "'latency_ms' (a summary key)",
+                "'latency_ms' (looked up on a summary)",
+                "'goodput' (looked up on a summary)",
+                "'slo' (looked up on a summary)",
+                "'cache_hit_rate' (a summary key)",
+                "'leaked' (a summary key)",
+            ],
+        ),
+        (
+            "harness/run/_probe.py",
+            HARNESS_PROBE,
+            [
+                "'counts' (a summary key)",
+                "'counts' (looked up on a summary)",
+                "'goodput' (looked up on a summary)",
+                "'faults' (looked up on a summary)",
+                "'by_status' (a summary key)",
+            ],
+        ),
+    ],
+)
+def test_the_scan_catches_summary_keys_spelt_in_a_reader(rel, probe, caught):
+    assert [o.split(": ", 1)[1] for o in _offences(probe, rel)] == caught
 
 
 def test_attribute_reads_pass_the_scan():
