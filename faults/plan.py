@@ -149,8 +149,10 @@ class FaultPlan:
                 name=data["name"],
                 description=data.get("description", ""),
                 seed=data.get("seed", 0),
-                windows=tuple(_window(w, root / "windows" / i) for i, w in enumerate(windows)),
-                retry=_retry(data.get("retry") or {}, root / "retry"),
+                windows=tuple(
+                    Window.from_dict(w, root / "windows" / i) for i, w in enumerate(windows)
+                ),
+                retry=RetryPolicy.from_dict(data.get("retry") or {}, root / "retry"),
                 engine_args=_engine_args(data.get("engine_args"), root / "engine_args"),
             )
 
@@ -170,18 +172,6 @@ class FaultPlan:
     def sha256(self) -> str:
         """Hex sha256 of the canonical JSON of `to_dict()` (sorted keys, no whitespace)."""
         return hashlib.sha256(orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)).hexdigest()
-
-
-def _window(data, where: Where) -> Window:
-    """`Window.from_dict` at `where`: the window's own checks name it in what they raise, and
-    its other messages get the line of the window."""
-    with ys.relocating(where):
-        return Window.from_dict(data, where)
-
-
-def _retry(data, where: Where) -> RetryPolicy:
-    with ys.relocating(where):
-        return RetryPolicy.from_dict(data, where)
 
 
 def _engine_args(value, where: Where) -> tuple[str, ...]:

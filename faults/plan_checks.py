@@ -1,10 +1,10 @@
-"""The checks every part of a fault plan shares when it is read from YAML, and the error they
-raise: one sentence naming the fix, in the form of `bench_common.yaml_spec`."""
+"""The error a fault plan's checks raise and the place they report at: every part of a plan
+(`faults.plan`, `faults.window`, `faults.retry`) checks with `bench_common.yaml_spec`, so each
+problem is one sentence of its form, naming the key, its line and what is accepted."""
 
 from __future__ import annotations
 
 import math
-from enum import StrEnum
 
 from bench_common import yaml_spec as ys
 from bench_common.yaml_spec import Where
@@ -20,16 +20,5 @@ def at(where: Where | str) -> Where:
 
 
 def is_number(value) -> bool:
+    """Whether `value` is a finite int or float (not a boolean)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def as_mapping(value, where: Where | str) -> dict:
-    return ys.mapping(value, at(where))
-
-
-def check_keys(data: dict, known: tuple[str, ...], where: Where | str) -> None:
-    ys.keys(data, at(where), known)
-
-
-def member(enum: type[StrEnum], value, where: Where | str):
-    return ys.enum_member(value, at(where), enum)

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from faults.plan_checks import FaultPlanError, as_mapping, check_keys, is_number
+from bench_common import yaml_spec as ys
+from bench_common.yaml_spec import Where
+from faults.plan_checks import at
+
+_STATUSES = "a list of HTTP error codes such as [429, 503]"
 
 
 def _default_statuses() -> tuple[int, ...]:
@@ -28,26 +32,26 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         for key in ("enabled", "honour_retry_after"):
-            if not isinstance(getattr(self, key), bool):
-                raise FaultPlanError(f"retry.{key} must be true or false.")
-        n = self.max_attempts
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise FaultPlanError(f"retry.max_attempts must be an integer >= 1, not {n!r}.")
-        statuses = self.statuses
-        if not isinstance(statuses, list | tuple) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and 400 <= s <= 599 for s in statuses
-        ):
-            raise FaultPlanError(
-                f"retry.statuses must be HTTP error codes such as [429, 503], not {statuses!r}."
+            ys.boolean(getattr(self, key), at(key))
+        ys.number(self.max_attempts, at("max_attempts"), minimum=1, integer=True)
+        statuses = ys.sequence(self.statuses, at("statuses"), what=_STATUSES)
+        for i, status in enumerate(statuses):
+            ys.number(
+                status,
+                at("statuses") / i,
+                minimum=400,
+                maximum=599,
+                integer=True,
+                what="an HTTP error code",
             )
         object.__setattr__(self, "statuses", tuple(statuses))
         for key in ("backoff_ms", "max_backoff_ms"):
-            v = getattr(self, key)
-            if not is_number(v) or v <= 0:
-                raise FaultPlanError(f"retry.{key} must be a positive number, not {v!r}.")
-            object.__setattr__(self, key, float(v))
+            object.__setattr__(self, key, float(ys.number(getattr(self, key), at(key), above=0)))
         if self.max_backoff_ms < self.backoff_ms:
-            raise FaultPlanError("retry.max_backoff_ms must be at least retry.backoff_ms.")
+            at("max_backoff_ms").fail(
+                f"got {self.max_backoff_ms:g}, below backoff_ms {self.backoff_ms:g}",
+                "expected a number >= backoff_ms",
+            )
 
     def wait_s(self, retry: int, retry_after_s: float | None) -> float:
         """Seconds to wait before retry number `retry` (1 = the first retry)."""
@@ -57,10 +61,10 @@ class RetryPolicy:
         return min(self.backoff_ms / 1e3 * 2 ** (retry - 1), cap_s)
 
     @classmethod
-    def from_dict(cls, data, where: str = "retry") -> RetryPolicy:
-        data = as_mapping(data, where)
-        check_keys(data, tuple(cls.__dataclass_fields__), where)
-        return cls(**data)
+    def from_dict(cls, data, where: Where | str = "retry") -> RetryPolicy:
+        """A policy from its mapping as written in a plan; every error, the policy's own checks
+        included, is placed at `where` (with lines when it is a place in a loaded document)."""
+        return ys.from_mapping(cls, data, at(where), tuple(cls.__dataclass_fields__))
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__} | {

@@ -11,14 +11,23 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from faults.plan_checks import FaultPlanError, as_mapping, check_keys, is_number, member
+from bench_common import yaml_spec as ys
+from bench_common.yaml_spec import Where
+from faults.plan_checks import at, is_number
 
 if TYPE_CHECKING:
     from faults.plan import FaultPlan
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, None: 1.0}
+# What a window's messages say is accepted.
+_DURATIONS = "such as 5, 5s, 500ms or 2m"
+_POSITIVE_FOR = "expected a duration > 0, or no for to last until the run ends"
+_ONE_START = "give either at or after_requests as the start, not both"
+_HALF = "0.5 affects half"
+_NETWORK_ONLY = "drop it (only network kinds have a direction)"
 _WINDOW_KEYS = ("kind", "at", "after_requests", "for", "fraction", "direction", "params")
+_WINDOW = at("")  # the window itself, for a problem of no single key
 
 
 class Layer(StrEnum):
@@ -80,6 +89,12 @@ class Param:
     integer: bool = False
     optional: bool = False
 
+    def check(self, value, where: Where) -> float | int:
+        """`value` when it is such a number (a float unless `integer`), else an error."""
+        low, above = (None, self.low) if self.strict else (self.low, None)
+        ys.number(value, where, minimum=low, above=above, integer=self.integer)
+        return value if self.integer else float(value)
+
 
 # Network parameters are those of the proxy's toxics (faults/toxics.py), spelled the same.
 PARAMS: dict[FaultKind, tuple[Param, ...]] = {
@@ -107,32 +122,24 @@ PARAMS: dict[FaultKind, tuple[Param, ...]] = {
     FaultKind.PAUSE_ENGINE: (),
     FaultKind.SLOW_STEPS: (Param("delay_ms", strict=True),),
 }
+# Kinds with two parameters where the first must be below the second.
+_BELOW = {
+    FaultKind.DISCONNECT_STORM: ("min_ms", "max_ms"),
+    FaultKind.SLICER: ("size_variation", "average_size"),
+}
 
 
-def parse_seconds(value, where: str) -> float:
-    """A duration in seconds from a number of seconds or text such as "5", "5s", "500ms", "2m"."""
+def parse_seconds(value, where: Where | str) -> float:
+    """A duration in seconds from a number of seconds or text such as "5", "5s", "500ms", "2m";
+    a negative, infinite or unreadable one is an error at `where`."""
+    seconds = None
     if is_number(value):
         seconds = float(value)
     elif isinstance(value, str) and (match := _DURATION.match(value)):
         seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-    elif isinstance(value, str) and value.strip().startswith("-"):
-        raise FaultPlanError(f"{where} must not be negative, not {value!r}.")
-    else:
-        raise FaultPlanError(f"{where} must be a duration such as 5, 5s or 500ms, not {value!r}.")
-    if seconds < 0:
-        raise FaultPlanError(f"{where} must not be negative, not {value!r}.")
+    if seconds is None or not 0 <= seconds < math.inf:
+        at(where).fail(f"got {ys.describe(value)}", f"expected a duration >= 0 {_DURATIONS}")
     return seconds
-
-
-def _check_param(param: Param, value, where: str) -> float | int:
-    bound = f"{'>' if param.strict else '>='} {param.low:g}"
-    if param.integer:
-        if isinstance(value, bool) or not isinstance(value, int) or value < param.low:
-            raise FaultPlanError(f"{where} must be an integer {bound}, not {value!r}.")
-        return value
-    if not is_number(value) or value < param.low or (param.strict and value == param.low):
-        raise FaultPlanError(f"{where} must be a finite number {bound}, not {value!r}.")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -149,60 +156,66 @@ class Window:
     params: tuple[tuple[str, float | int], ...] = ()
 
     def __post_init__(self) -> None:
-        kind = member(FaultKind, self.kind, "kind")
+        kind = ys.enum_member(self.kind, at("kind"), FaultKind)
         object.__setattr__(self, "kind", kind)
         if self.at_s is not None and self.after_requests is not None:
-            raise FaultPlanError("give either at or after_requests as the start, not both.")
+            at("after_requests").fail("given with at", _ONE_START)
         if self.at_s is not None:
             object.__setattr__(self, "at_s", parse_seconds(self.at_s, "at"))
-        n = self.after_requests
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise FaultPlanError(f"after_requests must be an integer >= 0, not {n!r}.")
-        if self.at_s is None and n is None:
+        if self.after_requests is not None:
+            ys.number(self.after_requests, at("after_requests"), minimum=0, integer=True)
+        elif self.at_s is None:
             object.__setattr__(self, "at_s", 0.0)
         if self.for_s is not None:
             for_s = parse_seconds(self.for_s, "for")
             if for_s == 0:
-                raise FaultPlanError("for must be positive; leave it out to last until the end.")
+                at("for").fail(f"got {ys.describe(self.for_s)}", _POSITIVE_FOR)
             object.__setattr__(self, "for_s", for_s)
         self._check_fraction_and_direction(kind)
         object.__setattr__(self, "params", self._checked_params(kind, dict(self.params)))
 
     def _check_fraction_and_direction(self, kind: FaultKind) -> None:
-        f = self.fraction
-        if not is_number(f) or not 0 <= f <= 1:
-            raise FaultPlanError(f"fraction must be in [0, 1] (0.5 affects half), not {f!r}.")
+        fraction = at("fraction")
+        f = ys.number(self.fraction, fraction, minimum=0, maximum=1, what="a fraction", hint=_HALF)
         object.__setattr__(self, "fraction", float(f))
         if (kind.layer is Layer.ENGINE or kind is FaultKind.DOWN) and f != 1:
-            raise FaultPlanError(f"{kind} acts on the whole target; drop fraction.")
+            fraction.fail(f"got {ys.describe(f)}, but {kind} acts on the whole target", "drop it")
         if self.direction is not None and kind.layer is not Layer.NETWORK:
-            raise FaultPlanError(f"direction applies to network kinds only; drop it from {kind}.")
+            at("direction").fail(f"given for {kind}, a {kind.layer} kind", _NETWORK_ONLY)
         if kind.layer is Layer.NETWORK:
             d = self.direction if self.direction is not None else Direction.DOWNSTREAM
-            object.__setattr__(self, "direction", member(Direction, d, "direction"))
+            object.__setattr__(self, "direction", ys.enum_member(d, at("direction"), Direction))
         if kind is FaultKind.PAUSE_ENGINE and self.for_s is None:
-            raise FaultPlanError("pause_engine needs for (how long the engine stays stopped).")
+            _WINDOW.fail("missing key 'for'", "pause_engine needs for: how long the engine stops")
 
     @staticmethod
     def _checked_params(kind: FaultKind, given: dict) -> tuple:
-        specs = PARAMS[kind]
-        check_keys(given, tuple(p.name for p in specs), f"params of {kind}")
+        specs, where = PARAMS[kind], at("params")
+        ys.keys(given, where, tuple(p.name for p in specs))
         values = {}
         for p in specs:
-            if p.name in given and given[p.name] is not None:
-                values[p.name] = _check_param(p, given[p.name], f"params.{p.name}")
+            if given.get(p.name) is not None:
+                values[p.name] = p.check(given[p.name], where / p.name)
             elif p.default is not None:
                 values[p.name] = float(p.default) if not p.integer else p.default
             elif not p.optional:
-                raise FaultPlanError(f"{kind} needs params.{p.name}.")
+                where.fail(f"missing key {p.name!r}", f"{kind} needs params.{p.name}")
         if kind is FaultKind.CANCEL and len(values) != 1:
-            raise FaultPlanError("cancel needs exactly one of params.after_tokens or after_ms.")
-        if kind is FaultKind.DISCONNECT_STORM and not values["min_ms"] < values["max_ms"]:
-            raise FaultPlanError("disconnect_storm needs params.min_ms below max_ms.")
-        if kind is FaultKind.SLICER and not values["size_variation"] < values["average_size"]:
-            raise FaultPlanError("slicer needs params.size_variation below average_size.")
-        if kind is FaultKind.DOWN and values["reset_open"] not in (0.0, 1.0):
-            raise FaultPlanError("down's params.reset_open must be 0 or 1.")
+            where.fail(
+                f"got {' and '.join(values) or 'neither'}",
+                "cancel needs exactly one of params.after_tokens and after_ms",
+            )
+        if kind in _BELOW:
+            low, high = _BELOW[kind]
+            if not values[low] < values[high]:
+                (where / low).fail(
+                    f"got {values[low]:g} with {high} {values[high]:g}",
+                    f"{kind} needs params.{low} below {high}",
+                )
+        if kind is FaultKind.DOWN and values["reset_open"] not in (0, 1):
+            (where / "reset_open").fail(
+                f"got {ys.describe(given['reset_open'])}", "expected 0 or 1"
+            )
         return tuple(values.items())
 
     @property
@@ -235,12 +248,13 @@ class Window:
         return start <= elapsed_s < end
 
     @classmethod
-    def from_dict(cls, data, where: str) -> Window:
-        data = as_mapping(data, where)
-        check_keys(data, _WINDOW_KEYS, where)
-        if "kind" not in data:
-            raise FaultPlanError(f"{where} is missing 'kind'.")
-        try:
+    def from_dict(cls, data, where: Where | str) -> Window:
+        """A window from its mapping as written in a plan; every error, the window's own checks
+        included, is placed at `where` (with lines when it is a place in a loaded document)."""
+        where = at(where)
+        ys.keys(ys.mapping(data, where), where, _WINDOW_KEYS, required=("kind",))
+        params = ys.mapping(data.get("params") or {}, where / "params")
+        with ys.relocating(where):
             return cls(
                 kind=data["kind"],
                 at_s=data.get("at"),
@@ -248,10 +262,8 @@ class Window:
                 for_s=data.get("for"),
                 fraction=data.get("fraction", 1.0),
                 direction=data.get("direction"),
-                params=tuple(as_mapping(data.get("params") or {}, "params").items()),
+                params=tuple(params.items()),
             )
-        except FaultPlanError as exc:
-            raise FaultPlanError(f"{where}: {exc}") from None
 
     def to_dict(self) -> dict:
         out: dict = {"kind": self.kind.value}

@@ -53,16 +53,17 @@ def _with(path: tuple, value) -> dict:
 
 W0 = ("windows", 0)
 W1 = ("windows", 1)
+FRACTION = "windows[0].fraction: got {}; expected a fraction in [0, 1] (0.5 affects half)"
 # (mutation path, value, words the message must contain)
 BAD = [
     (("colour",), "red", ["unknown key 'colour'", "known keys: name"]),
     ((*W0, "start"), 5, ["windows[0]: unknown key 'start'", "after_requests"]),
-    ((*W0, "params"), {"timeout": 1}, ["windows[0]", "'timeout'", "timeout_ms"]),
-    ((*W0, "params"), [1], ["windows[0]", "params: got a list; expected a mapping"]),
+    ((*W0, "params"), {"timeout": 1}, ["windows[0].params: unknown key 'timeout'", "timeout_ms"]),
+    ((*W0, "params"), [1], ["windows[0].params: got a list; expected a mapping"]),
     (
         (*W0, "kind"),
         "explode",
-        ["windows[0]", "kind: got 'explode'; expected one of", "reset_peer", "kill_engine"],
+        ["windows[0].kind: got 'explode'; expected one of", "reset_peer", "kill_engine"],
     ),
     (("windows",), {"kind": "down"}, ["windows: got a mapping; expected a list"]),
     (("windows",), ["down"], ["windows[0]: got 'down'; expected a mapping"]),
@@ -70,60 +71,104 @@ BAD = [
     (("seed",), -1, ["seed: got -1; expected an integer >= 0"]),
     (("name",), "", ["name: got ''; expected non-empty text"]),
     (("description",), 3, ["description: got 3; expected text"]),
-    ((*W0, "fraction"), "half", ["windows[0]", "fraction must be in [0, 1]"]),
-    ((*W0, "fraction"), 1.5, ["windows[0]", "fraction must be in [0, 1]"]),
-    ((*W0, "fraction"), -0.1, ["windows[0]", "fraction must be in [0, 1]"]),
-    ((*W0, "fraction"), True, ["windows[0]", "fraction must be in [0, 1]"]),
-    ((*W0, "at"), "-5s", ["windows[0]", "at must not be negative"]),
-    ((*W0, "at"), -1, ["windows[0]", "at must not be negative"]),
-    ((*W0, "for"), "-1s", ["windows[0]", "for must not be negative"]),
-    ((*W0, "for"), "5 hours", ["windows[0]", "for must be a duration such as 5, 5s or 500ms"]),
-    ((*W0, "for"), 0, ["windows[0]", "for must be positive"]),
-    ((*W0, "at"), math.inf, ["windows[0]", "at must be a duration"]),
-    ((*W1, "after_requests"), -3, ["windows[1]", "after_requests must be an integer >= 0"]),
-    ((*W1, "after_requests"), 2.5, ["windows[1]", "after_requests must be an integer"]),
-    ((*W1, "at"), 1, ["windows[1]", "either at or after_requests"]),
-    ((*W1, "direction"), "both", ["windows[1]", "direction applies to network kinds only"]),
+    ((*W0, "fraction"), "half", [FRACTION.format("'half'")]),
+    ((*W0, "fraction"), 1.5, [FRACTION.format("1.5")]),
+    ((*W0, "fraction"), -0.1, [FRACTION.format("-0.1")]),
+    ((*W0, "fraction"), True, [FRACTION.format("true")]),
+    ((*W0, "at"), "-5s", ["windows[0].at: got '-5s'; expected a duration >= 0 such as 5, 5s"]),
+    ((*W0, "at"), -1, ["windows[0].at: got -1; expected a duration >= 0"]),
+    ((*W0, "for"), "-1s", ["windows[0].for: got '-1s'; expected a duration >= 0"]),
+    ((*W0, "for"), "5 hours", ["windows[0].for: got '5 hours'; expected a duration >= 0"]),
+    ((*W0, "for"), 0, ["windows[0].for: got 0; expected a duration > 0, or no for to last"]),
+    ((*W0, "at"), math.inf, ["windows[0].at: got inf; expected a duration >= 0"]),
+    ((*W1, "after_requests"), -3, ["windows[1].after_requests: got -3; expected an integer >= 0"]),
+    ((*W1, "after_requests"), 2.5, ["windows[1].after_requests: got 2.5; expected an integer"]),
+    ((*W1, "at"), 1, ["windows[1].after_requests: given with at; give either at or after_"]),
+    (
+        (*W1, "direction"),
+        "both",
+        ["windows[1].direction: given for cancel, a client kind; drop it (only network kinds"],
+    ),
     (
         (*W0, "direction"),
         "sideways",
-        ["windows[0]", "direction: got 'sideways'; expected one of", "upstream"],
+        ["windows[0].direction: got 'sideways'; expected one of", "upstream"],
     ),
-    ((*W0, "params"), {"timeout_ms": -1}, ["windows[0]", "params.timeout_ms", ">= 0"]),
-    ((*W0, "params"), {"timeout_ms": "1"}, ["windows[0]", "params.timeout_ms", "number"]),
-    ((*W1, "params"), {}, ["windows[1]", "exactly one of params.after_tokens"]),
-    ((*W1, "params"), {"after_tokens": 2, "after_ms": 5}, ["windows[1]", "exactly one"]),
-    ((*W1, "params"), {"after_tokens": 0}, ["windows[1]", "params.after_tokens", ">= 1"]),
-    ((*W1,), {"kind": "latency"}, ["windows[1]", "latency needs params.latency_ms"]),
-    ((*W1,), {"kind": "pause_engine"}, ["windows[1]", "pause_engine needs for"]),
-    ((*W1,), {"kind": "kill_engine", "fraction": 0.5}, ["windows[1]", "drop fraction"]),
+    (
+        (*W0, "params"),
+        {"timeout_ms": -1},
+        ["windows[0].params.timeout_ms: got -1; expected a number >= 0"],
+    ),
+    (
+        (*W0, "params"),
+        {"timeout_ms": "1"},
+        ["windows[0].params.timeout_ms: got '1'; expected a number >= 0"],
+    ),
+    (
+        (*W1, "params"),
+        {},
+        ["windows[1].params: got neither; cancel needs exactly one of params.after_tokens and"],
+    ),
+    (
+        (*W1, "params"),
+        {"after_tokens": 2, "after_ms": 5},
+        ["windows[1].params: got after_tokens and after_ms; cancel needs exactly one"],
+    ),
+    (
+        (*W1, "params"),
+        {"after_tokens": 0},
+        ["windows[1].params.after_tokens: got 0; expected an integer >= 1"],
+    ),
+    (
+        (*W1,),
+        {"kind": "latency"},
+        ["windows[1].params: missing key 'latency_ms'; latency needs params.latency_ms"],
+    ),
+    (
+        (*W1,),
+        {"kind": "pause_engine"},
+        ["windows[1]: missing key 'for'; pause_engine needs for"],
+    ),
+    (
+        (*W1,),
+        {"kind": "kill_engine", "fraction": 0.5},
+        ["windows[1].fraction: got 0.5, but kill_engine acts on the whole target; drop it"],
+    ),
     (
         (*W1,),
         {"kind": "pause_engine", "for": 1, "params": {"x": 1}},
-        ["windows[1]", "known keys: none"],
+        ["windows[1].params: unknown key 'x'; known keys: none"],
     ),
-    ((*W1,), {"at": 1}, ["windows[1]", "missing 'kind'"]),
-    ((*W1,), {"kind": "down", "fraction": 0.5}, ["windows[1]", "drop fraction"]),
+    ((*W1,), {"at": 1}, ["windows[1]: missing key 'kind'; required keys: kind"]),
+    (
+        (*W1,),
+        {"kind": "down", "fraction": 0.5},
+        ["windows[1].fraction: got 0.5, but down acts on the whole target; drop it"],
+    ),
     (
         (*W1,),
         {"kind": "down", "params": {"reset_open": 2}},
-        ["windows[1]", "reset_open must be 0 or 1"],
+        ["windows[1].params.reset_open: got 2; expected 0 or 1"],
     ),
     (
         (*W1,),
         {"kind": "slicer", "params": {"average_size": 10, "size_variation": 10}},
-        ["windows[1]", "size_variation below average_size"],
+        ["windows[1].params.size_variation: got 10 with average_size 10; slicer needs params."],
     ),
-    ((*W1,), {"kind": "bandwidth", "params": {"rate_kbps": 0}}, ["params.rate_kbps", "> 0"]),
+    (
+        (*W1,),
+        {"kind": "bandwidth", "params": {"rate_kbps": 0}},
+        ["windows[1].params.rate_kbps: got 0; expected a number > 0"],
+    ),
     (
         (*W1,),
         {"kind": "slow_reader", "params": {"read_delay_ms": 5, "read_bytes": 1.5}},
-        ["params.read_bytes must be an integer >= 1"],
+        ["windows[1].params.read_bytes: got 1.5; expected an integer >= 1"],
     ),
     (
         (*W1,),
         {"kind": "disconnect_storm", "params": {"min_ms": 500, "max_ms": 100}},
-        ["windows[1]", "min_ms below max_ms"],
+        ["windows[1].params.min_ms: got 500 with max_ms 100; disconnect_storm needs params.min_ms"],
     ),
     (
         ("windows",),
@@ -131,12 +176,24 @@ BAD = [
         ["one slow_reader window"],
     ),
     (("retry",), {"tries": 3}, ["retry: unknown key 'tries'", "max_attempts"]),
-    (("retry",), {"max_attempts": 0}, ["retry.max_attempts must be an integer >= 1"]),
-    (("retry",), {"statuses": [200]}, ["retry.statuses must be HTTP error codes"]),
-    (("retry",), {"statuses": 429}, ["retry.statuses must be HTTP error codes"]),
-    (("retry",), {"enabled": "yes"}, ["retry.enabled must be true or false"]),
-    (("retry",), {"backoff_ms": -5}, ["retry.backoff_ms must be a positive number"]),
-    (("retry",), {"backoff_ms": 500, "max_backoff_ms": 100}, ["retry.max_backoff_ms"]),
+    (("retry",), {"max_attempts": 0}, ["retry.max_attempts: got 0; expected an integer >= 1"]),
+    (
+        ("retry",),
+        {"statuses": [200]},
+        ["retry.statuses[0]: got 200; expected an HTTP error code in [400, 599]"],
+    ),
+    (
+        ("retry",),
+        {"statuses": 429},
+        ["retry.statuses: got 429; expected a list of HTTP error codes such as [429, 503]"],
+    ),
+    (("retry",), {"enabled": "yes"}, ["retry.enabled: got 'yes'; expected true or false"]),
+    (("retry",), {"backoff_ms": -5}, ["retry.backoff_ms: got -5; expected a number > 0"]),
+    (
+        ("retry",),
+        {"backoff_ms": 500, "max_backoff_ms": 100},
+        ["retry.max_backoff_ms: got 100, below backoff_ms 500; expected a number >= backoff_ms"],
+    ),
     (("retry",), [1], ["retry: got a list; expected a mapping"]),
     (("engine_args",), "--num-blocks 16", ["engine_args: got '--num-blocks 16'; expected a list"]),
     (("engine_args",), ["--num-blocks", ""], ["engine_args[1]: got ''; expected a non-empty arg"]),
@@ -193,16 +250,130 @@ retry:
             r"known keys: kind, at, ",
         ),
         ("kind: down", "max_attempts: 2", r"^p\.yaml:5: duplicate key 'kind' \(first on line 4\)"),
-        ("direction: sideways", "max_attempts: 2", r"^p\.yaml:4: windows\[1\]: direction: got "),
-        ("fraction: 2", "max_attempts: 2", r"^p\.yaml:4: windows\[1\]: fraction must be in "),
+        ("direction: sideways", "max_attempts: 2", r"^p\.yaml:5: windows\[1\]\.direction: got "),
+        (
+            "fraction: 2",
+            "max_attempts: 2",
+            r"^p\.yaml:5: windows\[1\]\.fraction: got 2; expected a fraction in \[0, 1\]",
+        ),
         ("at: 1", "tries: 2", r"^p\.yaml:7: retry: unknown key 'tries'; known keys: enabled, "),
-        ("at: 1", "max_attempts: 0", r"^p\.yaml:6: retry\.max_attempts must be an integer >= 1"),
+        ("at: 1", "max_attempts: 0", r"^p\.yaml:7: retry\.max_attempts: got 0; expected an int"),
+        (
+            "params:\n      timeout_ms: -1",
+            "max_attempts: 2",
+            r"^p\.yaml:6: windows\[1\]\.params\.timeout_ms: got -1; expected a number >= 0\.$",
+        ),
+        (
+            "at: 1\n    after_requests: 3",
+            "max_attempts: 2",
+            r"^p\.yaml:6: windows\[1\]\.after_requests: given with at; give either at or ",
+        ),
+        ("for: 0s", "max_attempts: 2", r"^p\.yaml:5: windows\[1\]\.for: got '0s'; expected a du"),
+        (
+            "at: 1",
+            "statuses:\n    - 429\n    - 200",
+            r"^p\.yaml:9: retry\.statuses\[1\]: got 200; expected an HTTP error code in "
+            r"\[400, 599\]\.$",
+        ),
+        (
+            "at: 1",
+            "backoff_ms: 500\n  max_backoff_ms: 100",
+            r"^p\.yaml:8: retry\.max_backoff_ms: got 100, below backoff_ms 500; ",
+        ),
     ],
 )
 def test_plan_file_errors_name_the_line(window, retry, message):
     text = LINES_PLAN.replace("WINDOW", window).replace("RETRY", retry)
     with pytest.raises(FaultPlanError, match=message):
         parse_plan(text, "p.yaml")
+
+
+# Each limit of a window field: (a window, the message after "b: windows[0]", None: accepted)
+WINDOW_LIMITS = [
+    ({"kind": "stall", "fraction": -1e-9}, ".fraction: got -1e-09; expected a fraction in [0, 1]"),
+    ({"kind": "stall", "fraction": 0}, None),
+    ({"kind": "stall", "fraction": 1}, None),
+    ({"kind": "stall", "fraction": 1 + 1e-9}, ".fraction: got 1.000000001; expected a fraction"),
+    ({"kind": "stall", "at": -0.001}, ".at: got -0.001; expected a duration >= 0 such as 5,"),
+    ({"kind": "stall", "at": "-1ms"}, ".at: got '-1ms'; expected a duration >= 0 such as 5,"),
+    ({"kind": "stall", "at": 0}, None),
+    ({"kind": "stall", "at": "0ms"}, None),
+    ({"kind": "stall", "for": -0.001}, ".for: got -0.001; expected a duration >= 0"),
+    ({"kind": "stall", "for": 0}, ".for: got 0; expected a duration > 0, or no for to last until"),
+    ({"kind": "stall", "for": "0ms"}, ".for: got '0ms'; expected a duration > 0"),
+    ({"kind": "stall", "for": "1ms"}, None),
+    ({"kind": "stall", "after_requests": -1}, ".after_requests: got -1; expected an integer >= 0"),
+    ({"kind": "stall", "after_requests": 0}, None),
+    ({"kind": "stall", "after_requests": 1}, None),
+    ({"kind": "latency", "params": {"latency_ms": -0.001}}, ".params.latency_ms: got -0.001;"),
+    ({"kind": "latency", "params": {"latency_ms": 0}}, None),
+    ({"kind": "bandwidth", "params": {"rate_kbps": 0}}, ".params.rate_kbps: got 0; expected a "),
+    ({"kind": "bandwidth", "params": {"rate_kbps": 0.001}}, None),
+    ({"kind": "slicer", "params": {"average_size": 0.999}}, ".params.average_size: got 0.999; e"),
+    ({"kind": "slicer", "params": {"average_size": 1}}, None),
+    ({"kind": "cancel", "params": {"after_tokens": 0}}, ".params.after_tokens: got 0; expected"),
+    ({"kind": "cancel", "params": {"after_tokens": 1}}, None),
+    ({"kind": "cancel", "params": {"after_ms": 0}}, ".params.after_ms: got 0; expected a number >"),
+    ({"kind": "cancel", "params": {"after_ms": 0.001}}, None),
+    (
+        {"kind": "disconnect_storm", "params": {"min_ms": 100, "max_ms": 100}},
+        ".params.min_ms: got 100 with max_ms 100; disconnect_storm needs params.min_ms below max_ms",
+    ),
+    ({"kind": "disconnect_storm", "params": {"min_ms": 99.999, "max_ms": 100}}, None),
+    ({"kind": "disconnect_storm", "params": {"min_ms": -0.001}}, ".params.min_ms: got -0.001;"),
+    ({"kind": "disconnect_storm", "params": {"min_ms": 0}}, None),
+    ({"kind": "slow_reader", "params": {"read_delay_ms": 5, "read_bytes": 0}}, ".params.read_b"),
+    ({"kind": "slow_reader", "params": {"read_delay_ms": 5, "read_bytes": 1}}, None),
+]
+# Each limit of a retry field: (the retry mapping, the message after "b: retry", None: accepted)
+RETRY_LIMITS = [
+    ({"max_attempts": 0}, ".max_attempts: got 0; expected an integer >= 1"),
+    ({"max_attempts": 1}, None),
+    ({"max_attempts": 2}, None),
+    ({"statuses": [399]}, ".statuses[0]: got 399; expected an HTTP error code in [400, 599]"),
+    ({"statuses": [400]}, None),
+    ({"statuses": [599]}, None),
+    ({"statuses": [429, 600]}, ".statuses[1]: got 600; expected an HTTP error code in [400, 599]"),
+    ({"statuses": []}, None),
+    ({"backoff_ms": 0}, ".backoff_ms: got 0; expected a number > 0"),
+    ({"backoff_ms": 0.001}, None),
+    ({"max_backoff_ms": 0}, ".max_backoff_ms: got 0; expected a number > 0"),
+    ({"backoff_ms": 100, "max_backoff_ms": 100}, None),
+    (
+        {"backoff_ms": 100, "max_backoff_ms": 99.999},
+        ".max_backoff_ms: got 99.999, below backoff_ms 100; expected a number >= backoff_ms",
+    ),
+]
+
+
+def _problem(data: dict) -> str | None:
+    """The message of the plan `data` in a document named `b`; None when it is accepted."""
+    try:
+        FaultPlan.from_dict(data, "b")
+    except FaultPlanError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize(("window", "message"), WINDOW_LIMITS, ids=str)
+def test_each_limit_of_a_window_field(window, message):
+    problem = _problem({"name": "t", "windows": [window]})
+    if message is None:
+        assert problem is None
+    else:
+        assert problem is not None and problem.startswith(f"b: windows[0]{message}")
+        assert problem.endswith(".") and "\n" not in problem
+
+
+@pytest.mark.parametrize(("retry", "message"), RETRY_LIMITS, ids=str)
+def test_each_limit_of_a_retry_field(retry, message):
+    problem = _problem({"name": "t", "retry": {"enabled": True, **retry}})
+    if message is None:
+        assert problem is None
+        read = FaultPlan.from_dict({"name": "t", "retry": retry}).retry.to_dict()
+        assert {key: read[key] for key in retry} == retry
+    else:
+        assert problem is not None and problem.startswith(f"b: retry{message}")
 
 
 @pytest.mark.parametrize(
@@ -447,4 +618,4 @@ def test_cli_list_and_show(tmp_path):
     assert unknown.exit_code == 2 and "built-ins: cancel-storm" in unknown.output
     path.write_text("name: bad\nwindows: [{kind: boom}]\n")
     bad = runner.invoke(faults, ["show", str(path)])
-    assert bad.exit_code == 2 and "mine.yaml:2: windows[0]: kind: got 'boom'" in bad.output
+    assert bad.exit_code == 2 and "mine.yaml:2: windows[0].kind: got 'boom'" in bad.output
