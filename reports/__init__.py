@@ -8,7 +8,8 @@
 - `reports.compare.compare_runs(run_dirs, allow_mismatch=False)`: runs side by side.
 - `reports.gate.run_gate(baseline, candidate, config=...)`: the regression gate
   (`reports.gate_config`, `reports.gate_report` for Markdown and JUnit XML).
-- `reports.cli`: the `bench report` and `bench compare` commands.
+- `reports.cli`: the `bench report` and `bench compare` commands (`reports.cli_export`:
+  `bench export`; `reports.cli_errors`: how they end on a user's error).
 
 Only the exception is imported here, so `import reports` stays light.
 """

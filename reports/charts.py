@@ -29,7 +29,8 @@ OUTCOME_COLOURS = {
     "error": "#000000",
 }
 FAULT_COLOUR = "#D55E00"
-_RC = {
+# matplotlib settings every chart is drawn and saved under: text kept as text, a fixed id salt.
+CHART_RC = {
     "svg.fonttype": "none",
     "svg.hashsalt": "llm-bench-card",
     "font.size": 9,
@@ -46,13 +47,16 @@ METRIC_TITLES = {
 }
 
 
-def _new_figure(width_in: float = 6.4, height_in: float = 3.0) -> Figure:
+def new_figure(width_in: float = 6.4, height_in: float = 3.0) -> Figure:
+    """A figure of `width_in` x `height_in` inches with constrained layout, outside pyplot."""
     return Figure(figsize=(width_in, height_in), layout="constrained")
 
 
-def _to_svg(fig: Figure) -> str:
+def figure_svg(fig: Figure) -> str:
+    """`fig` as inline SVG (from `<svg` on), saved under `CHART_RC` with no date in it, so the
+    same figure gives the same text."""
     buf = io.StringIO()
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(CHART_RC):
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     text = buf.getvalue()
     # Inline SVG needs no XML prolog or DOCTYPE; keep from the <svg element on.
@@ -90,8 +94,8 @@ def latency_cdf_svg(metric: str, cdfs: dict[str, list]) -> str | None:
     drawn = {label: pts for label, pts in cdfs.items() if pts}
     if not drawn:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure(6.4, 3.4)
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure(6.4, 3.4)
         ax = fig.add_subplot()
         for i, (label, points) in enumerate(drawn.items()):
             xs = [p[0] for p in points]
@@ -103,7 +107,7 @@ def latency_cdf_svg(metric: str, cdfs: dict[str, list]) -> str | None:
         ax.set_ylim(0, 1.02)
         if len(drawn) > 1:
             ax.legend(loc="lower right", fontsize=7)
-        return _to_svg(fig)
+        return figure_svg(fig)
 
 
 def over_time_svg(metric: str, series_by_label: dict[str, list], fault_windows: list) -> str | None:
@@ -111,8 +115,8 @@ def over_time_svg(metric: str, series_by_label: dict[str, list], fault_windows: 
     drawn = {label: rows for label, rows in series_by_label.items() if rows}
     if not drawn:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure()
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure()
         ax = fig.add_subplot()
         _shade_windows(ax, fault_windows)
         for i, (label, rows) in enumerate(drawn.items()):
@@ -126,7 +130,7 @@ def over_time_svg(metric: str, series_by_label: dict[str, list], fault_windows: 
         ax.set_ylabel(f"{metric} (ms)")
         ax.set_ylim(bottom=0)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        return _to_svg(fig)
+        return figure_svg(fig)
 
 
 def failures_over_time_svg(
@@ -135,8 +139,8 @@ def failures_over_time_svg(
     """Stacked bars of failed requests per bin by kind, ok requests as a line, faults shaded."""
     if not rows or not bin_s:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure()
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure()
         ax = fig.add_subplot()
         _shade_windows(ax, fault_windows)
         ts = [r["t_s"] for r in rows]
@@ -159,7 +163,7 @@ def failures_over_time_svg(
         ax.set_xlabel("time (s from run start)")
         ax.set_ylabel("requests")
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        return _to_svg(fig)
+        return figure_svg(fig)
 
 
 def slice_bars_svg(slices: list, metric_key: str = "ttft_p99_ms") -> str | None:
@@ -167,8 +171,8 @@ def slice_bars_svg(slices: list, metric_key: str = "ttft_p99_ms") -> str | None:
     rows = [s for s in slices if getattr(s, metric_key) is not None]
     if not rows:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure(6.4, max(1.6, 0.28 * len(rows) + 0.8))
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure(6.4, max(1.6, 0.28 * len(rows) + 0.8))
         ax = fig.add_subplot()
         labels = [f"{s.dimension}={s.value}" for s in rows]
         dims = sorted({s.dimension for s in rows})
@@ -178,7 +182,7 @@ def slice_bars_svg(slices: list, metric_key: str = "ttft_p99_ms") -> str | None:
         ax.invert_yaxis()
         ax.set_xlabel(metric_key.replace("_ms", " (ms)").replace("_", " "))
         ax.set_title("Per-slice latency")
-        return _to_svg(fig)
+        return figure_svg(fig)
 
 
 def capacity_svg(curves: dict[str, list[dict]]) -> str | None:
@@ -186,8 +190,8 @@ def capacity_svg(curves: dict[str, list[dict]]) -> str | None:
     drawn = {label: rows for label, rows in curves.items() if rows}
     if not drawn:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure()
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure()
         ax = fig.add_subplot()
         ax2 = ax.twinx()
         for i, (label, rows) in enumerate(drawn.items()):
@@ -210,7 +214,7 @@ def capacity_svg(curves: dict[str, list[dict]]) -> str | None:
             handles + handles2, labels + labels2, loc="upper left", bbox_to_anchor=(1.12, 1.0),
             fontsize=7, frameon=False,
         )  # fmt: skip
-        return _to_svg(fig)
+        return figure_svg(fig)
 
 
 def server_metrics_svg(series: dict[str, list]) -> str | None:
@@ -220,8 +224,8 @@ def server_metrics_svg(series: dict[str, list]) -> str | None:
     kv = series.get("kv_cache_usage")
     if not counts and not kv:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure()
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure()
         ax = fig.add_subplot()
         for i, (name, rows) in enumerate(counts.items()):
             ax.step([r[0] for r in rows], [r[1] for r in rows], where="post",
@@ -239,4 +243,4 @@ def server_metrics_svg(series: dict[str, list]) -> str | None:
         ax.set_title("Server metrics over time")
         if counts:
             ax.legend(loc="upper left", fontsize=7, frameon=False)
-        return _to_svg(fig)
+        return figure_svg(fig)

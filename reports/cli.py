@@ -6,49 +6,21 @@ one sentence on stderr and exit code 2.
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
 import click
 
 from reports.build import build_card
+from reports.cli_errors import user_errors, write_output
 from reports.compare import compare_runs
 from reports.console import card_renderable, gate_renderable
-from reports.errors import ReportError
 from reports.gate import run_gate
 from reports.gate_config import GateConfig, load_gate_config
 from reports.gate_report import to_dict, to_junit_xml, to_markdown
 from reports.html import render_comparison_html, render_html
 from reports.terminal import cli_console
-from slo.errors import SLOError
 from slo.spec import load_slo
-
-USAGE_ERROR_EXIT = 2
-
-
-def _user_errors(command):
-    """Turn ReportError and SLOError into one line on stderr and exit code 2."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except (ReportError, SLOError) as exc:
-            click.echo(f"Error: {exc}", err=True)
-            raise SystemExit(USAGE_ERROR_EXIT) from None
-
-    return wrapper
-
-
-def _write(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ReportError(
-            f"cannot write {path} ({exc.strerror}); choose a writable path."
-        ) from None
-
 
 _RUN_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 _OUT_FILE = click.Path(dir_okay=False, path_type=Path)
@@ -68,7 +40,7 @@ _OUT_FILE = click.Path(dir_okay=False, path_type=Path)
     is_flag=True,
     help="Also print TTFT, TPOT, ITL and throughput under vLLM's, GuideLLM's, AIPerf's and MLPerf's definitions.",
 )
-@_user_errors
+@user_errors
 def report(
     runs: tuple[Path, ...], html_path, json_path, allow_mismatch: bool, conventions: bool
 ) -> None:
@@ -100,10 +72,10 @@ def report(
         html_text = render_comparison_html(comparison) if html_path else None
         json_text = comparison.to_json()
     if html_path:
-        _write(html_path, html_text)
+        write_output(html_path, html_text)
         console.print(f"Wrote {html_path}")
     if json_path:
-        _write(json_path, json_text)
+        write_output(json_path, json_text)
         console.print(f"Wrote {json_path}")
 
 
@@ -119,7 +91,7 @@ def report(
 @click.option("--junit", "junit_path", type=_OUT_FILE, help="Write JUnit XML.")
 @click.option("--json", "json_path", type=_OUT_FILE, help="Write the result as JSON.")
 @click.option("--allow-mismatch", is_flag=True, help="Compare runs of different workloads.")
-@_user_errors
+@user_errors
 def compare(
     baseline: Path,
     candidate: Path,
@@ -154,10 +126,10 @@ def compare(
     )
     cli_console().print(gate_renderable(result))
     if markdown_path:
-        _write(markdown_path, to_markdown(result))
+        write_output(markdown_path, to_markdown(result))
     if junit_path:
-        _write(junit_path, to_junit_xml(result))
+        write_output(junit_path, to_junit_xml(result))
     if json_path:
-        _write(json_path, json.dumps(to_dict(result), indent=2) + "\n")
+        write_output(json_path, json.dumps(to_dict(result), indent=2) + "\n")
     if gate:
         raise SystemExit(result.exit_code)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from reports.cli import _user_errors, _write
+from reports.cli_errors import user_errors, write_output
 
 FORMATS = ("vllm", "llmd", "csv")
 
@@ -22,7 +22,7 @@ FORMATS = ("vllm", "llmd", "csv")
 @click.option(
     "--detailed", is_flag=True, help="vllm: add the per-request arrays (--save-detailed)."
 )
-@_user_errors
+@user_errors
 def export(run: Path, fmt: str, output: Path | None, detailed: bool) -> None:
     """Write RUN in a format other tools read. Exit codes: 0 written, 2 unusable input."""
     if fmt == "vllm":
@@ -40,5 +40,5 @@ def export(run: Path, fmt: str, output: Path | None, detailed: bool) -> None:
     if output is None:
         click.echo(text, nl=False)
     else:
-        _write(output, text)
+        write_output(output, text)
         click.echo(f"wrote {output}", err=True)

@@ -96,11 +96,14 @@ def environment_rows(env) -> dict[str, str]:
     }
 
 
-def _environment(loader_css: str) -> jinja2.Environment:
+def card_environment() -> jinja2.Environment:
+    """The Jinja2 environment every HTML card renders in (the run, comparison and sweep
+    cards): the number filters, the inline CSS (`card.css`) and the helpers the templates call;
+    undefined names raise."""
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters.update(fmt=fmt, fmt_ci=fmt_ci, fmt_bytes=fmt_bytes)
     env.globals.update(
-        css=loader_css,
+        css=(resources.files("reports") / "card.css").read_text(),
         LATENCY_METRICS=LATENCY_METRICS,
         OUTCOME_KINDS=OUTCOME_KINDS,
         METRIC_TITLES=charts.METRIC_TITLES,
@@ -119,10 +122,6 @@ def _environment(loader_css: str) -> jinja2.Environment:
         recovery_text=recovery_text,
     )
     return env
-
-
-def _css() -> str:
-    return (resources.files("reports") / "card.css").read_text()
 
 
 def run_charts(card: Card) -> list[dict]:
@@ -162,13 +161,13 @@ def run_charts(card: Card) -> list[dict]:
 
 def render_html(card: Card) -> str:
     """One run's card as a complete HTML document (a str)."""
-    env = _environment(_css())
+    env = card_environment()
     return env.from_string(RUN_TEMPLATE).render(card=card, charts=run_charts(card))
 
 
 def render_comparison_html(comparison) -> str:
     """A `reports.compare.Comparison` as a complete HTML document (a str)."""
-    env = _environment(_css())
+    env = card_environment()
     cards = comparison.cards
     overlaid = [
         (

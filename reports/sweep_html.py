@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import matplotlib
 
-from reports.charts import _RC, RUN_COLOURS, _new_figure, _to_svg
-from reports.html import _css, _environment
+from reports.charts import CHART_RC, RUN_COLOURS, figure_svg, new_figure
+from reports.html import card_environment
 from reports.sweep import SweepCard
-from reports.templates import _HEAD, _MACROS
+from reports.templates import PAGE_HEAD, PAGE_MACROS
 
 KIND_LABELS = {"request_rate": "request rate (requests/s)", "concurrency": "concurrency (users)"}
 
@@ -27,8 +27,8 @@ def pareto_svg(card: SweepCard) -> str | None:
              if p.output_tokens_per_s is not None and p.output_tokens_per_s_per_user is not None]  # fmt: skip
     if not drawn:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure(6.4, 3.6)
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure(6.4, 3.6)
         ax = fig.add_subplot()
         xs = [p.output_tokens_per_s for p in drawn]
         ys = [p.output_tokens_per_s_per_user for p in drawn]
@@ -46,7 +46,7 @@ def pareto_svg(card: SweepCard) -> str | None:
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7, frameon=False, loc="lower left")
-        return _to_svg(fig)
+        return figure_svg(fig)
 
 
 def load_svg(card: SweepCard) -> str | None:
@@ -54,8 +54,8 @@ def load_svg(card: SweepCard) -> str | None:
     drawn = [p for p in card.points if isinstance(p.value, int | float)]
     if not drawn:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _new_figure(6.4, 3.0)
+    with matplotlib.rc_context(CHART_RC):
+        fig = new_figure(6.4, 3.0)
         ax = fig.add_subplot()
         ax2 = ax.twinx()
         x = [p.value for p in drawn]
@@ -76,13 +76,13 @@ def load_svg(card: SweepCard) -> str | None:
         ax.legend(handles + handles2, labels + labels2, fontsize=7, frameon=False,
                   loc="upper left", bbox_to_anchor=(1.12, 1.0))  # fmt: skip
         ax.set_title("Throughput and TTFT against load")
-        return _to_svg(fig)
+        return figure_svg(fig)
 
 
 SWEEP_TEMPLATE = (
     "{% set title = 'Sweep: ' ~ card.sweep_id %}"
-    + _HEAD
-    + _MACROS
+    + PAGE_HEAD
+    + PAGE_MACROS
     + """
 <header>
 <h1>Sweep: {{ card.sweep_id }}</h1>
@@ -115,7 +115,7 @@ Pareto frontier (★) when no other point has more output tokens/s both in total
 
 def render_sweep_html(card: SweepCard) -> str:
     """The sweep card as a complete HTML document (a str)."""
-    env = _environment(_css())
+    env = card_environment()
     env.globals.update(KIND_LABELS=KIND_LABELS, label=_label)
     charts = [
         {"title": "Throughput against interactivity (Pareto)", "svg": pareto_svg(card)},

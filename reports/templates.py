@@ -8,7 +8,9 @@ from __future__ import annotations
 from reports.checks_view import CHECKS_HTML
 from reports.sessions_view import SESSIONS_HTML
 
-_HEAD = """<!DOCTYPE html>
+# Every card page starts with these: the head (the `title` the page sets, the inline CSS) and
+# the macros its body calls.
+PAGE_HEAD = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -20,7 +22,7 @@ _HEAD = """<!DOCTYPE html>
 <body>
 """
 
-_MACROS = """
+PAGE_MACROS = """
 {% macro chart_grid(charts) %}
 <div class="charts">
 {% for chart in charts %}
@@ -44,8 +46,8 @@ _MACROS = """
 
 RUN_TEMPLATE = (
     "{% set title = 'Report card: ' ~ card.run_id %}"
-    + _HEAD
-    + _MACROS
+    + PAGE_HEAD
+    + PAGE_MACROS
     + """
 <header>
 <h1>Report card: {{ card.run_id }} <span class="badge {{ card.headline }}">{{ card.headline | replace("_", " ") }}</span></h1>
@@ -177,8 +179,8 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 
 COMPARISON_TEMPLATE = (
     "{% set title = 'Comparison: ' ~ (comparison.cards | map(attribute='run_id') | join(' vs ')) %}"
-    + _HEAD
-    + _MACROS
+    + PAGE_HEAD
+    + PAGE_MACROS
     + """
 <header>
 <h1>Comparison of {{ comparison.cards | length }} runs</h1>
