@@ -109,15 +109,22 @@ class FaultSession(BaseTransport):
         self._closed = False
 
     async def __aenter__(self) -> FaultSession:
-        if self.plan.needs_proxy:
-            url = urllib.parse.urlsplit(self.options.base_url)
-            self.proxy = FaultProxy(url.hostname, url.port or 80, seed=self.plan.seed)
-            await self.proxy.start()
-            proxied = url._replace(netloc=f"127.0.0.1:{self.proxy.url_port}").geturl()
-            self.options = dataclasses.replace(self.options, base_url=proxied)
-        self.client = ClientFaults(self.plan, self.options, max_connections=self.max_connections)
-        await self.client.__aenter__()
-        await self._open_engine_windows_at_zero()
+        try:
+            if self.plan.needs_proxy:
+                url = urllib.parse.urlsplit(self.options.base_url)
+                proxy = FaultProxy(url.hostname, url.port or 80, seed=self.plan.seed)
+                await proxy.start()
+                self.proxy = proxy
+                proxied = url._replace(netloc=f"127.0.0.1:{proxy.url_port}").geturl()
+                self.options = dataclasses.replace(self.options, base_url=proxied)
+            self.client = ClientFaults(
+                self.plan, self.options, max_connections=self.max_connections
+            )
+            await self.client.__aenter__()
+            await self._open_engine_windows_at_zero()
+        except BaseException:
+            await self.aclose()  # what opened before the failure (proxy, client) closes again
+            raise
         return self
 
     async def _open_engine_windows_at_zero(self) -> None:

@@ -141,7 +141,8 @@ class AiohttpTransport(BaseTransport):
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AiohttpTransport:
-        self.session = make_session(self.options, max_connections=self.max_connections)
+        if self.session is None:  # entered again while open: the same session, none leaked
+            self.session = make_session(self.options, max_connections=self.max_connections)
         return self
 
     async def aclose(self) -> None:

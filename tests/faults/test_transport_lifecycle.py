@@ -195,3 +195,39 @@ def test_a_fault_session_closes_its_client_stack_once():
 
     closes, aiohttp_session = asyncio.run(go())
     assert aiohttp_session.closed and len(closes) == 1
+
+
+def test_the_aiohttp_transport_entered_twice_keeps_one_session():
+    transport = ClientFaults(FaultPlan.from_dict({"name": "none"}), OPTIONS, max_connections=2)
+    base = transport.base
+
+    async def go():
+        async with base:
+            first = base.session
+            async with base:  # a second enter while open: no second session to leak
+                assert base.session is first
+        return first
+
+    first = asyncio.run(go())
+    assert first.closed and base.session is None
+
+
+def test_a_fault_session_that_fails_to_open_closes_what_it_opened(monkeypatch):
+    """Opening the engine windows fails after the client stack opened: entering raises, and
+    the stack is closed, not leaked."""
+    session = FaultSession(load_plan("cancel-storm"), OPTIONS, server=None, max_connections=2)
+    opened = []
+
+    async def failing_open():
+        opened.append(session.client.base.session)
+        raise RuntimeError("the engine fault could not be applied")
+
+    monkeypatch.setattr(session, "_open_engine_windows_at_zero", failing_open)
+
+    async def go():
+        async with session:
+            pass
+
+    with pytest.raises(RuntimeError, match="could not be applied"):
+        asyncio.run(go())
+    assert opened and opened[0].closed and session.client.base.session is None
