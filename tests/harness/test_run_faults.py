@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from proc_tree import ServerSampler
 from test_run_outcome import MockProcess, one_row_per_scheduled
 
 from slo.runrecord import ChunkColumn, RequestColumn, float_column, open_run
@@ -73,18 +74,27 @@ def test_down_window_is_refused_then_recovers(tmp_path):
     )
 
 
-@pytest.mark.parametrize("plan_text", [
-    "name: kill\nwindows:\n  - kind: kill_engine\n    at: 2s\n",
-    "name: pause\nwindows:\n  - kind: pause_engine\n    at: 2s\n    for: 1.5s\n",
+@pytest.mark.parametrize(("plan_text", "server_args"), [
+    ("name: kill\nwindows:\n  - kind: kill_engine\n    at: 2s\n", ()),
+    ("name: pause\nwindows:\n  - kind: pause_engine\n    at: 2s\n    for: 1.5s\n",
+     ("--server-arg=--engine-loop", "--server-arg=process")),
 ], ids=["kill", "pause"])  # fmt: skip
-def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text):
+def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text, server_args):
+    """The pause runs the engine in a child of the HTTP process (`--engine-loop process`), the
+    case where a SIGSTOP to the HTTP process alone froze the streams while the engine child
+    kept stepping: every process of the server must stop for the window, as /proc shows."""
     plan = tmp_path / "plan.yaml"
     plan.write_text(plan_text)
     run = tmp_path / "run"
-    result = bench("run", "--model", "tiny-random", "--workload", "random", "--input-len", "16",
-                   "--output-len", "32", "--num-requests", "48", "--request-rate", "4",
-                   "--timeout", "60", "--quiet", "--out", str(run), "--faults", str(plan))  # fmt: skip
-    assert "Traceback" not in result.stderr, result.stderr
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--model", "tiny-random", "--workload",
+           "random", "--input-len", "16", "--output-len", "32", "--num-requests", "48",
+           "--request-rate", "4", "--timeout", "60", "--quiet", "--out", str(run), "--faults",
+           str(plan), *server_args]  # fmt: skip
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        sampler = ServerSampler(proc)
+        _, stderr = proc.communicate(timeout=300)
+    sampler.join()
+    assert "Traceback" not in stderr, stderr
     statuses = one_row_per_scheduled(run)
     summary = _summary(run)
     ledger = summary["ledger"]
@@ -100,6 +110,7 @@ def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text):
     else:
         assert statuses["ok"] >= 40  # a pause delays, it does not kill
         _assert_the_pause_stopped_every_stream(run, manifest)
+        sampler.assert_one_stop_of_every_process(min_s=1.0)
     # Reported: seconds to get back to 90% of the goodput before, or None (never, in this run).
     assert "recovery_s" in window and window["goodput_before_per_s"] is not None, window
 
