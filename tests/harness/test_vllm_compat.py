@@ -74,7 +74,10 @@ def _vllm_args(example: str, data_dir: Path) -> list[str]:
 
 
 def _port_free(port: int) -> bool:
+    """Nothing listens on `port`. SO_REUSEADDR, as the mock server binds: connections of a
+    server that ran there a minute ago (TIME_WAIT) do not keep it from binding again."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
