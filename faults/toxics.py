@@ -10,13 +10,14 @@ acts on the listener, so the proxy handles it, not a pipe).
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
+
+from faults.plan_checks import is_number
 
 TOXIC_KINDS = ("latency", "bandwidth", "slicer", "stall", "reset_peer", "limit_data", "down")
 DIRECTIONS = ("upstream", "downstream", "both")
@@ -111,7 +112,7 @@ class Toxic:
             )
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction {self.direction!r} is not one of {', '.join(DIRECTIONS)}.")
-        if not _is_number(self.fraction) or not 0.0 <= self.fraction <= 1.0:
+        if not is_number(self.fraction) or not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"fraction must be a number from 0 to 1, not {self.fraction!r}.")
         if self.kind == "down" and self.fraction != 1.0:
             raise ValueError(
@@ -155,10 +156,6 @@ def check_toxic_set(toxics: Sequence[Toxic]) -> None:
             seen.add(key)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _validated(kind: str, params: Mapping[str, float]) -> dict[str, float]:
     if not isinstance(params, Mapping):
         raise ValueError(
@@ -175,7 +172,7 @@ def _validated(kind: str, params: Mapping[str, float]) -> dict[str, float]:
         value = params.get(name, default)
         if value is None:
             raise ValueError(f"{kind} needs the parameter {name}.")
-        if not _is_number(value) or value < lower or (strict and value == lower):
+        if not is_number(value) or value < lower or (strict and value == lower):
             bound = f"> {lower:g}" if strict else f">= {lower:g}"
             raise ValueError(
                 f"{kind} parameter {name} must be a finite number {bound}, not {value!r}."
