@@ -13,7 +13,7 @@ from pathlib import Path
 TRACKER = b"multiprocessing.resource_tracker"  # the engine child's helper: it sleeps
 
 
-def _stat(pid: int) -> tuple[int, str, int] | None:
+def proc_stat(pid: int) -> tuple[int, str, int] | None:
     """(parent pid, state, CPU ticks used) of `pid` from /proc, None once it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -27,7 +27,7 @@ def _descendants(root: int) -> dict[int, tuple[str, int]]:
     """{pid: (state, CPU ticks)} of every process descended from `root` (not `root`)."""
     stats = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+        if entry.name.isdigit() and (stat := proc_stat(int(entry.name))) is not None:
             stats[int(entry.name)] = stat
     tree, frontier = {}, [root]
     while frontier:

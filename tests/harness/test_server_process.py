@@ -10,9 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from proc_tree import proc_stat
 
 from harness.errors import HarnessError
 from harness.targets import process
@@ -78,8 +78,7 @@ def test_pause_stops_the_group_and_stop_ends_it_all(tmp_path):
     with running(server):
         server.pause()
         time.sleep(0.2)
-        state = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        assert state == "T"
+        assert proc_stat(server.pid)[1] == "T"
         pgid = server.pid
     assert server.unexpected_exit() is None and not _group_alive(pgid)
     server.stop()  # idempotent
