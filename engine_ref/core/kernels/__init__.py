@@ -1,5 +1,16 @@
-"""The reference engine's own GEMMs and decoder layer for small batches (`lowbit.cpp`, AVX2 +
-FMA).
+"""The reference engine's own GEMMs and decoder layer for small batches (`*.cpp` here), built
+once per instruction set and chosen at run time by what the processor offers.
+
+Instruction-set levels (`ISA_LEVELS`, lowest first): `avx2` (AVX2 + FMA + F16C), `avx512`
+(AVX-512 F/BW/VL/DQ), `avx512-bf16` (adds AVX-512 BF16 and VNNI), `amx` (adds AMX tiles, BF16
+and INT8). The first engine of a process picks the highest level whose flags `/proc/cpuinfo`
+lists, or the level `BENCH_REF_ISA` names (a ceiling: a level above what the CPU offers turns
+the kernels off, with the reason), compiles every source here with that level's flags
+(`-mavx512f`, ...) into one library in the bench cache, and loads it as the torch library
+`refkern`; one level per process. Code inside the sources picks its vector width with
+`#ifdef __AVX512F__` and the like, so a lower level is the same source built with fewer flags.
+`active_isa()` names the level that runs, `describe()` says it for `/info`, manifests and
+cards ("avx512-bf16", or "off: <reason>").
 
 torch's CPU int4 kernel (`aten::_weight_int4pack_mm_for_cpu`) widens its weights through
 shuffles and runs at about 4 G weights/s on one core of this project's machine, compute-bound
@@ -18,13 +29,14 @@ the rest from 27.1 to 4.0 ms (`benchmarks/quantization.py --modes float32,w4a16-
 from about 32 rows on (measured while writing these), so the int4 layers use these for at
 most `SMALL_BATCH_ROWS` rows.
 
-The extension is compiled once per torch version and source (about 20 s) into the bench
+The library is compiled once per torch version, level and source (about 20 s) into the bench
 cache: in the foreground by the first quantized engine (and the tests), in a detached
 low-priority process by the first float32 engine, which runs torch's kernels meanwhile so a
-server's start is not held. It is loaded as a torch library, so a
-profiler sees `refkern::q4_gemm`, `refkern::f32_gemm` and the rest like any aten op. Without a
-C++ compiler, ninja or AVX2 + FMA + F16C, or with `BENCH_REF_KERNELS=0`, `available()` is
-false, the reason is in `unavailable_reason()`, and the layers run torch's kernels alone.
+server's start is not held. It is loaded as a torch library, so a profiler sees
+`refkern::q4_gemm`, `refkern::f32_gemm` and the rest like any aten op. Without a C++
+compiler, ninja or AVX2 + FMA + F16C, with `BENCH_REF_KERNELS=0`, or when the build fails,
+`available()` is false, the reason is in `unavailable_reason()`, and the layers run torch's
+kernels alone.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,7 +57,10 @@ from bench_common.cache import CacheArea, cache_area
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("lowbit.cpp")
+KERNEL_DIR = Path(__file__).parent
+# Every C++ source here goes into the one library; headers count in its cache key.
+SOURCES = tuple(sorted(KERNEL_DIR.glob("*.cpp")))
+HEADERS = tuple(sorted(KERNEL_DIR.glob("*.h")))
 # The most activation rows a call sends to the low-bit kernels; more go to torch's.
 SMALL_BATCH_ROWS = 16
 # The same bound for `f32_gemm` and a float32 `decode_layer`. At SmolLM2's shapes (2 threads)
@@ -58,6 +74,36 @@ Q4_K_MULTIPLE = 64
 Q8_K_MULTIPLE = 16
 F32_K_MULTIPLE = 16
 DISABLE_ENV = "BENCH_REF_KERNELS"
+ISA_ENV = "BENCH_REF_ISA"
+
+
+@dataclass(frozen=True)
+class IsaLevel:
+    """One instruction-set level: the `/proc/cpuinfo` flags it needs (its own and every lower
+    level's) and the compiler flags its library is built with."""
+
+    name: str
+    cpu_flags: frozenset[str]
+    cflags: tuple[str, ...]
+
+
+def _ladder() -> tuple[IsaLevel, ...]:
+    steps = (
+        ("avx2", ("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+        ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")),
+        ("avx512-bf16", ("avx512_bf16", "avx512_vnni"), ("-mavx512bf16", "-mavx512vnni")),
+        ("amx", ("amx_tile", "amx_bf16", "amx_int8"), ("-mamx-tile", "-mamx-bf16", "-mamx-int8")),
+    )  # fmt: skip
+    levels, flags, cflags = [], frozenset(), ()
+    for name, cpu, cc in steps:
+        flags, cflags = flags | frozenset(cpu), cflags + cc
+        levels.append(IsaLevel(name, flags, cflags))
+    return tuple(levels)
+
+
+ISA_LEVELS = _ladder()
+ISA_NAMES = tuple(level.name for level in ISA_LEVELS)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -74,14 +120,50 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def isa_env_problem() -> str | None:
+    """One sentence when `BENCH_REF_ISA` is set to something that is not a level name."""
+    value = os.environ.get(ISA_ENV, "").strip()
+    if value and value not in ISA_NAMES:
+        return f"{ISA_ENV}={value!r} is not an instruction-set level; use one of {', '.join(ISA_NAMES)}."
+    return None
+
+
+def best_isa(flags: set[str] | None = None) -> IsaLevel | None:
+    """The highest level this CPU (or `flags`) offers; None below AVX2 + FMA + F16C."""
+    flags = _cpu_flags() if flags is None else flags
+    offered = [level for level in ISA_LEVELS if level.cpu_flags <= flags]
+    return offered[-1] if offered else None
+
+
+def select_isa() -> tuple[IsaLevel | None, str | None]:
+    """(the level to build, None) or (None, why the kernels cannot run here): the CPU's best
+    level, or the one `BENCH_REF_ISA` names when the CPU offers it."""
+    problem = isa_env_problem()
+    if problem is not None:
+        return None, problem.rstrip(".")
+    flags = _cpu_flags()
+    wanted = os.environ.get(ISA_ENV, "").strip()
+    if wanted:
+        level = ISA_LEVELS[ISA_NAMES.index(wanted)]
+        missing = level.cpu_flags - flags
+        if missing:
+            return None, f"{ISA_ENV}={wanted} needs {', '.join(sorted(missing))}, which this CPU lacks"
+        return level, None
+    level = best_isa(flags)
+    if level is None:
+        missing = ISA_LEVELS[0].cpu_flags - flags
+        return None, f"this CPU lacks {', '.join(sorted(missing))}"
+    return level, None
+
+
 def missing_prerequisite() -> str | None:
-    """Why the kernels cannot even be built here (switched off, CPU flags, no compiler or
-    ninja), in a few words; None when a build can be tried."""
+    """Why the kernels cannot even be built here (switched off, CPU flags, a bad
+    `BENCH_REF_ISA`, no compiler or ninja), in a few words; None when a build can be tried."""
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return f"{DISABLE_ENV}=0"
-    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
-    if missing:
-        return f"this CPU lacks {', '.join(sorted(missing))}"
+    _, reason = select_isa()
+    if reason is not None:
+        return reason
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         return "no C++ compiler on PATH"
     from torch.utils.cpp_extension import is_ninja_available
@@ -91,36 +173,45 @@ def missing_prerequisite() -> str | None:
     return None
 
 
-def _build_dir() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    path = cache_area(CacheArea.KERNELS) / f"refkern-{digest}"
+def _library_name(level: IsaLevel) -> str:
+    return "refkern_" + level.name.replace("-", "_")
+
+
+def _build_dir(level: IsaLevel) -> Path:
+    digest = hashlib.sha256(torch.__version__.encode() + " ".join(level.cflags).encode())
+    for path in SOURCES + HEADERS:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    path = cache_area(CacheArea.KERNELS) / f"refkern-{level.name}-{digest.hexdigest()[:12]}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def _load() -> None:
     reason = missing_prerequisite()
+    level = None
     if reason is None:
+        level, _ = select_isa()
         try:
             from torch.utils.cpp_extension import load
 
             load(
-                name="refkern",
-                sources=[str(SOURCE)],
+                name=_library_name(level),
+                sources=[str(path) for path in SOURCES],
                 # -fopenmp: at::parallel_for is inline OpenMP; libgomp.so.1 resolves to the
                 # copy torch already loaded, so both share one thread pool.
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"],
+                extra_cflags=["-O3", *level.cflags, "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
-                build_directory=str(_build_dir()),
+                build_directory=str(_build_dir(level)),
                 is_python_module=False,
                 verbose=False,
             )
             torch.ops.refkern.q4_gemm  # noqa: B018 - raises if the library did not register
         except Exception as exc:  # a failed build must leave torch's kernels in charge
-            reason = f"the kernel build failed: {_first_error(exc)}"
+            reason = f"the {level.name} kernel build failed: {_first_error(exc)}"
     if reason is not None:
-        log.info("engine_ref low-bit kernels off (%s); torch's kernels run instead", reason)
+        log.info("engine_ref kernels off (%s); torch's kernels run instead", reason)
     _state["reason"] = reason
+    _state["isa"] = level.name if reason is None else None
 
 
 def _first_error(exc: Exception) -> str:
@@ -132,8 +223,9 @@ def _first_error(exc: Exception) -> str:
 
 def _built() -> bool:
     """The library is in the cache and no build of it is under way (torch's build lock)."""
-    path = _build_dir()
-    return (path / "refkern.so").is_file() and not (path / "lock").exists()
+    level, _ = select_isa()
+    path = _build_dir(level)
+    return (path / f"{_library_name(level)}.so").is_file() and not (path / "lock").exists()
 
 
 def _build_in_background() -> None:
@@ -167,6 +259,20 @@ def unavailable_reason() -> str | None:
     """Why the kernels are off, in a few words; None when they run."""
     available()
     return _state["reason"]  # type: ignore[return-value]
+
+
+def active_isa() -> str | None:
+    """The instruction-set level whose library runs (`ISA_NAMES`), None when the kernels are
+    off. Does not build: before the first engine loads them it says None."""
+    return _state.get("isa")  # type: ignore[return-value]
+
+
+def describe() -> str:
+    """What runs, for `/info`, manifests and cards: a level name, "off: <reason>", or "not
+    loaded" before any engine asked for them."""
+    if "reason" not in _state:
+        return "building: torch's kernels run" if _state.get("background") else "not loaded"
+    return _state["isa"] or f"off: {_state['reason']}"  # type: ignore[return-value]
 
 
 def pack_q4(q: torch.Tensor) -> torch.Tensor:
