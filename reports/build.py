@@ -178,6 +178,9 @@ def _environment(manifest: RunManifest) -> Environment:
         ended_at=manifest.ended_at,
         complete=manifest.complete,
         interrupted_reason=manifest.interrupted_reason,
+        dtype=target.get("dtype"),
+        quantization=target.get("quantization"),
+        kernels=target.get("kernels"),
     )
 
 

@@ -184,6 +184,19 @@ class Environment:
     ended_at: str | None
     complete: bool | None
     interrupted_reason: str | None
+    # The code path that served the run, as the target's /info said: dtype, quantization, and
+    # the reference engine's kernel level ("avx512-bf16", "off: <reason>"); None: not said.
+    dtype: str | None = None
+    quantization: str | None = None
+    kernels: str | None = None
+
+    def engine_line(self) -> str:
+        """"engine_ref 0.1.0 · bfloat16 · kernels: avx512-bf16", what is known of it."""
+        parts = [f"{self.engine or 'unknown engine'} {self.engine_version or ''}".strip()]
+        parts += [p for p in (self.dtype, self.quantization) if p]
+        if self.kernels:
+            parts.append(f"kernels: {self.kernels}")
+        return " · ".join(parts)
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def _header(card: Card) -> Text:
         ("Report card ", "bold"), (card.run_id, "bold cyan"), "  ", verdict_text(card.headline)
     )
     engine = (
-        f"{env.engine} {env.engine_version or ''}".strip() if env.engine else "engine not recorded"
+        env.engine_line() if env.engine else "engine not recorded"
     )
     text.append(
         f"\n{engine} | model {env.model or '?'} | workload {env.workload_name or '?'} | "

@@ -79,7 +79,7 @@ def environment_rows(env) -> dict[str, str]:
     memory = fmt_bytes(hw.get("memory_bytes")) if hw.get("memory_bytes") else "? memory"
     versions = ", ".join(f"{k} {v}" for k, v in env.versions.items())
     return {
-        "engine": f"{env.engine or '—'} {env.engine_version or ''}".strip(),
+        "engine": env.engine_line() if env.engine else "—",
         "model": env.model or "—",
         "target": f"{env.target_kind or '—'} {env.target_url or ''}".strip(),
         "hardware": f"{hw.get('cpu') or '—'}, {hw.get('cpu_count') or '?'} cores, {memory}, "

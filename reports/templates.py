@@ -51,7 +51,7 @@ RUN_TEMPLATE = (
     + """
 <header>
 <h1>Report card: {{ card.run_id }} <span class="badge {{ card.headline }}">{{ card.headline | replace("_", " ") }}</span></h1>
-<p class="sub">{{ card.environment.engine or "unknown engine" }} {{ card.environment.engine_version or "" }} ·
+<p class="sub">{{ card.environment.engine_line() }} ·
 {{ card.environment.model or "unknown model" }} · workload {{ card.environment.workload_name or "—" }} ·
 SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · started {{ card.environment.started_at or "—" }}</p>
 </header>
@@ -193,7 +193,7 @@ The best value in each row is marked ★.</p>
 <table>
 <tr><th>metric</th>{% for c in comparison.cards %}<th>{{ c.run_id }}</th>{% endfor %}</tr>
 <tr><td>verdict</td>{% for c in comparison.cards %}<td><span class="badge {{ c.headline }}">{{ c.headline | replace("_", " ") }}</span></td>{% endfor %}</tr>
-<tr><td>engine</td>{% for c in comparison.cards %}<td>{{ c.environment.engine or "—" }} {{ c.environment.engine_version or "" }}</td>{% endfor %}</tr>
+<tr><td>engine</td>{% for c in comparison.cards %}<td>{{ c.environment.engine_line() if c.environment.engine else "—" }}</td>{% endfor %}</tr>
 {% for row in comparison.rows %}
 <tr><td>{{ row.label }}</td>{% for v in row.values %}<td class="{{ 'best' if loop.index0 in row.best else '' }}">{{ v | fmt(row.digits) }}</td>{% endfor %}</tr>
 {% endfor %}

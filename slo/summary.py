@@ -274,6 +274,7 @@ def summarize_tables(
     summary["ci_confidence"] = DEFAULT_CI_CONFIDENCE
     summary["run_complete"] = tables.manifest.complete if tables.manifest else None
     summary["run_stop_reason"] = tables.manifest.interrupted_reason if tables.manifest else None
+    summary["served_by"] = engine_path(tables.manifest)
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
     if slice_duration_s is None and tables.manifest is not None:
         slice_duration_s = (tables.manifest.config or {}).get("slice_duration_s")
@@ -325,6 +326,17 @@ NON_STREAMING_UNDEFINED = {
     "response arrived (E2E is defined)"
     for name in ("ttft", "tpot", "itl", "itl_request_mean", "itl_max", "ttft_from_scheduled")
 }
+
+
+ENGINE_PATH_KEYS = ("engine", "engine_version", "dtype", "quantization", "kernels")
+
+
+def engine_path(manifest: RunManifest | None) -> dict | None:
+    """What served the run, as the manifest's target recorded it (`ENGINE_PATH_KEYS`, the
+    ones it has); None without a manifest or when the target recorded none of them."""
+    target = (manifest.target if manifest is not None else None) or {}
+    path = {key: target[key] for key in ENGINE_PATH_KEYS if target.get(key) is not None}
+    return path or None
 
 
 def is_streamed(manifest: RunManifest | None) -> bool:

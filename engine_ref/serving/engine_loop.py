@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol
 
+from engine_ref.core import kernels
 from engine_ref.serving.interface import (
     EngineInterface,
     RequestOutput,
@@ -331,5 +332,7 @@ def describe_engine(engine: EngineInterface) -> dict:
         "device": str(getattr(engine, "device", "")) or None,
         "engine_config": {k: v if isinstance(v, plain) else str(v) for k, v in fields.items()},
         "quantization": getattr(config, "quantization", None),
+        # Which instruction-set level of the engine's own kernels runs ("avx512-bf16", "off: ...").
+        "kernels": kernels.describe(),
         "weight_bytes_by_kind": getattr(engine.stats(), "weight_bytes_by_kind", None),
     }

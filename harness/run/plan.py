@@ -105,6 +105,8 @@ def plan_run(inputs: RunInputs, started: Target) -> RunContext:
         engine=info.get("engine") or target.get("engine"),
         engine_version=info.get("version") or target.get("engine_version"),
         dtype=info.get("dtype"),
+        quantization=info.get("quantization"),
+        kernels=info.get("kernels"),
         engine_config=info.get("engine_config"),
         tokenizer=inputs.tokenizer_choice.to_dict() if inputs.tokenizer_choice else None,
         prompt_overhead_tokens=overhead,

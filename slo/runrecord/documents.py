@@ -148,6 +148,9 @@ class RunSummary:
     saturation: Saturation | None = nested(Saturation)
     chunking: Chunking | None = nested(Chunking)  # tokens per token-bearing chunk, and by what
     sessions: Sessions | None = nested(Sessions)  # multi-turn runs (`slo.sessions`)
+    # The engine and the code path that served the run, from the manifest's target: engine,
+    # engine_version, dtype, quantization, kernels (the reference engine's `/info` says them).
+    served_by: dict | None = None
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

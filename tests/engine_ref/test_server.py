@@ -15,6 +15,7 @@ import openai
 import pytest
 from server_fixtures import running_server
 
+from engine_ref.core import kernels
 from engine_ref.core.engine_config import EngineConfig
 from engine_ref.serving.server import ServerConfig
 
@@ -340,6 +341,8 @@ def test_info_describes_the_engine_for_manifests(server_url):
     assert info["engine"] == "engine_ref" and info["model"] == MODEL
     assert info["dtype"] == "float32" and info["device"] == "cpu"
     assert info["engine_config"]["kv_cache_memory_bytes"] == SMALL_KV_BYTES
+    # The kernels' level (or why they are off); the server's engine shares this process.
+    assert info["kernels"] == kernels.describe() and info["kernels"] != "not loaded"
 
 
 async def _completion(url: str, body: dict) -> tuple[int, dict]:

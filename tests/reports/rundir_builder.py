@@ -71,6 +71,8 @@ class SyntheticRun:
     wrong_output: int = 0
     engine: str = "engine_ref"
     engine_version: str = "0.1.0"
+    dtype: str | None = "bfloat16"
+    kernels: str | None = "avx512-bf16"
     model: str = "tiny-random"
     workload_sha256: str = "a" * 64
     slo: dict | None = field(default_factory=lambda: dict(DEFAULT_SLO))
@@ -106,6 +108,8 @@ def _manifest(spec: SyntheticRun, run_id: str, duration_s: float) -> dict:
             "url": "http://127.0.0.1:8000",
             "engine": spec.engine,
             "engine_version": spec.engine_version,
+            "dtype": spec.dtype,
+            "kernels": spec.kernels,
             "model": spec.model,
             "endpoint": "/v1/completions",
             "engine_config": {"max_num_seqs": 64},

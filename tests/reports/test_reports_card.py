@@ -184,3 +184,25 @@ def test_chunk_sentence_only_where_tpot_and_itl_are_defined(tmp_path):
     card = build_card(run)
     assert card.chunking.tokens_per_chunk.mean is not None
     assert card.chunking_sentence() is None
+
+
+def test_the_card_and_summary_name_the_kernel_level(golden_run):
+    """The manifest's target (what the server's /info said) reaches summary.json's `engine`
+    and the card's engine line, in HTML and on the console."""
+    from rich.console import Console
+
+    from reports.console import card_renderable
+    from reports.html import render_html
+
+    summary = json.loads((golden_run / "summary.json").read_text())
+    assert summary["served_by"] == {
+        "engine": "engine_ref", "engine_version": "0.1.0", "dtype": "bfloat16",
+        "kernels": "avx512-bf16",
+    }  # fmt: skip
+    card = build_card(golden_run)
+    line = "engine_ref 0.1.0 · bfloat16 · kernels: avx512-bf16"
+    assert card.environment.engine_line() == line
+    assert line in render_html(card)
+    console = Console(width=200, record=True)
+    console.print(card_renderable(card))
+    assert line in console.export_text()
