@@ -15,8 +15,12 @@ Without --vllm-python only the reference engine runs. Each server is started, dr
 `--repeats` times (after one warm-up run that is not counted), then stopped. One server runs at
 a time, in the order reference, vLLM with OMP_NUM_THREADS=2, vLLM with its default threads,
 then the reference engine again, so drift on this shared machine over the ~15 minutes shows
-up as a gap between the reference engine's two passes. Prints output tokens/s, TTFT and TPOT
-per run, and each engine's best.
+up as a gap between the reference engine's two passes. `--ref-isa avx2` adds the reference
+engine with its kernels forced to that instruction-set level (`BENCH_REF_ISA`) beside each
+reference pass. Prints output tokens/s, TTFT and TPOT per run, the kernel level each reference
+server reported in `/info`, each engine's best, and the fraction of the batch's bf16 GEMM
+floor (`gemm_floor.py`: one prefill of every prompt token plus 127 decode steps of 64 rows,
+measured here first) that each reached.
 """
 
 from __future__ import annotations
@@ -33,11 +37,20 @@ import time
 import urllib.request
 from pathlib import Path
 
+import gemm_floor
+
 from engine_ref.core import kernels
 
 BENCH = [sys.executable, "-m", "harness.cli"]
 WORKLOAD = ["--workload", "random", "--input-len", "128", "--output-len", "128", "--num-requests", "64",
             "--request-rate", "inf", "--ignore-eos"]  # fmt: skip
+
+
+def platform_cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
 def free_port() -> int:
@@ -61,7 +74,9 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float, log: Path)
 
 
 def start_server(kind: str, args, model_dir: Path, port: int, log: Path) -> subprocess.Popen:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != kernels.ISA_ENV}
+    if "@" in kind:  # reference@avx2: the kernels forced to that level
+        env[kernels.ISA_ENV] = kind.split("@", 1)[1]
     if kind.startswith("vllm"):
         threads = "2" if kind == "vllm-omp2" else "1"
         env.update(OMP_NUM_THREADS=threads, VLLM_CPU_KVCACHE_SPACE="4")
@@ -93,6 +108,14 @@ def drive(port: int, out: Path, tokenizer_dir: Path) -> dict:
 PROBE_PROMPT = "The capital of France is"
 
 
+def server_info(port: int) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return {}  # vLLM has no /info
+
+
 def greedy_probe(port: int) -> str:
     """Greedy completion of a fixed prompt: both servers run the same weights, so they should
     agree (bf16 rounding can make them part after a few tokens)."""
@@ -118,10 +141,22 @@ def main() -> None:
     parser.add_argument(
         "--ref-server-arg", action="append", default=[], help="extra `bench serve` argument"
     )
+    parser.add_argument("--ref-isa", action="append", default=[], choices=kernels.ISA_NAMES,
+                        help="also run the reference engine with BENCH_REF_ISA at this level")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    # A float32 engine does not wait for the engine kernels' first build; build them now.
+    # A float32 engine does not wait for the engine kernels' first build; build them now
+    # (each forced level in its own process, as a server would).
     kernels.available()
+    for level in args.ref_isa:
+        env = dict(os.environ, **{kernels.ISA_ENV: level})
+        subprocess.run([sys.executable, "-c", "from engine_ref.core import kernels; kernels.available()"],
+                       env=env, check=True)  # fmt: skip
+    cpu = platform_cpu()
+    floor_s = gemm_floor.batch_floor_seconds(64, 128, 128)
+    floor_tok_s = 64 * 128 / floor_s
+    print(f"CPU: {cpu}; bf16 GEMM floor of the batch {floor_s:.2f} s ({floor_tok_s:.0f} output tok/s)",
+          flush=True)  # fmt: skip
 
     work = Path(tempfile.mkdtemp(prefix="server-vs-vllm-"))
     model_dir = args.model_dir or work / "smollm2-hf"
@@ -130,9 +165,10 @@ def main() -> None:
             [*BENCH, "model", "export", "smollm2-135m", "--format", "hf", str(model_dir)],
             check=True,
         )
-    kinds = ["reference"]
+    references = ["reference", *(f"reference@{level}" for level in args.ref_isa)]
+    kinds = list(references)
     if args.vllm_python:
-        kinds += ["vllm-omp2", "vllm-default", "reference"]
+        kinds += ["vllm-omp2", "vllm-default", *reversed(references)]
     results: dict[str, list[dict]] = {k: [] for k in kinds}
     try:
         for turn, kind in enumerate(kinds):
@@ -141,6 +177,9 @@ def main() -> None:
             proc = start_server(kind, args, model_dir, port, log)
             try:
                 wait_healthy(port, proc, 900, log)
+                info = server_info(port)
+                if info:
+                    print(f"{kind:13s} dtype {info.get('dtype')}, kernels {info.get('kernels')}", flush=True)
                 print(f"{kind:13s} greedy: {PROBE_PROMPT!r} -> {greedy_probe(port)!r}", flush=True)
                 drive(port, work / f"{turn}-{kind}-warmup", model_dir)
                 for i in range(args.repeats):
@@ -158,12 +197,16 @@ def main() -> None:
                     proc.kill()
     finally:
         if args.json:
-            args.json.write_text(json.dumps(results, indent=2))
+            record = {"cpu": cpu, "gemm_floor_s": floor_s, "gemm_floor_output_tok_s": floor_tok_s,
+                      "runs": results}  # fmt: skip
+            args.json.write_text(json.dumps(record, indent=2))
     best = {k: max(r["output_tokens_per_s"] for r in v) for k, v in results.items() if v}
-    print("best output tok/s: " + ", ".join(f"{k} {v:.1f}" for k, v in best.items()))
+    print("best output tok/s (fraction of the GEMM floor): "
+          + ", ".join(f"{k} {v:.1f} ({v / floor_tok_s:.0%})" for k, v in best.items()))  # fmt: skip
     vllm_best = max((v for k, v in best.items() if k.startswith("vllm")), default=None)
     if vllm_best:
-        print(f"reference / best vLLM: {best['reference'] / vllm_best:.2f}")
+        for kind in references:
+            print(f"{kind} / best vLLM: {best[kind] / vllm_best:.2f}")
     shutil.rmtree(work, ignore_errors=True)
 
 
