@@ -333,6 +333,7 @@ def decision_key(config: EngineConfig, weights: str, names: Sequence[str]) -> di
 
 
 def decision_path(key: dict[str, Any]) -> Path:
+    """The cache file of the decision for `key`."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return cache_area(CacheArea.DTYPE) / f"{digest[:24]}.json"
 
@@ -393,10 +394,9 @@ def resolve_auto_dtype(
         ), loaded
     if config.torch_device().type != "cpu":
         return config.with_dtype_choice(static), loaded
-    if not kernels.available(
-        build=config.quantization is not None
-    ) and kernels.describe().startswith("building"):
-        why = f"{static.reason}; measured once the engine's kernels, building in the background, are built"
+    ready = kernels.available(build=config.quantization is not None)
+    if not ready and kernels.describe().startswith("building"):
+        why = f"{static.reason}; measured once the kernels building in the background are built"
         return config.with_dtype_choice(dataclasses.replace(static, reason=why)), loaded
     names = candidates(cpu_model_and_flags()[1])
     key = decision_key(config, weights_identity(config.model, loaded), names)
@@ -404,11 +404,11 @@ def resolve_auto_dtype(
     if cached is not None:
         return config.with_dtype_choice(cached), loaded
     t0 = time.perf_counter()
+    if loaded is None:
+        loaded = load_model(
+            config.model, dtype=torch.float32, keep_int4=config.quantization == "w4a16"
+        )
     try:
-        if loaded is None:
-            loaded = load_model(
-                config.model, dtype=torch.float32, keep_int4=config.quantization == "w4a16"
-            )
         measurements = measure_fn(config, loaded, names)
         dtype, reason = choose(measurements)
     except Exception as exc:  # the engine must still start

@@ -210,7 +210,7 @@ def test_kernels_still_building_keep_the_static_rule(dtype_cache, tiny, monkeypa
     fake = FakeMeasure()
     config, _ = auto_dtype.resolve_auto_dtype(EngineConfig(**CPU), tiny, measure_fn=fake)
     assert fake.calls == 0 and config.dtype_choice.source is DtypeSource.STATIC
-    assert "building in the background" in config.dtype_choice.reason
+    assert "kernels building in the background" in config.dtype_choice.reason
 
 
 def test_failed_measurement_keeps_the_static_rule_uncached(dtype_cache, tiny):
