@@ -80,8 +80,8 @@ CHECK_PROMPTS = (
 )
 CHECK_TOKENS = 16
 BATCH_SIZES = (1, 16)
-WARMUP_STEPS = 2
-ROUNDS = 4
+WARMUP_STEPS = 1
+ROUNDS = 3
 STEPS_PER_ROUND = 2
 TIE_MARGIN = 0.05
 
@@ -373,6 +373,18 @@ def write_decision(
         log.info("could not cache the dtype choice in %s; the next start measures again", path)
 
 
+def _busy_note() -> str:
+    """', on a busy machine (load average L on N CPUs)' when other work competed with the
+    measurement (a 1-minute load average of 1.5 times the CPUs or more), else ''."""
+    cpus = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return (
+        f", on a busy machine (load average {load:.1f} on {cpus} CPUs)"
+        if load >= 1.5 * cpus
+        else ""
+    )
+
+
 MeasureFn = Callable[[EngineConfig, Any, Sequence[str]], list[Measurement]]
 
 
@@ -416,7 +428,8 @@ def resolve_auto_dtype(
         why = f"{static.reason}; measuring failed: {exc}"
         return config.with_dtype_choice(dataclasses.replace(static, reason=why)), loaded
     seconds = time.perf_counter() - t0
-    choice = DtypeChoice(dtype, f"{reason} ({seconds:.1f} s to measure)", DtypeSource.MEASURED)
+    reason += f" ({seconds:.1f} s to measure{_busy_note()})"
+    choice = DtypeChoice(dtype, reason, DtypeSource.MEASURED)
     write_decision(key, choice, measurements, seconds)
     log.info("dtype=auto: %s", choice.reason)
     return config.with_dtype_choice(choice), loaded

@@ -253,3 +253,13 @@ def test_measured_agreement_sees_bf16_rounding():
     measured = auto_dtype.measure(EngineConfig(**CPU), varied, ("float32", "bfloat16"))
     agreements = {x.dtype: x.agreement for x in measured}
     assert agreements["float32"] == 1.0 and agreements["bfloat16"] < 1.0
+
+
+@pytest.mark.parametrize(("load", "busy"), [(5.9, True), (3.0, True), (2.9, False), (0.5, False)])
+def test_a_busy_machine_is_named_in_the_reason(dtype_cache, tiny, monkeypatch, load, busy):
+    """On 2 CPUs, a 1-minute load average of 3 (1.5 x the CPUs) or more marks the measurement."""
+    monkeypatch.setattr(auto_dtype.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(auto_dtype.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    config, _ = auto_dtype.resolve_auto_dtype(EngineConfig(**CPU), tiny, measure_fn=FakeMeasure())
+    note = f"on a busy machine (load average {load:.1f} on 2 CPUs)"
+    assert (note in config.dtype_choice.reason) is busy
