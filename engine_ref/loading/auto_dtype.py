@@ -19,7 +19,8 @@ the quantization, the CPU (model name and flags), the kernels that run (`kernels
 and their sources' digest), torch's version, the thread count and this procedure. A float32
 engine runs torch's kernels while the engine's own are first built in the background; the
 measurement would then compare the wrong float32, so until they are built `auto` keeps the
-static rule and measures nothing (a later start measures). `BENCH_REF_AUTO_DTYPE=static`
+static rule and measures nothing (a later start measures); so it does on a busy machine
+(`machine_load`), whose timings would be noise. `BENCH_REF_AUTO_DTYPE=static`
 always keeps the static rule; `measure` (the default) measures. CUDA keeps the static rule.
 """
 
@@ -84,6 +85,9 @@ WARMUP_STEPS = 1
 ROUNDS = 3
 STEPS_PER_ROUND = 2
 TIE_MARGIN = 0.05
+# A busier machine is not measured: its step times would say more about the neighbours than
+# about the dtypes, and the measurement would take several times as long.
+BUSY_LOAD_PER_CPU = 1.5
 
 
 @dataclass(frozen=True)
@@ -373,16 +377,12 @@ def write_decision(
         log.info("could not cache the dtype choice in %s; the next start measures again", path)
 
 
-def _busy_note() -> str:
-    """', on a busy machine (load average L on N CPUs)' when other work competed with the
-    measurement (a 1-minute load average of 1.5 times the CPUs or more), else ''."""
+def machine_load() -> str | None:
+    """'load average L on N CPUs' when other work would compete with a measurement (a 1-minute
+    load average of `BUSY_LOAD_PER_CPU` times the CPUs or more), else None."""
     cpus = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return (
-        f", on a busy machine (load average {load:.1f} on {cpus} CPUs)"
-        if load >= 1.5 * cpus
-        else ""
-    )
+    return f"load average {load:.1f} on {cpus} CPUs" if load >= BUSY_LOAD_PER_CPU * cpus else None
 
 
 MeasureFn = Callable[[EngineConfig, Any, Sequence[str]], list[Measurement]]
@@ -415,6 +415,10 @@ def resolve_auto_dtype(
     cached = read_decision(key)
     if cached is not None:
         return config.with_dtype_choice(cached), loaded
+    busy = machine_load()
+    if busy is not None:
+        why = f"{static.reason}; not measured on a busy machine ({busy}), a later start measures"
+        return config.with_dtype_choice(dataclasses.replace(static, reason=why)), loaded
     t0 = time.perf_counter()
     if loaded is None:
         loaded = load_model(
@@ -428,7 +432,8 @@ def resolve_auto_dtype(
         why = f"{static.reason}; measuring failed: {exc}"
         return config.with_dtype_choice(dataclasses.replace(static, reason=why)), loaded
     seconds = time.perf_counter() - t0
-    reason += f" ({seconds:.1f} s to measure{_busy_note()})"
+    busy = machine_load()
+    reason += f" ({seconds:.1f} s to measure{f', on a busy machine: {busy}' if busy else ''})"
     choice = DtypeChoice(dtype, reason, DtypeSource.MEASURED)
     write_decision(key, choice, measurements, seconds)
     log.info("dtype=auto: %s", choice.reason)

@@ -87,10 +87,12 @@ def test_agreement(tokens, reference, expected):
 @pytest.fixture
 def dtype_cache(tmp_path, monkeypatch):
     """Kernels loaded (built in the shared cache if needed), then an empty cache root of this
-    test's own, and measuring switched on whatever the environment says."""
+    test's own, measuring switched on whatever the environment says, and the machine seen as
+    idle (a busy one is not measured)."""
     kernels.available()
     monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv(auto_dtype.ENV_VAR, "measure")
+    monkeypatch.setattr(auto_dtype.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     return tmp_path / "cache" / "dtype"
 
 
@@ -256,10 +258,23 @@ def test_measured_agreement_sees_bf16_rounding():
 
 
 @pytest.mark.parametrize(("load", "busy"), [(5.9, True), (3.0, True), (2.9, False), (0.5, False)])
-def test_a_busy_machine_is_named_in_the_reason(dtype_cache, tiny, monkeypatch, load, busy):
-    """On 2 CPUs, a 1-minute load average of 3 (1.5 x the CPUs) or more marks the measurement."""
+def test_a_busy_machine_is_not_measured(dtype_cache, tiny, monkeypatch, load, busy):
+    """On 2 CPUs, a 1-minute load average of 3 (1.5 x the CPUs) or more: the static rule,
+    nothing cached, measured at a later start."""
     monkeypatch.setattr(auto_dtype.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(auto_dtype.os, "getloadavg", lambda: (load, 0.0, 0.0))
-    config, _ = auto_dtype.resolve_auto_dtype(EngineConfig(**CPU), tiny, measure_fn=FakeMeasure())
-    note = f"on a busy machine (load average {load:.1f} on 2 CPUs)"
+    fake = FakeMeasure()
+    config, _ = auto_dtype.resolve_auto_dtype(EngineConfig(**CPU), tiny, measure_fn=fake)
+    assert fake.calls == (0 if busy else 1) and dtype_cache.exists() is not busy
+    note = f"not measured on a busy machine (load average {load:.1f} on 2 CPUs)"
     assert (note in config.dtype_choice.reason) is busy
+    assert config.dtype_choice.source is (DtypeSource.STATIC if busy else DtypeSource.MEASURED)
+
+
+def test_a_machine_busy_during_the_measurement_is_named(dtype_cache, tiny, monkeypatch):
+    loads = iter([(0.5, 0.0, 0.0), (4.0, 0.0, 0.0)])  # before, then after measuring
+    monkeypatch.setattr(auto_dtype.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(auto_dtype.os, "getloadavg", lambda: next(loads))
+    config, _ = auto_dtype.resolve_auto_dtype(EngineConfig(**CPU), tiny, measure_fn=FakeMeasure())
+    assert config.dtype_choice.source is DtypeSource.MEASURED
+    assert "on a busy machine: load average 4.0 on 2 CPUs)" in config.dtype_choice.reason
