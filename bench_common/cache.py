@@ -8,6 +8,7 @@ Every artefact the project keeps between runs lives in one named area under it:
     oracle/     the reference engine's answers to a workload's prompts (harness oracle)
     kernels/    the compiled C++ kernels, one folder per source and torch version
     native/     the compiled SSE scanner, one file per source
+    dtype/      the reference engine's measured `dtype=auto` choices (engine_ref.loading.auto_dtype)
 
 Deleting the root, or an area of it, costs a rebuild or a fetch, never a result.
 """
@@ -31,6 +32,7 @@ class CacheArea(StrEnum):
     ORACLE = "oracle"
     KERNELS = "kernels"
     NATIVE = "native"
+    DTYPE = "dtype"
 
 
 def cache_root() -> Path:

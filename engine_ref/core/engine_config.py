@@ -9,6 +9,8 @@ import numbers
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar
 
 import torch
 
@@ -31,6 +33,32 @@ _DTYPES = {
 
 
 SPECULATIVE_METHODS = ("ngram", "self_draft", "draft_model")
+
+
+class DtypeSource(StrEnum):
+    """Who decided an engine's dtype."""
+
+    EXPLICIT = "explicit"  # the config names it
+    STATIC = "static"  # `auto`, by the hardware rule of `EngineConfig.torch_dtype`
+    MEASURED = "measured"  # `auto`, measured at this start (engine_ref.loading.auto_dtype)
+    CACHED = "cached"  # `auto`, an earlier start's measurement reused
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The dtype an engine runs in ("float32", "bfloat16" or "float16"), why (one sentence,
+    for `/info` and manifests), and who decided it."""
+
+    dtype: str
+    reason: str
+    source: DtypeSource
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise EngineConfigError(
+                f"A dtype choice must be float32, bfloat16 or float16, got {self.dtype!r}."
+            )
+        object.__setattr__(self, "source", DtypeSource(self.source))
 
 
 def available_cpus() -> int:
@@ -139,8 +167,12 @@ class SpeculativeConfig:
 class EngineConfig:
     """How the reference engine runs one model.
 
-    `dtype` "auto" means bfloat16 on CUDA and on CPUs with bf16 units, float32 on other CPUs
-    (see `torch_dtype`); "float32" is also for exact tests.
+    `dtype` "auto" lets the engine choose: `engine_ref.build_engine` measures on a CPU which of
+    float32 and bfloat16 decodes faster while agreeing with float32 at least as well as bfloat16
+    does (`engine_ref.loading.auto_dtype`, cached; `BENCH_REF_AUTO_DTYPE=static` skips it), and
+    without a measurement (CUDA, or a config not built by `build_engine`) it means bfloat16 on
+    CUDA and on CPUs with bf16 units, float32 on other CPUs (see `torch_dtype`). `dtype_choice`
+    says what it resolved to and why. "float32" is also for exact tests.
     `device` "auto" picks CUDA when available. The KV pool holds `num_blocks` blocks of
     `block_size` tokens; when `num_blocks` is None it is derived from `kv_cache_memory_bytes`.
     `max_waiting_requests` bounds the waiting queue: `add_request` beyond it raises
@@ -170,6 +202,9 @@ class EngineConfig:
     prefix_cache_salt: str = "engine_ref-v1"
     quantization: str | None = None
     speculative_config: SpeculativeConfig | None = None
+    # What `auto` resolved to, set by `with_dtype_choice`; not a field (no CLI option, not in
+    # equality), so `dataclasses.replace` drops it and the copy is resolved again.
+    _dtype_choice: ClassVar[DtypeChoice | None] = None
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
@@ -222,14 +257,47 @@ class EngineConfig:
         return torch.device(self.device)
 
     def torch_dtype(self) -> torch.dtype:
-        """`auto`: bfloat16 on CUDA and on CPUs with bf16 units (AMX, AVX-512 BF16); float32
-        elsewhere, where bf16 matmuls are emulated (on an AVX2 EPYC, 9.6 against 57 GFLOP/s
-        for float32 at the model's shapes, so a 2,048-token prefill took 51 s in bf16)."""
+        """The dtype the engine runs in: the named one, or what `auto` resolved to
+        (`dtype_choice`). An unresolved `auto` follows the static rule: bfloat16 on CUDA and on
+        CPUs with bf16 units (AMX, AVX-512 BF16); float32 elsewhere, where bf16 matmuls are
+        emulated (on an AVX2 EPYC, 9.6 against 57 GFLOP/s for float32 at the model's shapes,
+        so a 2,048-token prefill took 51 s in bf16)."""
         if self.dtype == "auto":
+            if self._dtype_choice is not None:
+                return _DTYPES[self._dtype_choice.dtype]
             if self.torch_device().type == "cuda" or cpu_has_fast_bf16():
                 return torch.bfloat16
             return torch.float32
         return _DTYPES[self.dtype]
+
+    @property
+    def dtype_choice(self) -> DtypeChoice:
+        """What the engine runs in and why (for `/info`): the measured or cached choice set by
+        `with_dtype_choice`, else the named dtype or the static rule."""
+        if self._dtype_choice is not None:
+            return self._dtype_choice
+        name = str(self.torch_dtype()).removeprefix("torch.")
+        if self.dtype != "auto":
+            return DtypeChoice(name, f"dtype={self.dtype} was set explicitly", DtypeSource.EXPLICIT)
+        if self.torch_device().type == "cuda":
+            why = "bfloat16 on CUDA (not measured there)"
+        elif name == "bfloat16":
+            why = "bfloat16: this CPU has bf16 units (the static rule, not measured)"
+        else:
+            why = "float32: this CPU lacks bf16 units (the static rule, not measured)"
+        return DtypeChoice(name, why, DtypeSource.STATIC)
+
+    def with_dtype_choice(self, choice: DtypeChoice) -> EngineConfig:
+        """This config with `dtype` "auto" resolved to `choice`: `dtype` stays "auto" (what was
+        asked), `torch_dtype()` and `dtype_choice` follow `choice`. Raises EngineConfigError
+        when `dtype` is not "auto"."""
+        if self.dtype != "auto":
+            raise EngineConfigError(
+                f"Only dtype auto is resolved by a choice; this config has {self.dtype}."
+            )
+        resolved = dataclasses.replace(self)
+        object.__setattr__(resolved, "_dtype_choice", choice)
+        return resolved
 
     def threads(self) -> int:
         return self.num_threads or available_cpus()

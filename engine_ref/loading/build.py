@@ -12,6 +12,7 @@ from engine_ref.core.block_manager import HashFn, default_hash
 from engine_ref.core.engine import LLMEngine
 from engine_ref.core.engine_config import EngineConfig
 from engine_ref.core.model_runner import prepare_device, release_freed_heap
+from engine_ref.loading.auto_dtype import resolve_auto_dtype
 from engine_ref.loading.weights import load_model
 
 __all__ = ["build_engine"]
@@ -26,9 +27,12 @@ def build_engine(
 ) -> LLMEngine:
     """The reference engine for `config`, loading `config.model` (unless `loaded` is given)
     and, for a `draft_model` speculative config, its draft model (unless `draft_loaded` is).
+    `dtype="auto"` is resolved first (`auto_dtype`: measured once per model and machine, then
+    cached); `engine.config.dtype_choice` says what it became and why.
     Raises EngineError when CUDA is asked for and missing (before anything loads) or the
     engine cannot be built, and ModelFileError when a model cannot be loaded."""
     prepare_device(config)  # torch's threads are set before loading, which uses them
+    config, loaded = resolve_auto_dtype(config, loaded)
     dtype = config.torch_dtype()
     if loaded is None:
         loaded = load_model(config.model, dtype=dtype, keep_int4=config.quantization == "w4a16")
