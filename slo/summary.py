@@ -328,7 +328,7 @@ NON_STREAMING_UNDEFINED = {
 }
 
 
-ENGINE_PATH_KEYS = ("engine", "engine_version", "dtype", "quantization", "kernels")
+ENGINE_PATH_KEYS = ("engine", "engine_version", "dtype", "dtype_choice", "quantization", "kernels")
 
 
 def engine_path(manifest: RunManifest | None) -> dict | None:

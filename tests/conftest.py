@@ -21,6 +21,10 @@ from skip_policy import pytest_make_collect_report, pytest_runtest_makereport  #
 # imported (tests/harness/test_ray_workers.py); set here so no test order or xdist worker can
 # import Ray earlier.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# `dtype="auto"` engines keep the static rule (bf16 where the CPU has bf16 units) rather than a
+# timing measurement that a busy test machine could flip between runs; test_auto_dtype.py
+# measures on purpose.
+os.environ.setdefault("BENCH_REF_AUTO_DTYPE", "static")
 
 
 def _pin_xdist_worker() -> None:

@@ -329,6 +329,10 @@ def describe_engine(engine: EngineInterface) -> dict:
         "version": version,
         "model": getattr(config, "model", None),
         "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        # How an `auto` dtype was chosen (measured, cached, static rule) and why.
+        "dtype_choice": (
+            dataclasses.asdict(config.dtype_choice) if hasattr(config, "dtype_choice") else None
+        ),
         "device": str(getattr(engine, "device", "")) or None,
         "engine_config": {k: v if isinstance(v, plain) else str(v) for k, v in fields.items()},
         "quantization": getattr(config, "quantization", None),

@@ -6,6 +6,7 @@ and the engine's dtype."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -36,7 +37,6 @@ def oracle_path(
     workload_sha256: str, model: str, endpoint: Endpoint, constraint: dict | None = None
 ) -> Path:
     import harness
-    from engine_ref import EngineConfig
     from workloads.store import cache_key
 
     key = cache_key(
@@ -45,7 +45,7 @@ def oracle_path(
             "model": model,
             "endpoint": endpoint.value,
             "harness": harness.__version__,
-            "dtype": str(EngineConfig(model=model).torch_dtype()),
+            "dtype": str(_engine_config(model).torch_dtype()),
             "format": ORACLE_FORMAT,
             **({"constraint": constraint} if constraint is not None else {}),
         }
@@ -96,11 +96,28 @@ def _guided(constraint: dict | None):
     return GuidedDecoding(kind, constraint[kind])
 
 
-def _compute(rows: list[dict], *, model: str, endpoint: Endpoint) -> dict[str, str]:
-    from engine_ref import EngineConfig, SamplingParams, build_engine
+@functools.lru_cache(maxsize=8)
+def _engine_config(model: str):
+    """The reference engine's config for `model` with its `auto` dtype resolved as a server
+    of it would resolve it (measured once, then cached), so the oracle's texts are keyed by
+    and computed in the dtype a managed reference server runs."""
+    from engine_ref import EngineConfig
+    from engine_ref.loading.auto_dtype import resolve_auto_dtype
 
     try:
-        engine = build_engine(EngineConfig(model=model))
+        config, _ = resolve_auto_dtype(EngineConfig(model=model))
+    except Exception as exc:  # the loader's errors are one sentence
+        raise HarnessError(
+            f"cannot load {model!r} on the reference engine for the output oracle: {exc}"
+        ) from exc
+    return config
+
+
+def _compute(rows: list[dict], *, model: str, endpoint: Endpoint) -> dict[str, str]:
+    from engine_ref import SamplingParams, build_engine
+
+    try:
+        engine = build_engine(_engine_config(model))
     except Exception as exc:  # the loader's errors are one sentence
         raise HarnessError(
             f"cannot load {model!r} on the reference engine for the output oracle: {exc}"

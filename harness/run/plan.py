@@ -107,6 +107,7 @@ def plan_run(inputs: RunInputs, started: Target) -> RunContext:
         dtype=info.get("dtype"),
         quantization=info.get("quantization"),
         kernels=info.get("kernels"),
+        dtype_choice=info.get("dtype_choice"),
         engine_config=info.get("engine_config"),
         tokenizer=inputs.tokenizer_choice.to_dict() if inputs.tokenizer_choice else None,
         prompt_overhead_tokens=overhead,

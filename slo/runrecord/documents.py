@@ -149,7 +149,7 @@ class RunSummary:
     chunking: Chunking | None = nested(Chunking)  # tokens per token-bearing chunk, and by what
     sessions: Sessions | None = nested(Sessions)  # multi-turn runs (`slo.sessions`)
     # The engine and the code path that served the run, from the manifest's target: engine,
-    # engine_version, dtype, quantization, kernels (the reference engine's `/info` says them).
+    # engine_version, dtype, dtype_choice, quantization, kernels (the reference engine's `/info` says them).
     served_by: dict | None = None
 
     @classmethod
