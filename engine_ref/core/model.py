@@ -17,6 +17,7 @@ from torch import nn
 from engine_ref.core import kernels
 from engine_ref.core.attention import AttentionMetadata, paged_attention
 from engine_ref.core.config import ModelConfig
+from engine_ref.core.kernels import bf16
 from engine_ref.core.quant import Int4Groups, Int4Linear, quantize_model
 
 # One layer's KV pool [num_blocks, block_size, 2 * kvh, hd]: keys in heads :kvh, values after.
@@ -174,21 +175,21 @@ class LlamaModel(nn.Module):
         if quantization is not None:
             quantize_model(model, quantization, int4_weights)
         model.fused_decode = fused_layers = model._fused_decode_weights()
-        if fused_layers is not None and all(
-            layer[i].dtype == torch.float32 for layer in fused_layers for i in (1, 4, 8, 11)
-        ):
-            model.fused_max_rows = kernels.DENSE_SMALL_BATCH_ROWS
-        model.small_head = type(model.lm_head) is nn.Linear and kernels.dense_ok(
-            model.lm_head.weight
-        )
+        if fused_layers is not None:
+            kinds = {layer[i].dtype for layer in fused_layers for i in (1, 4, 8, 11)}
+            if kinds == {torch.float32}:
+                model.fused_max_rows = kernels.DENSE_SMALL_BATCH_ROWS
+            elif kinds == {torch.bfloat16}:
+                model.fused_max_rows = bf16.BF16_SMALL_BATCH_ROWS
+        model.small_head = type(model.lm_head) is nn.Linear and _small_gemm_ok(model.lm_head.weight)
         return model.eval()
 
     def _fused_decode_weights(self) -> list[list[torch.Tensor]] | None:
         """Per layer, the weights `refkern::decode_layer` takes, when every layer can run
-        it: float32 on the CPU, each projection int4 in the engine kernels' layout or float32
-        (then followed by two unused tensors)."""
+        it: float32 or bfloat16 on the CPU, each projection int4 in the engine kernels' layout
+        or in the model's dtype (then followed by two unused tensors); norms in float32."""
         norm = self.norm.weight
-        if norm.device.type != "cpu" or norm.dtype != torch.float32:
+        if norm.device.type != "cpu" or norm.dtype not in (torch.float32, torch.bfloat16):
             return None
         unused = torch.empty(0)
         per_layer = []
@@ -196,11 +197,12 @@ class LlamaModel(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            norms = tuple(n.float().contiguous() for n in norms)  # the same tensors in float32
             weights = [norms[0]]
             for i, proj in enumerate(projections):
                 if isinstance(proj, Int4Linear) and proj.small:
                     weights += [proj.small_packed, proj.small_scale, proj.small_min]
-                elif type(proj) is nn.Linear and kernels.dense_ok(proj.weight):
+                elif type(proj) is nn.Linear and _small_gemm_ok(proj.weight):
                     weights += [proj.weight, unused, unused]
                 else:
                     return None
@@ -231,9 +233,11 @@ class LlamaModel(nn.Module):
 
     # Set by `from_state_dict`; None where a layer cannot run `refkern::decode_layer`.
     fused_decode: list[list[torch.Tensor]] | None = None
-    # The most rows a fused forward takes: more with float32 projections than with int4 ones.
+    # The most rows a fused forward takes: more with float32 or bfloat16 projections than with
+    # int4 ones.
     fused_max_rows: int = kernels.SMALL_BATCH_ROWS
-    # Set by `from_state_dict`: a float32 head `refkern::f32_gemm` runs for small batches.
+    # Set by `from_state_dict`: a float32 or bfloat16 head the engine's GEMM
+    # (`refkern::f32_gemm`, `refkern::bf16_gemm`) runs for small batches.
     small_head: bool = False
 
     def _can_fuse(self, x: torch.Tensor, meta: AttentionMetadata, kv_caches) -> bool:
@@ -244,14 +248,17 @@ class LlamaModel(nn.Module):
             self.fused_decode is not None
             and 0 < x.shape[0] <= self.fused_max_rows
             and (not meta.has_tree_mask or meta.tree_bits is not None)
-            and x.dtype == torch.float32
-            and all(c.dtype == torch.float32 for c in kv_caches)
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and all(c.dtype == x.dtype for c in kv_caches)
         )
 
     def _fused_forward(self, x, positions, meta, kv_caches, num_layers) -> torch.Tensor:
         """The decoder stack as one `refkern::decode_layer` call per layer. Row r attends to
         positions 0 .. positions[r] of its sequence: its own K/V and those of the rows before
-        it in the same chunk are in the pool before any row attends (the causal mask)."""
+        it in the same chunk are in the pool before any row attends (the causal mask). The
+        residual stream stays float32 from layer to layer and returns in x's dtype."""
+        dtype = x.dtype
+        x = x.float()
         tables = [g.block_tables for g in meta.decode_groups]
         if meta.num_prefill_tokens:  # each prefill row gets its sequence's table
             sequence = meta.prefill_out_index // meta.prefill_q_max
@@ -288,7 +295,7 @@ class LlamaModel(nn.Module):
                 eps,
                 attn.scale,
             )
-        return x
+        return x.to(dtype)
 
     def _rope_for(self, positions: torch.Tensor, dtype: torch.dtype):
         """cos, signed sin [T, h + 2 kvh, hd]: RoPE for query and key heads, identity (1, 0)
@@ -303,8 +310,19 @@ class LlamaModel(nn.Module):
         return cos, sin
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, vocab] in the model's dtype for hidden [N, D]."""
+        """Logits [N, vocab] for hidden [N, D]: float32 from the engine's head GEMM (small
+        batches), else in the model's dtype."""
         normed = self.norm(hidden)
-        if self.small_head and 0 < normed.shape[0] <= kernels.DENSE_SMALL_BATCH_ROWS:
-            return kernels.f32_gemm(normed, self.lm_head.weight)
+        if self.small_head:  # a plain float32 or bfloat16 nn.Linear
+            weight = self.lm_head.weight
+            if weight.dtype == torch.bfloat16:
+                if 0 < normed.shape[0] <= bf16.BF16_SMALL_BATCH_ROWS:
+                    return bf16.bf16_gemm(normed, weight)
+            elif 0 < normed.shape[0] <= kernels.DENSE_SMALL_BATCH_ROWS:
+                return kernels.f32_gemm(normed, weight)
         return self.lm_head(normed)
+
+
+def _small_gemm_ok(weight: torch.Tensor) -> bool:
+    """Whether the engine's float32 or bfloat16 GEMM can take `weight` as it is held."""
+    return kernels.dense_ok(weight) or bf16.bf16_ok(weight)
