@@ -11,16 +11,23 @@ Modes (`EngineConfig.quantization`):
   `SMALL_BATCH_ROWS` rows (decode steps) run `refkern::q4_gemm` on a second copy of the
   same 4-bit weights in its own layout, with float32 activations: about twice as fast as
   torch's kernel at one row. Both copies count in the weight bytes.
+- `w4a8`: the same 4-bit groups with int8 activations, one scale per activation row,
+  through `refkern::q4_i8_gemm` (integer dot products, `kernels/int8.cpp`) at every batch
+  size: it was faster than torch's int4 kernel at every row count measured, so one copy of
+  the weights, in its own layout, is held. It needs the engine's kernels (CPU).
 - `w8a16`: int8 weights with one scale per output channel, `aten::_weight_int8pack_mm` with
   bf16 activations (CPU), or `refkern::q8_gemm` on the same int8 tensor for small calls.
-- `w8a8`: int8 per-channel weights and dynamically quantised int8 activations (one scale per
-  call), an int8 GEMM with int32 accumulation in torch's quantized CPU backend (fbgemm,
-  `quantized::linear_dynamic`), for qkv, o, gate_up and the output projection; down_proj
-  stays W8A16 (see `W8A8_KEEPS_A16`).
+- `w8a8`: int8 per-channel weights and dynamically quantised int8 activations with int32
+  accumulation, for qkv, o, gate_up and the output projection; down_proj stays W8A16 (see
+  `W8A8_KEEPS_A16`). Where the engine's kernels run: weights within +-127 and one scale per
+  activation row through `refkern::q8_i8_gemm` at every batch size; otherwise torch's
+  quantized CPU backend (fbgemm, `quantized::linear_dynamic`, one activation scale per
+  call, weights within +-`W8A8_WEIGHT_LEVEL`).
 
 In every mode the (tied) output projection and the embedding are int8 per row, as the
 8-bit token embedding of a Q4_1 GGUF file is: the embedding gathers int8 rows and scales
-them, the output projection runs the mode's int8 kernel. Norms stay in the engine's dtype.
+them, the output projection runs the mode's int8 kernel (int8 activations in w4a8 and
+w8a8). Norms stay in the engine's dtype.
 """
 
 from __future__ import annotations
@@ -34,11 +41,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine_ref.core import kernels
+from engine_ref.core.kernels import int8 as int8_kernels
 
-QUANTIZATION_MODES = ("w4a16", "w8a8", "w8a16")
+QUANTIZATION_MODES = ("w4a16", "w4a8", "w8a8", "w8a16")
 GROUP_SIZE = kernels.GROUP
-# Modes whose kernels exist only in torch's CPU backends.
-_CPU_ONLY = frozenset({"w8a8", "w8a16"})
+# Modes whose projections take 4-bit groups (a GGUF file's own Q4_0/Q4_1 blocks where kept).
+INT4_MODES = frozenset({"w4a16", "w4a8"})
+# Modes whose kernels exist only on the CPU (torch's CPU backends, the engine's own).
+_CPU_ONLY = frozenset({"w4a8", "w8a8", "w8a16"})
+# Modes that run only on the engine's own kernels (`engine_ref.core.kernels`).
+_ENGINE_KERNELS_ONLY = frozenset({"w4a8"})
 # The fused projections of one decoder layer and the Hugging Face weights each concatenates.
 FUSED_PROJECTIONS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -129,7 +141,11 @@ W8A8_WEIGHT_LEVEL = 63
 # Projections that w8a8 runs as W8A16: down_proj's input (silu(gate) * up) has the outlier
 # channels that one 8-bit activation scale per call cannot hold (LLM.int8, SmoothQuant). On
 # the bundled text, SmolLM2's perplexity was 46.8 with it in W8A8, 30.0 in W8A16 (28.1 float).
+# With one scale per activation row (the engine's kernels) it measured 29.2 either way.
 W8A8_KEEPS_A16 = frozenset({"mlp.down_proj"})
+# Modes whose output projection runs int8 activations (`DynamicInt8Linear`); the others run it
+# W8A16 (`Int8Linear`).
+_INT8_ACTIVATION_HEADS = frozenset({"w4a8", "w8a8"})
 
 
 class Int4Linear(nn.Module):
@@ -204,14 +220,44 @@ class Int8Linear(nn.Module):
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
-class DynamicInt8Linear(nn.Module):
-    """W8A8: int8 per-row weights (within +-`W8A8_WEIGHT_LEVEL`) packed for fbgemm; each call
-    quantises its activations to uint8 with one scale and zero point for the whole call,
-    multiplies in int8 with int32 accumulation and rescales to float32."""
+class DynamicInt4Linear(nn.Module):
+    """W4A8: y = x @ W.T for W held as int4 groups, each call quantising its activations to
+    int8 with one scale per row, through `refkern::q4_i8_gemm` at any batch size. Not an
+    `Int4Linear`: the fused decode layer takes those and runs W4A16 arithmetic."""
 
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor) -> None:
+    def __init__(self, groups: Int4Groups) -> None:
         super().__init__()
-        self.out_features, self.in_features = q.shape
+        self.out_features, self.in_features = groups.shape
+        packed = int8_kernels.pack_q4_i8(groups.q, groups.scale, groups.minimum)
+        self.register_buffer("packed", packed, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = int8_kernels.q4_i8_gemm(rows, self.packed, self.out_features)
+        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+class DynamicInt8Linear(nn.Module):
+    """W8A8: int8 per-row weights, activations quantised to int8 by each call, int32
+    accumulation, float32 out. Where the engine's kernels run (`engine_kernels`): weights within
+    +-127, one activation scale per row, `refkern::q8_i8_gemm` at any batch size. Otherwise
+    torch's fbgemm: weights within +-`W8A8_WEIGHT_LEVEL`, activations to uint8 with one scale
+    and zero point for the whole call."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.engine_kernels = (
+            weight.device.type == "cpu"
+            and self.in_features <= int8_kernels.Q8_MAX_K
+            and kernels.available()
+        )
+        self.packed_nbytes = 0
+        if self.engine_kernels:
+            packed = int8_kernels.pack_q8_i8(*int8_per_row(weight))
+            self.register_buffer("packed", packed, persistent=False)
+            return
+        q, scale = int8_per_row(weight, W8A8_WEIGHT_LEVEL)
         zero_points = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():
             # torch deprecates quantized tensors (issue 184982) but still ships fbgemm's
@@ -223,8 +269,11 @@ class DynamicInt8Linear(nn.Module):
         self.packed_nbytes = q.numel() + 16 * self.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).float()
-        y = torch.ops.quantized.linear_dynamic(rows, self._packed, False)  # full 8 bits
+        rows = x.reshape(-1, self.in_features)
+        if self.engine_kernels:
+            y = int8_kernels.q8_i8_gemm(rows, self.packed, self.out_features)
+        else:
+            y = torch.ops.quantized.linear_dynamic(rows.float(), self._packed, False)  # 8 bits
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
 
@@ -252,8 +301,12 @@ def check_supported(mode: str | None, device: torch.device) -> None:
         )
     if device.type != "cpu" and mode in _CPU_ONLY:
         raise QuantizationError(
-            f"quantization {mode} runs on CPU only (torch's CPU int8 kernels); use w4a16 on "
-            f"{device.type}."
+            f"quantization {mode} runs on CPU only (CPU int8 kernels); use w4a16 on {device.type}."
+        )
+    if mode in _ENGINE_KERNELS_ONLY and not kernels.available():
+        raise QuantizationError(
+            f"quantization {mode} runs on the engine's own kernels, which are off here "
+            f"({kernels.unavailable_reason()}); use w4a16 or w8a8."
         )
 
 
@@ -262,7 +315,7 @@ def quantize_model(
 ) -> None:
     """Replace `model`'s projections by `mode`'s quantized layers, in place. `int4_weights`
     (Hugging Face names, e.g. `model.layers.0.self_attn.q_proj.weight`) are the file's own
-    4-bit blocks; a w4a16 layer without them is quantised from its float weight."""
+    4-bit blocks; a w4a16 or w4a8 layer without them is quantised from its float weight."""
     device = model.embed_tokens.weight.device
     check_supported(mode, device)
     int4_weights = int4_weights or {}
@@ -271,13 +324,13 @@ def quantize_model(
             owner_name, attr = fused_name.split(".")
             owner = getattr(layer, owner_name)
             linear = getattr(owner, attr)
-            if mode == "w4a16":
+            if mode in INT4_MODES:
                 names = [f"model.layers.{i}.{p}.weight" for p in parts]
                 if all(n in int4_weights for n in names):
                     groups = Int4Groups.cat([int4_weights[n] for n in names])
                 else:
                     groups = Int4Groups.quantize(linear.weight)
-                new = Int4Linear(groups, device)
+                new = Int4Linear(groups, device) if mode == "w4a16" else DynamicInt4Linear(groups)
             elif mode == "w8a8" and fused_name in W8A8_KEEPS_A16:
                 new = Int8Linear(*int8_per_row(linear.weight))
             else:
@@ -294,8 +347,8 @@ def quantize_model(
 
 
 def _int8_linear(mode: str, weight: torch.Tensor) -> nn.Module:
-    if mode == "w8a8":
-        return DynamicInt8Linear(*int8_per_row(weight, W8A8_WEIGHT_LEVEL))
+    if mode in _INT8_ACTIVATION_HEADS:
+        return DynamicInt8Linear(weight)
     return Int8Linear(*int8_per_row(weight))
 
 

@@ -1,6 +1,7 @@
 """Quantized execution: the low-bit layers against float references, GGUF 4-bit blocks against
 gguf.quants, and proof through `LLMEngine.step` that the low-bit kernels ran and no float
-copy of a quantized weight is held."""
+copy of a quantized weight is held; w4a8's greedy tokens against an emulation of its
+arithmetic in float64 (and not of W4A16's)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from torch.profiler import ProfilerActivity, profile
 from engine_ref import EngineConfig, EngineConfigError, LLMEngine, SamplingParams, build_engine
 from engine_ref.core import kernels
 from engine_ref.core.quant import (
+    DynamicInt4Linear,
     DynamicInt8Linear,
     Int4Groups,
     Int4Linear,
+    Int8Embedding,
     Int8Linear,
     QuantizationError,
     check_supported,
@@ -39,15 +42,21 @@ from engine_ref.serving.cli_serve import serve
 from engine_ref.serving.server import ServerConfig
 
 CPU = torch.device("cpu")
+needs_kernels = pytest.mark.skipif(
+    not kernels.available(), reason=f"engine kernels off: {kernels.unavailable_reason()}"
+)
 # The low-bit kernel each mode's projections must run (profiler event names): torch's, and
-# the engine's own for calls of at most kernels.SMALL_BATCH_ROWS rows where they build.
+# the engine's own for calls of at most kernels.SMALL_BATCH_ROWS rows where they build; w4a8
+# and w8a8 run the engine's int8 kernels at any batch size where they build.
 KERNELS = {
     "w4a16": "aten::_weight_int4pack_mm_for_cpu",
+    "w4a8": "refkern::q4_i8_gemm",
     "w8a16": "aten::_weight_int8pack_mm",
     "w8a8": "quantized::linear_dynamic",
 }
 SMALL_KERNELS = {"w4a16": "refkern::q4_gemm", "w8a16": "refkern::q8_gemm"}
 INT8_KERNEL = "aten::_weight_int8pack_mm"
+INT8_ACTIVATIONS = "refkern::q8_i8_gemm"
 
 
 def expected_kernel_calls(mode: str, layers: int, rows: int) -> dict[str, int]:
@@ -56,7 +65,10 @@ def expected_kernel_calls(mode: str, layers: int, rows: int) -> dict[str, int]:
     small = kernels.available() and rows <= kernels.SMALL_BATCH_ROWS
     int8 = "refkern::q8_gemm" if small else INT8_KERNEL
     if mode == "w8a8":  # down_proj runs W8A16 (its activations have outliers)
-        return {KERNELS[mode]: 3 * layers + 1, int8: layers}
+        a8 = INT8_ACTIVATIONS if kernels.available() else KERNELS[mode]
+        return {a8: 3 * layers + 1, int8: layers}
+    if mode == "w4a8":  # the output projection too has int8 activations
+        return {KERNELS[mode]: 4 * layers, INT8_ACTIVATIONS: 1}
     main = SMALL_KERNELS[mode] if small else KERNELS[mode]
     calls = {main: 4 * layers}  # qkv, o, gate_up, down
     calls[int8] = calls.get(int8, 0) + 1  # the output projection is W8A16
@@ -163,24 +175,61 @@ def _uint8_activations(x: torch.Tensor) -> torch.Tensor:
     return ((torch.round(x.double() / step) + zero).clamp(0, 255) - zero) * step
 
 
+def _int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x after per-row symmetric int8 quantisation (scale amax / 127), in float64."""
+    amax = x.abs().amax(dim=1, keepdim=True)
+    step = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return torch.round((x / step).clamp(-127, 127)).double() * step.double()
+
+
+@pytest.mark.parametrize("engine_kernels", [True, False])
 @pytest.mark.parametrize("rows", [1, 17, 64])
-def test_dynamic_int8_linear_is_an_exact_int8_gemm(rows):
+def test_dynamic_int8_linear_is_an_exact_int8_gemm(rows, engine_kernels, monkeypatch):
+    if engine_kernels and not kernels.available():
+        pytest.skip(f"engine kernels off: {kernels.unavailable_reason()}")
+    monkeypatch.setattr(kernels, "available", lambda build=True: engine_kernels)
     gen = torch.Generator().manual_seed(rows)
-    q, scale = int8_per_row(torch.randn(80, 64, generator=gen), 63)
+    w = torch.randn(80, 64, generator=gen)
     x = torch.randn(rows, 64, generator=gen) * 3
-    weight = q.double() * scale.double().unsqueeze(1)
-    y = DynamicInt8Linear(q, scale)(x)
+    layer = DynamicInt8Linear(w)
+    assert layer.engine_kernels is engine_kernels
+    y = layer(x)
     assert y.shape == (rows, 80) and y.dtype == torch.float32
-    # No int16 saturation at +-63: the int8 GEMM equals the emulation to float rounding.
-    assert _relative_error(y, _uint8_activations(x) @ weight.t()) < 1e-5
+    if engine_kernels:  # +-127 weights, one activation scale per row
+        q, scale = int8_per_row(w)
+        emulated = _int8_activations(x)
+    else:  # fbgemm: +-63 weights (no int16 saturation), one uint8 scale per call
+        q, scale = int8_per_row(w, 63)
+        emulated = _uint8_activations(x)
+    weight = q.double() * scale.double().unsqueeze(1)
+    # The int8 GEMM equals the emulation to float rounding.
+    assert _relative_error(y, emulated @ weight.t()) < 1e-5
     assert _relative_error(y, x.double() @ weight.t()) < 3e-2
 
 
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 16, 17, 40])
+def test_dynamic_int4_linear_is_an_exact_w4a8_gemm(rows):
+    gen = torch.Generator().manual_seed(rows)
+    groups = Int4Groups.quantize(torch.randn(96, 128, generator=gen) * 0.1)
+    x = torch.randn(rows, 128, generator=gen)
+    layer = DynamicInt4Linear(groups)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        y = layer(x)
+    assert [e.name for e in prof.events()].count("refkern::q4_i8_gemm") == 1
+    assert y.shape == (rows, 96) and y.dtype == torch.float32
+    weight = groups.dequantize().double()
+    assert _relative_error(y, _int8_activations(x) @ weight.t()) < 1e-6
+    assert _relative_error(y, x.double() @ weight.t()) > 1e-3  # int8 activations, not float
+
+
 def test_modes_and_devices():
-    with pytest.raises(EngineConfigError, match="Unknown quantization 'w4a8'"):
-        EngineConfig(model="tiny-random", quantization="w4a8")
-    with pytest.raises(QuantizationError, match="CPU only"):
-        check_supported("w8a8", torch.device("cuda"))
+    with pytest.raises(EngineConfigError, match="Unknown quantization 'w4a4'"):
+        EngineConfig(model="tiny-random", quantization="w4a4")
+    assert EngineConfig(model="tiny-random", quantization="w4a8").quantization == "w4a8"
+    for mode in ("w8a8", "w4a8"):
+        with pytest.raises(QuantizationError, match="CPU only"):
+            check_supported(mode, torch.device("cuda"))
     check_supported("w4a16", torch.device("cuda"))  # the CUDA int4 kernel
     check_supported(None, torch.device("cuda"))
 
@@ -188,8 +237,17 @@ def test_modes_and_devices():
 def test_cli_rejects_an_unknown_mode_in_one_sentence():
     result = CliRunner().invoke(serve, ["--model", "tiny-random", "--quantization", "int3"])
     assert result.exit_code == 2
-    assert "Unknown quantization 'int3'" in result.output and "w4a16" in result.output
+    assert "Unknown quantization 'int3'" in result.output and "w4a8" in result.output
     assert "Traceback" not in result.output
+
+
+def test_w4a8_without_the_engine_kernels_is_one_sentence(monkeypatch):
+    monkeypatch.setattr(kernels, "available", lambda build=True: False)
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda: "BENCH_REF_KERNELS=0")
+    with pytest.raises(QuantizationError, match=r"engine's own kernels, which are off here "
+                       r"\(BENCH_REF_KERNELS=0\); use w4a16 or w8a8\.$"):  # fmt: skip
+        check_supported("w4a8", CPU)
+    check_supported("w8a8", CPU)  # fbgemm
 
 
 # -- through the engine -------------------------------------------------------------------------
@@ -222,6 +280,8 @@ def _weight_shapes(loaded) -> set[tuple[int, ...]]:
 
 @pytest.mark.parametrize("mode", sorted(KERNELS))
 def test_step_runs_low_bit_kernels_and_holds_no_float_weight(mode, tiny_model):
+    if mode == "w4a8" and not kernels.available():
+        pytest.skip(f"engine kernels off: {kernels.unavailable_reason()}")
     shapes = _weight_shapes(tiny_model)
     before = _float_weight_tensors(shapes)
     engine = _engine(mode)  # loads tiny-random itself and drops the float weights
@@ -239,6 +299,8 @@ def test_step_runs_low_bit_kernels_and_holds_no_float_weight(mode, tiny_model):
     expected = expected_kernel_calls(mode, engine.model_config.num_hidden_layers, rows=2)
     if mode == "w4a16" and kernels.available():  # a decode step of 2 rows: one call a layer
         expected["refkern::decode_layer"] = engine.model_config.num_hidden_layers
+    if mode == "w4a8":  # the fused layer runs W4A16 arithmetic: never for w4a8
+        expected |= {"refkern::decode_layer": 0, "refkern::q4_gemm": 0}
     for kernel, n in expected.items():
         assert counts.get(kernel, 0) == n, (kernel, counts.get(kernel))
     assert not FLOAT_MATMULS & counts.keys(), FLOAT_MATMULS & counts.keys()
@@ -276,6 +338,95 @@ def test_int4_weight_bytes_are_the_q4_1_size(tiny_model):
     # float32 copy for the engine's int8 kernel).
     assert kinds["embedding"] == c.vocab_size * (c.hidden_size + 4)
     assert kinds["lm_head"] == c.vocab_size * (2 + (4 if kernels.available() else 0))
+
+
+@needs_kernels
+def test_w4a8_weight_bytes_are_the_q4_1_size(tiny_model):
+    # One copy of the int4 weights (16 B of nibbles, a float16 scale and minimum per 32); the
+    # output projection's int8 rows plus a float32 scale and int32 row sum each; the
+    # embedding's own int8 rows and float32 scales.
+    engine = _engine("w4a8")
+    c = tiny_model.config
+    kinds = weight_bytes_by_kind(engine.model)
+    assert kinds["mlp"] == c.num_hidden_layers * 3 * c.hidden_size * c.intermediate_size * 20 // 32
+    assert kinds["lm_head"] == c.vocab_size * (c.hidden_size + 8)
+    assert kinds["embedding"] == c.vocab_size * (c.hidden_size + 4)
+
+
+class _EmulatedLinear(torch.nn.Module):
+    """y = x' @ weight.T in float64, x' = x after per-row int8 quantisation (`int8`) or x."""
+
+    def __init__(self, weight: torch.Tensor, int8: bool) -> None:
+        super().__init__()
+        self.weight, self.int8 = weight.double(), int8
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).float()
+        rows = _int8_activations(rows) if self.int8 else rows.double()
+        return (rows @ self.weight.t()).float().view(*x.shape[:-1], -1)
+
+
+def _emulated_engine(loaded, int8: bool) -> LLMEngine:
+    """A float32 engine whose projections compute W4A8's (or W4A16's, `int8` false)
+    arithmetic in float64 from the same int4 groups, with W4A8's int8 output projection and
+    embedding, through the Python layers."""
+    engine = LLMEngine(EngineConfig(model="tiny-random", dtype="float32", num_blocks=64,
+                                    num_threads=1), loaded=loaded)  # fmt: skip
+    model = engine.model
+    model.fused_decode, model.small_head = None, False
+    for layer in model.layers:
+        for owner, name in [(layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
+                            (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")]:  # fmt: skip
+            groups = Int4Groups.quantize(getattr(owner, name).weight)
+            setattr(owner, name, _EmulatedLinear(groups.dequantize(), int8))
+    q, scale = int8_per_row(model.lm_head.weight)
+    model.lm_head = _EmulatedLinear(q.double() * scale.double().unsqueeze(1), int8)
+    model.embed_tokens = Int8Embedding(q, scale, torch.float32)
+    return engine
+
+
+def _greedy_with_logprobs(engine: LLMEngine, prompts, max_tokens: int):
+    """Each prompt's greedy tokens, and per output token the log-probabilities of the top 3
+    tokens ({token: logprob}; tiny-random is so sure of its first choice that its own
+    log-probability is 0 in float32, while the others' are about -25)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=3)
+    for i, ids in enumerate(prompts):
+        engine.add_request(str(i), ids, params)
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    logprobs: dict[str, list[dict[int, float]]] = {str(i): [] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] += out.outputs[0].new_token_ids
+            logprobs[out.request_id] += out.outputs[0].logprobs or []
+    keys = [str(i) for i in range(len(prompts))]
+    return [tokens[k] for k in keys], [lp for k in keys for lp in logprobs[k]]
+
+
+def _largest_difference(a: list[dict[int, float]], b: list[dict[int, float]]) -> float:
+    """The largest |logprob difference| over positions with the same top-3 tokens; inf if
+    any position's top 3 differ."""
+    if any(x.keys() != y.keys() for x, y in zip(a, b, strict=True)):
+        return float("inf")
+    return max(abs(x[t] - y[t]) for x, y in zip(a, b, strict=True) for t in x)
+
+
+@needs_kernels
+def test_w4a8_engine_computes_w4a8_arithmetic(tiny_model):
+    # Through LLMEngine.step: w4a8's greedy tokens and top log-probabilities are those of a
+    # float64 emulation of int8 activations x int4 groups, and measurably not those of the
+    # same weights with float activations (W4A16 arithmetic): the check tells them apart.
+    w4a8 = LLMEngine(EngineConfig(model="tiny-random", dtype="float32", num_blocks=64,
+                                  num_threads=1, quantization="w4a8"), loaded=tiny_model)  # fmt: skip
+    assert w4a8.model.fused_decode is None
+    prompts = [[5, 6, 7, 8, 9, 10], [40, 41], list(range(100, 130))]
+    tokens, logprobs = _greedy_with_logprobs(w4a8, prompts, 6)
+    emulated, emulated_logprobs = _greedy_with_logprobs(
+        _emulated_engine(tiny_model, True), prompts, 6
+    )
+    _, a16_logprobs = _greedy_with_logprobs(_emulated_engine(tiny_model, False), prompts, 6)
+    assert tokens == emulated and all(len(t) == 6 for t in tokens)
+    assert _largest_difference(logprobs, emulated_logprobs) < 1e-3
+    assert _largest_difference(logprobs, a16_logprobs) > 1e-2
 
 
 def test_w4a16_runs_the_files_own_4bit_blocks(tmp_path, tiny_model):
