@@ -136,8 +136,9 @@ inline void from_float(float x, uint16_t* dst) {  // round to nearest even, as t
 
 // The kLanes sums of d[0 .. kLanes - 1], in order, in one vector: a transposing reduction
 // (about 3 operations a sum where a horizontal sum of each takes 8).
+#define REFKERN_INLINE inline __attribute__((always_inline))
 #if defined(__AVX512F__)
-inline Vec transpose_sum(const Vec* d) {
+REFKERN_INLINE Vec transpose_sum(const Vec* d) {
   Vec pairs[8], quads[4], octs[2];
   for (int i = 0; i < 8; ++i)  // per 128-bit lane: a0+a2, b0+b2, a1+a3, b1+b3
     pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]),
@@ -154,7 +155,7 @@ inline Vec transpose_sum(const Vec* d) {
                        _mm512_shuffle_f32x4(octs[0], octs[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 #else
-inline Vec transpose_sum(const Vec* d) {
+REFKERN_INLINE Vec transpose_sum(const Vec* d) {
   Vec pairs[4], quads[2];
   for (int i = 0; i < 4; ++i)
     pairs[i] = _mm256_add_ps(_mm256_unpacklo_ps(d[2 * i], d[2 * i + 1]),
@@ -168,14 +169,16 @@ inline Vec transpose_sum(const Vec* d) {
 }
 #endif
 
-// Ask for rows [p0, p1) of a head's positions ahead of use: a table's blocks lie anywhere in
-// the pool, so the hardware prefetcher stalls at every block start.
-template <typename S>
+// Ask for rows [p0, p1) of a head's positions ahead of use (into L1 with kToL1, L2 with
+// kToL2): a table's blocks lie anywhere in the pool, so the hardware prefetcher stalls at
+// every block start.
+constexpr int kToL1 = 3, kToL2 = 2;  // __builtin_prefetch's locality (_MM_HINT_T0, _T1)
+template <int Locality, typename S>
 inline void prefetch_rows(const S* base, const int64_t* offsets, int64_t p0, int64_t p1,
                           int64_t hd) {
   for (int64_t p = p0; p < p1; ++p)
     for (int64_t i = 0; i < hd; i += 64 / sizeof(S))
-      _mm_prefetch(reinterpret_cast<const char*>(base + offsets[p] + i), _MM_HINT_T0);
+      __builtin_prefetch(base + offsets[p] + i, 0, Locality);
 }
 
 // Pool offsets (elements within one head) of positions 0 .. len - 1 through a block table:
@@ -188,63 +191,79 @@ inline void row_offsets(const int64_t* table, int64_t len, int64_t block_size, i
   }
 }
 
-// scores[p] = q . key[p] for p < len, kLanes positions at a time (hd a multiple of kLanes).
+// The dot products of one query head q with the n <= kLanes key rows at `offsets`, in one
+// vector (hd a multiple of kLanes). The loop runs along hd outside and over the rows inside,
+// so kLanes independent sums are in flight; lanes past n repeat row 0 and are not stored.
 template <typename S>
-void dot_keys(const float* q, const S* keys, const int64_t* offsets, int64_t len, int64_t hd,
-              float* scores) {
-  for (int64_t p0 = 0; p0 < len; p0 += kLanes) {
-    const int64_t n = std::min(kLanes, len - p0);
-    prefetch_rows(keys, offsets, std::min(len, p0 + kPrefetchAhead),
-                  std::min(len, p0 + kPrefetchAhead + kLanes), hd);
-    Vec d[kLanes];
-    for (int j = 0; j < kLanes; ++j) {
-      d[j] = vzero();
-      if (j < n) {
-        const S* k = keys + offsets[p0 + j];
-        for (int64_t i = 0; i < hd; i += kLanes) d[j] = vfma(vload(q + i), vload(k + i), d[j]);
-      }
-    }
-    const Vec s = transpose_sum(d);
-    if (n == kLanes) {
-      vstore(scores + p0, s);
-    } else {
-      float lane[kLanes];
-      vstore(lane, s);
-      std::copy(lane, lane + n, scores + p0);
-    }
+REFKERN_INLINE Vec chunk_dots(const float* q, const S* keys, const int64_t* offsets, int64_t n,
+                      int64_t hd) {
+  const S* k[kLanes];
+  for (int j = 0; j < kLanes; ++j) k[j] = keys + offsets[j < n ? j : 0];
+  Vec d[kLanes];
+  for (int j = 0; j < kLanes; ++j) d[j] = vzero();
+  for (int64_t i = 0; i < hd; i += kLanes) {
+    const Vec qi = vload(q + i);
+    for (int j = 0; j < kLanes; ++j) d[j] = vfma(qi, vload(k[j] + i), d[j]);
   }
+  return transpose_sum(d);
 }
 
 #if defined(__AVX512BF16__)
-// The same for bfloat16 q and keys with the bf16 dot-product instruction (hd a multiple of
-// 32): each product is exact in float32 and the sums are float32.
-inline void dot_keys_bf16(const uint16_t* q, const uint16_t* keys, const int64_t* offsets,
-                          int64_t len, int64_t hd, float* scores) {
+// The same for a bfloat16 query and keys with the bf16 dot-product instruction (hd a multiple
+// of 32): each product is exact in float32 and the sums are float32.
+REFKERN_INLINE Vec chunk_dots_bf16(const uint16_t* q, const uint16_t* keys, const int64_t* offsets,
+                           int64_t n, int64_t hd) {
+  const uint16_t* k[kLanes];
+  for (int j = 0; j < kLanes; ++j) k[j] = keys + offsets[j < n ? j : 0];
+  Vec d[kLanes];
+  for (int j = 0; j < kLanes; ++j) d[j] = vzero();
+  for (int64_t i = 0; i < hd; i += 32) {
+    const __m512bh qi = (__m512bh)_mm512_loadu_si512(q + i);
+    for (int j = 0; j < kLanes; ++j)
+      d[j] = _mm512_dpbf16_ps(d[j], qi, (__m512bh)_mm512_loadu_si512(k[j] + i));
+  }
+  return transpose_sum(d);
+}
+#endif
+
+// scores[g, p] = q[g] . key[p] for the g query heads (float32 in qf, or bfloat16 in q when
+// `bf16_dots`) and positions p < len, kLanes positions at a time, every head before the next
+// positions so each key row is read from memory once. Value rows are fetched into L2 on the
+// way, ready for the weighted sum.
+template <typename S>
+void key_scores(int g, const float* qf, const S* q, bool bf16_dots, const S* keys,
+                const S* values, const int64_t* offsets, int64_t len, int64_t hd,
+                float* scores) {
   for (int64_t p0 = 0; p0 < len; p0 += kLanes) {
     const int64_t n = std::min(kLanes, len - p0);
-    prefetch_rows(keys, offsets, std::min(len, p0 + kPrefetchAhead),
-                  std::min(len, p0 + kPrefetchAhead + kLanes), hd);
-    Vec d[kLanes];
-    for (int j = 0; j < kLanes; ++j) {
-      d[j] = vzero();
-      if (j < n) {
-        const uint16_t* k = keys + offsets[p0 + j];
-        for (int64_t i = 0; i < hd; i += 32)
-          d[j] = _mm512_dpbf16_ps(d[j], (__m512bh)_mm512_loadu_si512(q + i),
-                                  (__m512bh)_mm512_loadu_si512(k + i));
+    const int64_t ahead = std::min(len, p0 + kPrefetchAhead);
+    const int64_t ahead_end = std::min(len, p0 + kPrefetchAhead + kLanes);
+    prefetch_rows<kToL1>(keys, offsets, ahead, ahead_end, hd);
+    prefetch_rows<kToL2>(values, offsets, ahead, ahead_end, hd);
+    for (int j = 0; j < g; ++j) {
+      Vec s;
+#if defined(__AVX512BF16__)
+      if (bf16_dots) {
+        s = chunk_dots_bf16(reinterpret_cast<const uint16_t*>(q) + j * hd,
+                            reinterpret_cast<const uint16_t*>(keys), offsets + p0, n, hd);
+      } else
+#endif
+      {
+        (void)q;
+        (void)bf16_dots;
+        s = chunk_dots<S>(qf + j * hd, keys, offsets + p0, n, hd);
       }
-    }
-    const Vec s = transpose_sum(d);
-    if (n == kLanes) {
-      vstore(scores + p0, s);
-    } else {
-      float lane[kLanes];
-      vstore(lane, s);
-      std::copy(lane, lane + n, scores + p0);
+      float* out = scores + j * len + p0;
+      if (n == kLanes) {
+        vstore(out, s);
+      } else {
+        float lane[kLanes];
+        vstore(lane, s);
+        std::copy(lane, lane + n, out);
+      }
     }
   }
 }
-#endif
 
 // e^(scale * a[i] - shift) in place for i < n, with shift the largest scale * a[i]; returns
 // 1 / their sum. The tail runs through the vector code too, so a position's weight does not
@@ -273,48 +292,60 @@ inline float softmax_numerators(float* a, int64_t n, float scale) {
   return 1.0f / sum;
 }
 
-// acc[g] = inv_sum[g] * sum_p weights[g, p] value[p] for G heads: SLAB vectors of hd at a
-// time, G * SLAB accumulators in registers (hd a multiple of kLanes).
-template <int G, int SLAB, typename S>
+// acc[g] = inv_sum[g] * sum_p weights[g, p] value[p] for G heads: NC vectors of hd at a
+// time (hd a multiple of NC * kLanes), G * NC accumulators in registers.
+template <int G, int NC, typename S>
 void weigh_values(const float* weights, int64_t len, const S* values, const int64_t* offsets,
                   int64_t hd, const float* inv_sum, float* acc) {
-  for (int64_t c0 = 0; c0 < hd; c0 += SLAB * kLanes) {
-    const int64_t nc = std::min<int64_t>(SLAB, (hd - c0) / kLanes);
-    Vec sum[G][SLAB];
+  for (int64_t c0 = 0; c0 < hd; c0 += NC * kLanes) {
+    Vec sum[G][NC];
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < SLAB; ++c) sum[g][c] = vzero();
+      for (int c = 0; c < NC; ++c) sum[g][c] = vzero();
     for (int64_t p = 0; p < len; ++p) {
-      if (c0 == 0 && p + kPrefetchAhead < len)
-        prefetch_rows(values, offsets, p + kPrefetchAhead, p + kPrefetchAhead + 1, hd);
+      if (c0 == 0 && p + kLanes < len)
+        prefetch_rows<kToL1>(values, offsets, p + kLanes, p + kLanes + 1, hd);
       const S* v = values + offsets[p] + c0;
-      Vec row[SLAB];
-      for (int c = 0; c < SLAB; ++c)
-        if (c < nc) row[c] = vload(v + c * kLanes);
+      Vec row[NC];
+      for (int c = 0; c < NC; ++c) row[c] = vload(v + c * kLanes);
       for (int g = 0; g < G; ++g) {
         const Vec w = vset1(weights[g * len + p]);
-        for (int c = 0; c < SLAB; ++c)
-          if (c < nc) sum[g][c] = vfma(w, row[c], sum[g][c]);
+        for (int c = 0; c < NC; ++c) sum[g][c] = vfma(w, row[c], sum[g][c]);
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int c = 0; c < SLAB; ++c)
-        if (c < nc) vstore(acc + g * hd + c0 + c * kLanes, vmul(sum[g][c], vset1(inv_sum[g])));
+      for (int c = 0; c < NC; ++c)
+        vstore(acc + g * hd + c0 + c * kLanes, vmul(sum[g][c], vset1(inv_sum[g])));
   }
 }
 
-// Registers for the value accumulators: 32 AVX-512 or 16 AVX2 ones, less the row and weight.
-constexpr int slab_for(int group) {
-  const int budget = kLanes == 16 ? 24 : 10;
-  return std::max(1, std::min(8, budget / group));
+// Vectors of hd per pass: the most of 8, 4, 2, 1 that divides hd / kLanes and keeps the
+// G * NC accumulators, a row and a weight within the 32 AVX-512 (16 AVX2) registers.
+inline int chunks_per_pass(int group, int64_t hd) {
+  const int budget = kLanes == 16 ? 24 : 12;
+  for (int nc : {8, 4, 2})
+    if (group * nc + nc <= budget && (hd / kLanes) % nc == 0) return nc;
+  return 1;
+}
+
+template <int G, typename S>
+void weigh_values_nc(int nc, const float* weights, int64_t len, const S* values,
+                     const int64_t* offsets, int64_t hd, const float* inv_sum, float* acc) {
+  switch (nc) {
+    case 8: weigh_values<G, 8, S>(weights, len, values, offsets, hd, inv_sum, acc); break;
+    case 4: weigh_values<G, 4, S>(weights, len, values, offsets, hd, inv_sum, acc); break;
+    case 2: weigh_values<G, 2, S>(weights, len, values, offsets, hd, inv_sum, acc); break;
+    default: weigh_values<G, 1, S>(weights, len, values, offsets, hd, inv_sum, acc); break;
+  }
 }
 
 template <typename S>
 void weigh_values_group(int group, const float* weights, int64_t len, const S* values,
                         const int64_t* offsets, int64_t hd, const float* inv_sum, float* acc) {
+  const int nc = chunks_per_pass(group, hd);
   switch (group) {
-#define REFKERN_GROUP(G)                                                                 \
-  case G:                                                                                \
-    weigh_values<G, slab_for(G), S>(weights, len, values, offsets, hd, inv_sum, acc); \
+#define REFKERN_GROUP(G)                                                               \
+  case G:                                                                              \
+    weigh_values_nc<G, S>(nc, weights, len, values, offsets, hd, inv_sum, acc); \
     break;
     REFKERN_GROUP(1) REFKERN_GROUP(2) REFKERN_GROUP(3) REFKERN_GROUP(4)
     REFKERN_GROUP(5) REFKERN_GROUP(6) REFKERN_GROUP(7) REFKERN_GROUP(8)
@@ -374,6 +405,8 @@ void decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tenso
   const bool vector = hd % kLanes == 0;
 #if defined(__AVX512BF16__)
   const bool bf16_dots = std::is_same<S, uint16_t>::value && hd % 32 == 0;
+#else
+  const bool bf16_dots = false;
 #endif
   const float sc = static_cast<float>(scale);
   const S* qp = reinterpret_cast<const S*>(q.data_ptr());
@@ -381,10 +414,12 @@ void decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tenso
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
   at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scores(kMaxGroup * longest), qf(kMaxGroup * hd), acc(kMaxGroup * hd);
-    std::vector<int64_t> offsets(longest);
+    // Row offsets of the task's sequence, and of the next task's when that is another one.
+    std::vector<int64_t> offsets(longest), next_offsets(longest);
     for (int64_t worker = first; worker < last; ++worker) {
       const int64_t lo = worker * total / threads, hi = (worker + 1) * total / threads;
       int64_t task = std::upper_bound(cost_end.begin(), cost_end.end(), lo) - cost_end.begin();
+      int64_t offsets_row = -1, next_row = -1;
       for (; task < tasks && cost_end[task] <= hi; ++task) {
         const int64_t t = task / (kvh * parts), kh = task / parts % kvh, part = task % parts;
         const int64_t h0 = kh * group + part * kMaxGroup, len = lens[t];
@@ -392,28 +427,36 @@ void decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tenso
         const S* q_row = qp + t * q.stride(0) + h0 * hd;  // g heads of hd, contiguous
         const S* keys = pool + kh * head_stride;
         const S* values = pool + (kvh + kh) * head_stride;
-        row_offsets(tables + t * table_stride, len, block_size, hd, offsets.data());
-        prefetch_rows(keys, offsets.data(), 0, std::min(len, kPrefetchAhead), hd);
-        prefetch_rows(values, offsets.data(), 0, std::min(len, kPrefetchAhead), hd);
+        if (t == next_row) {
+          offsets.swap(next_offsets);
+        } else if (t != offsets_row) {
+          row_offsets(tables + t * table_stride, len, block_size, hd, offsets.data());
+        }
+        offsets_row = t;
+        prefetch_rows<kToL1>(keys, offsets.data(), 0, std::min(len, kPrefetchAhead), hd);
+        prefetch_rows<kToL2>(values, offsets.data(), 0, std::min(len, kPrefetchAhead), hd);
         for (int64_t i = 0; i < g * hd; ++i) qf[i] = to_float(q_row[i]);
         if (!vector) {
           attend_scalar<S>(g, qf.data(), keys, values, offsets.data(), len, hd, sc,
                            scores.data(), acc.data());
         } else {
+          key_scores<S>(g, qf.data(), q_row, bf16_dots, keys, values, offsets.data(), len, hd,
+                        scores.data());
           float inv_sum[kMaxGroup];
-          for (int j = 0; j < g; ++j) {
-            float* row = scores.data() + j * len;
-#if defined(__AVX512BF16__)
-            if (bf16_dots) {
-              dot_keys_bf16(reinterpret_cast<const uint16_t*>(q_row) + j * hd,
-                            reinterpret_cast<const uint16_t*>(keys), offsets.data(), len, hd,
-                            row);
-            } else
-#endif
-            {
-              dot_keys<S>(qf.data() + j * hd, keys, offsets.data(), len, hd, row);
+          for (int j = 0; j < g; ++j)
+            inv_sum[j] = softmax_numerators(scores.data() + j * len, len, sc);
+          if (task + 1 < tasks && cost_end[task + 1] <= hi) {  // the next task's first rows
+            const int64_t nt = (task + 1) / (kvh * parts), nkh = (task + 1) / parts % kvh;
+            next_row = -1;
+            if (nt != t) {
+              row_offsets(tables + nt * table_stride, lens[nt], block_size, hd,
+                          next_offsets.data());
+              next_row = nt;
             }
-            inv_sum[j] = softmax_numerators(row, len, sc);
+            const int64_t* ahead = nt != t ? next_offsets.data() : offsets.data();
+            const int64_t rows = std::min(lens[nt], kPrefetchAhead);
+            prefetch_rows<kToL2>(pool + nkh * head_stride, ahead, 0, rows, hd);
+            prefetch_rows<kToL2>(pool + (kvh + nkh) * head_stride, ahead, 0, rows, hd);
           }
           weigh_values_group<S>(g, scores.data(), len, values, offsets.data(), hd, inv_sum,
                                 acc.data());
