@@ -22,6 +22,12 @@ with batched calls per group:
   queries padded to [Bp, Qmax] and folded the same way to [kvh, Bp, G * Qmax, hd]; the mask is
   causal with each chunk's offset into its sequence.
 
+On the CPU, when the engine kernels are loaded and the pool is float32 or bfloat16, decode
+rows instead run `refkern::paged_attention_decode` (kernels/paged_attention.cpp): one call per
+layer for all of them, reading each sequence's keys and values in place through its block
+table (no gather, no padding, no mask), the GQA group sharing each K/V load; in a batch of
+decode rows only it also stores their new K/V. Prefill rows keep the SDPA path.
+
 `AttentionMetadata` is built once per step (not per layer) by `build_attention_metadata`.
 """
 
@@ -31,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from engine_ref.core.kernels import attention_ops
 
 # A decode group's keys are padded to its longest context; a new group starts when a context
 # exceeds DECODE_GROUP_SPAN times the group's shortest plus DECODE_GROUP_SLACK tokens, so padding
@@ -44,13 +52,14 @@ TREE_BITS_MAX_NODES = 63
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    """Decode rows [start_row, end_row) of the batch, attended with one batched call."""
+    """Decode rows [start_row, end_row) of the batch, attended with one batched call. With
+    the decode kernel there is one group of every decode row, and no kv_rows or mask."""
 
     start_row: int
     end_row: int
     block_tables: torch.Tensor  # [Bg, nb] long, on the CPU: what kv_rows was built from
-    kv_rows: torch.Tensor  # [2 * kvh * Bg * nb] long: pool rows (head, block), head-major
-    mask: torch.Tensor  # [Bg, 1, nb * block_size] additive: 0 = attend, -inf = masked
+    kv_rows: torch.Tensor | None  # [2 * kvh * Bg * nb] long: pool rows (head, block), head-major
+    mask: torch.Tensor | None  # [Bg, 1, nb * block_size] additive: 0 = attend, -inf = masked
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,9 @@ class AttentionMetadata:
     tree_context_lens: torch.Tensor | None = None
     tree_start: torch.Tensor | None = None
     tree_bits: torch.Tensor | None = None
+    # [num_decode_tokens] long (CPU): each decode row's context length, set when the decode
+    # rows run `refkern::paged_attention_decode` (then `decode_groups` is one group).
+    decode_context_lens: torch.Tensor | None = None
 
 
 def kv_pool_shape(
@@ -102,6 +114,7 @@ def build_attention_metadata(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     tree_masks: dict[int, torch.Tensor] | None = None,
+    decode_kernel: bool | None = None,
 ) -> AttentionMetadata:
     """Metadata for one step over pools of `num_pool_blocks` blocks. Sequence i contributes
     `num_new_tokens[i]` rows at positions `start_positions[i]`, `start_positions[i] + 1`, ...;
@@ -110,7 +123,10 @@ def build_attention_metadata(
     rows sorted by position group best. Masks are additive in `dtype`. `tree_masks[i]`, a
     bool [n, n] for sequence i's n > 1 new rows, replaces the causal mask among them (row r
     attends to row c where it is true; every row still sees all earlier positions): a token
-    tree's rows attend to their ancestors only, while their KV lands in consecutive slots."""
+    tree's rows attend to their ancestors only, while their KV lands in consecutive slots.
+    `decode_kernel` True has the decode rows run `refkern::paged_attention_decode` (the
+    kernels must be loaded), False the torch path; None picks the kernel when
+    `attention_ops.decode_kernel_ok(device, dtype)`."""
     num_decode = 0
     while num_decode < len(num_new_tokens) and num_new_tokens[num_decode] == 1:
         num_decode += 1
@@ -128,8 +144,16 @@ def build_attention_metadata(
     def pool_rows(tables: torch.Tensor) -> torch.Tensor:
         return (heads * num_pool_blocks + tables.flatten()[None, :]).flatten()
 
+    if decode_kernel is None:
+        decode_kernel = attention_ops.decode_kernel_ok(device, dtype)
     groups = []
-    for lo, hi in _decode_group_bounds(start_positions[:num_decode]):
+    decode_context_lens = None
+    if decode_kernel and num_decode:
+        decode_context_lens = torch.tensor([s + 1 for s in start_positions[:num_decode]])
+        tables = _pad_tables(block_tables[:num_decode], decode_context_lens, block_size)
+        groups.append(DecodeGroup(0, num_decode, tables, None, None))
+    bounds = [] if decode_context_lens is not None else start_positions[:num_decode]
+    for lo, hi in _decode_group_bounds(bounds):
         context_lens = torch.tensor([s + 1 for s in start_positions[lo:hi]])
         tables = _pad_tables(block_tables[lo:hi], context_lens, block_size)
         span = tables.shape[1] * block_size
@@ -191,6 +215,7 @@ def build_attention_metadata(
         prefill_mask=None if prefill_mask is None else _additive(prefill_mask, dtype, device),
         prefill_q_max=q_max,
         has_tree_mask=bool(tree_masks),
+        decode_context_lens=decode_context_lens,
         **tree_rows,
     )
 
@@ -288,6 +313,12 @@ def paged_attention(
     """Attention output [T, h, hd] for q [T, h, hd] and the new keys and values kv [T, 2 * kvh,
     hd] (keys in the first kvh heads). `kv_pool` [2 * kvh, num_blocks, block_size, hd] holds one
     layer's keys (heads :kvh) and values (heads kvh:); the new rows are stored there first."""
+    lens = meta.decode_context_lens
+    if lens is not None and not meta.num_prefill_tokens:  # the kernel stores the new K/V too
+        tables = meta.decode_groups[0].block_tables
+        return attention_ops.paged_attention_decode(
+            q, kv, kv_pool, meta.slot_mapping, tables, lens, scale
+        )
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = kv.shape[1] // 2
     kv_pool.view(-1, head_dim).index_copy_(
@@ -296,14 +327,22 @@ def paged_attention(
     g = num_heads // kv_heads
     parts = []
     nd = meta.num_decode_tokens
-    for group in meta.decode_groups:
-        rows = group.end_row - group.start_row
-        both = gather_kv(kv_pool, group.kv_rows, rows)  # [2kvh, Bg, L, hd]
-        qd = q[group.start_row : group.end_row].view(rows, kv_heads, g, head_dim)
-        out = _decode_attention(
-            qd.transpose(0, 1), both[:kv_heads], both[kv_heads:], group.mask, scale
-        )  # [kvh, Bg, G, hd]
-        parts.append(out.transpose(0, 1).reshape(rows, num_heads, head_dim))
+    if lens is not None:  # the kernel, after the new K/V of every row are stored above
+        tables = meta.decode_groups[0].block_tables
+        parts.append(
+            attention_ops.paged_attention_decode(
+                q[:nd], None, kv_pool, meta.slot_mapping, tables, lens, scale
+            )
+        )
+    else:
+        for group in meta.decode_groups:
+            rows = group.end_row - group.start_row
+            both = gather_kv(kv_pool, group.kv_rows, rows)  # [2kvh, Bg, L, hd]
+            qd = q[group.start_row : group.end_row].view(rows, kv_heads, g, head_dim)
+            out = _decode_attention(
+                qd.transpose(0, 1), both[:kv_heads], both[kv_heads:], group.mask, scale
+            )  # [kvh, Bg, G, hd]
+            parts.append(out.transpose(0, 1).reshape(rows, num_heads, head_dim))
     if meta.num_prefill_tokens:
         batch = meta.prefill_block_tables.shape[0]
         q_max = meta.prefill_q_max

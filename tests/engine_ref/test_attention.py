@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from engine_ref.core import kernels
 from engine_ref.core.attention import build_attention_metadata, paged_attention
 
 INF = float("-inf")
@@ -18,7 +19,7 @@ def test_metadata_hand_worked():
     meta = build_attention_metadata(
         start_positions=[5, 2], num_new_tokens=[1, 3], block_tables=[[3, 9], [6, 2]],
         block_size=4, num_queries_per_kv=2, num_kv_heads=1, num_pool_blocks=10,
-        device=torch.device("cpu"),
+        device=torch.device("cpu"), decode_kernel=False,
     )  # fmt: skip
     assert meta.slot_mapping.tolist() == [9 * 4 + 1, 6 * 4 + 2, 6 * 4 + 3, 2 * 4 + 0]
     # Pool [2 heads (key, value), 10 blocks, 4, hd] seen as 80 slots: value slots start at 40.
@@ -60,7 +61,7 @@ def test_decode_rows_are_grouped_by_context_length():
         start_positions=positions, num_new_tokens=[1] * 5,
         block_tables=[list(range(p // 4 + 1)) for p in positions],
         block_size=4, num_queries_per_kv=1, num_kv_heads=1, num_pool_blocks=101,
-        device=torch.device("cpu"),
+        device=torch.device("cpu"), decode_kernel=False,
     )  # fmt: skip
     # Contexts 4, 6 | 101, 121 | 401: a group spans at most 1.5 x its shortest + 16 tokens.
     bounds = [(g.start_row, g.end_row) for g in meta.decode_groups]
@@ -77,7 +78,15 @@ def test_decode_rows_must_come_first():
         )  # fmt: skip
 
 
-def test_paged_attention_matches_per_sequence_loop():
+@pytest.mark.parametrize(
+    "decode_kernel",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.skipif(
+            not kernels.available(), reason="engine kernels off")),
+    ],
+)  # fmt: skip
+def test_paged_attention_matches_per_sequence_loop(decode_kernel):
     gen = torch.Generator().manual_seed(0)
     h, kvh, hd, bs = 6, 2, 8, 4
     # Decode contexts 4 and 40 fall in different groups.
@@ -90,9 +99,9 @@ def test_paged_attention_matches_per_sequence_loop():
     meta = build_attention_metadata(
         start_positions=starts, num_new_tokens=news, block_tables=tables, block_size=bs,
         num_queries_per_kv=h // kvh, num_kv_heads=kvh, num_pool_blocks=20,
-        device=torch.device("cpu"),
+        device=torch.device("cpu"), decode_kernel=decode_kernel,
     )  # fmt: skip
-    assert len(meta.decode_groups) == 2
+    assert len(meta.decode_groups) == (1 if decode_kernel else 2)
     expected_pool = pool.clone()
     out = paged_attention(q, kv, pool, meta, scale=1 / math.sqrt(hd))
 
