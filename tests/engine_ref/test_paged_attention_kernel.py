@@ -253,7 +253,8 @@ def _decode_step_calls(engine: LLMEngine, rows: int) -> dict[str, int]:
     [
         ("float32", kernels.DENSE_SMALL_BATCH_ROWS, 0),  # the fused layer runs instead
         ("float32", kernels.DENSE_SMALL_BATCH_ROWS + 1, 1),
-        ("bfloat16", kernels.SMALL_BATCH_ROWS + 1, 1),  # no fused layer in bfloat16
+        ("bfloat16", kernels.DENSE_SMALL_BATCH_ROWS, 0),  # bf16 fuses up to the same bound
+        ("bfloat16", kernels.DENSE_SMALL_BATCH_ROWS + 1, 1),
     ],
 )
 def test_a_decode_step_runs_the_kernel_once_per_layer(tiny_model, dtype, rows, kernel_calls):
