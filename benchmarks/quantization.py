@@ -1,10 +1,12 @@
 """Quantized execution against the float baseline, side by side in one process.
 
 Modes: `float32` (the baseline: what dtype=auto runs on an AVX2 CPU), `bf16` (optional),
-`w4a16`, `w8a16`, `w8a8`, and `w4a16-torch` / `float32-torch` (W4A16 or float32 on torch's
+`w4a16`, `w4a8`, `w8a16`, `w8a8`, `w4a16-torch` / `float32-torch` (W4A16 or float32 on torch's
 kernels and the Python layers alone: the engine before its own kernels, for the before /
-after split). Every engine is built once from the same loaded file; each repeat runs every
-mode once, in an order rotated per repeat, and the medians are reported.
+after split), and `w4a16-layers` (W4A16 on the engine's kernels but one Python module per
+layer, without the fused decode layer: how w4a8 runs, so the two differ only in their GEMMs).
+Every engine is built once from the same loaded file; each repeat runs every mode once, in an
+order rotated per repeat, and the medians are reported.
 
 - single stream: one request (32 prompt tokens, `--decode-tokens` output), decode tokens/s
   from the first to the last token, and TPOT p50 over the decode steps;
@@ -19,12 +21,14 @@ mode once, in an order rotated per repeat, and the medians are reported.
   `--quality-batch` (8) at a time and the text fed 8 tokens per forward, so quality is
   measured on the kernels a decode step runs (up to 16 rows: the engine's own for w4a16);
 - `--profile`: the single-stream step's split between the weight GEMMs and everything else,
-  from torch.profiler (which inflates the "other" part a little).
+  from torch.profiler (which inflates the "other" part a little), and the weight-GEMM kernels
+  a step ran with their calls per step.
 
     python benchmarks/quantization.py                         # all modes, 3 repeats
     python benchmarks/quantization.py --modes float32,w4a16 --repeats 2 --skip-quality
     python benchmarks/quantization.py --modes float32,bf16,w4a16,w8a16,w8a8 --json out.json
     python benchmarks/quantization.py --modes float32,w4a16-torch,w4a16 --threads 2 --profile
+    python benchmarks/quantization.py --modes float32,w4a16,w4a16-layers,w4a8,w8a8 --profile
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine_ref import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from engine_ref.core import kernels  # noqa: E402
 from engine_ref.core.attention import build_attention_metadata, kv_pool_shape  # noqa: E402
+from engine_ref.core.quant import INT4_MODES  # noqa: E402
 from engine_ref.loading.weights import load_model  # noqa: E402
 
 TEXT = Path(__file__).resolve().parent / "data" / "quantization_eval.txt"
@@ -57,6 +62,8 @@ MODES = {  # name -> (dtype, quantization)
     # its own kernels (engine_ref/core/kernels), side by side with them.
     "w4a16-torch": ("float32", "w4a16"),
     "float32-torch": ("float32", None),
+    "w4a16-layers": ("float32", "w4a16"),
+    "w4a8": ("float32", "w4a8"),
     "w8a16": ("float32", "w8a16"),
     "w8a8": ("float32", "w8a8"),
 }
@@ -70,6 +77,8 @@ WEIGHT_GEMMS = {
     "refkern::q4_gemm",
     "refkern::q8_gemm",
     "refkern::f32_gemm",
+    "refkern::q4_i8_gemm",
+    "refkern::q8_i8_gemm",
 }
 
 
@@ -205,9 +214,10 @@ def step_split(engine: LLMEngine, prompt: list[int], steps: int) -> dict:
         wall_ms = (time.perf_counter() - t0) / steps * 1000
     while engine.has_unfinished():
         engine.step()
-    gemm_us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in WEIGHT_GEMMS)
-    gemm_ms = gemm_us / 1000 / steps
-    return {"step_ms": wall_ms, "gemm_ms": gemm_ms, "other_ms": wall_ms - gemm_ms}
+    gemms = [e for e in prof.key_averages() if e.key in WEIGHT_GEMMS]
+    gemm_ms = sum(e.self_cpu_time_total for e in gemms) / 1000 / steps
+    calls = {e.key: e.count / steps for e in sorted(gemms, key=lambda e: e.key)}
+    return {"step_ms": wall_ms, "gemm_ms": gemm_ms, "other_ms": wall_ms - gemm_ms, "kernels": calls}
 
 
 def sentence_prompts(tokenizer, text: str, num: int, length: int) -> list[list[int]]:
@@ -220,7 +230,7 @@ def sentence_prompts(tokenizer, text: str, num: int, length: int) -> list[list[i
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--modes", default="float32,w4a16,w8a16,w8a8")
+    parser.add_argument("--modes", default="float32,w4a16,w4a8,w8a16,w8a8")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--decode-tokens", type=int, default=64)
@@ -250,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes takes {', '.join(MODES)} and must include {BASELINE}.")
     torch.set_num_threads(args.threads)
 
-    keep_int4 = any(m.startswith("w4a16") for m in modes)
+    keep_int4 = any(MODES[m][1] in INT4_MODES for m in modes)
     loaded = {"float32": load_model(args.model, dtype="float32", keep_int4=keep_int4)}
     if "bf16" in modes:
         loaded["bfloat16"] = load_model(args.model, dtype="bfloat16")
@@ -270,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         engines[mode] = LLMEngine(config, loaded=loaded[dtype])
         if mode.endswith("-torch"):
             engine_kernels_off(engines[mode])
+        if mode.endswith("-layers"):
+            engines[mode].model.fused_decode = None
     tokenizer = engines[BASELINE].tokenizer
     text = TEXT.read_text()
     rng = np.random.default_rng(args.seed)
@@ -352,13 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         prompt = tokenizer.encode(text)[:32]
         print("\nsingle-stream decode step split (torch.profiler), ms per step")
-        print(f"{'mode':<12} {'step':>7} {'weight GEMMs':>13} {'other':>7}")
+        print(f"{'mode':<12} {'step':>7} {'weight GEMMs':>13} {'other':>7}  kernels (calls/step)")
         for mode, engine in engines.items():
             split = step_split(engine, prompt, 16)
             report["modes"][mode]["step_split"] = split
+            names = ", ".join(f"{k} {n:g}" for k, n in split["kernels"].items())
             print(
                 f"{mode:<12} {split['step_ms']:>7.2f} {split['gemm_ms']:>13.2f}"
-                f" {split['other_ms']:>7.2f}"
+                f" {split['other_ms']:>7.2f}  {names}"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

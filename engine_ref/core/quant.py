@@ -18,11 +18,11 @@ Modes (`EngineConfig.quantization`):
 - `w8a16`: int8 weights with one scale per output channel, `aten::_weight_int8pack_mm` with
   bf16 activations (CPU), or `refkern::q8_gemm` on the same int8 tensor for small calls.
 - `w8a8`: int8 per-channel weights and dynamically quantised int8 activations with int32
-  accumulation, for qkv, o, gate_up and the output projection; down_proj stays W8A16 (see
-  `W8A8_KEEPS_A16`). Where the engine's kernels run: weights within +-127 and one scale per
-  activation row through `refkern::q8_i8_gemm` at every batch size; otherwise torch's
-  quantized CPU backend (fbgemm, `quantized::linear_dynamic`, one activation scale per
-  call, weights within +-`W8A8_WEIGHT_LEVEL`).
+  accumulation. Where the engine's kernels run: weights within +-127 and one scale per
+  activation row, through `refkern::q8_i8_gemm` at every batch size, for every projection
+  and the output projection. Otherwise torch's quantized CPU backend (fbgemm,
+  `quantized::linear_dynamic`: one activation scale per call, weights within
+  +-`W8A8_WEIGHT_LEVEL`) for all but down_proj, which stays W8A16 (`W8A8_KEEPS_A16`).
 
 In every mode the (tied) output projection and the embedding are int8 per row, as the
 8-bit token embedding of a Q4_1 GGUF file is: the embedding gathers int8 rows and scales
@@ -141,7 +141,8 @@ W8A8_WEIGHT_LEVEL = 63
 # Projections that w8a8 runs as W8A16: down_proj's input (silu(gate) * up) has the outlier
 # channels that one 8-bit activation scale per call cannot hold (LLM.int8, SmoothQuant). On
 # the bundled text, SmolLM2's perplexity was 46.8 with it in W8A8, 30.0 in W8A16 (28.1 float).
-# With one scale per activation row (the engine's kernels) it measured 29.2 either way.
+# One scale per activation row (the engine's kernels) holds them: 29.2 in W8A8, 29.3 in W8A16,
+# the same greedy agreement with float32, so there it runs W8A8 like the others.
 W8A8_KEEPS_A16 = frozenset({"mlp.down_proj"})
 # Modes whose output projection runs int8 activations (`DynamicInt8Linear`); the others run it
 # W8A16 (`Int8Linear`).
@@ -247,11 +248,7 @@ class DynamicInt8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.engine_kernels = (
-            weight.device.type == "cpu"
-            and self.in_features <= int8_kernels.Q8_MAX_K
-            and kernels.available()
-        )
+        self.engine_kernels = _int8_kernels_take(weight)
         self.packed_nbytes = 0
         if self.engine_kernels:
             packed = int8_kernels.pack_q8_i8(*int8_per_row(weight))
@@ -275,6 +272,15 @@ class DynamicInt8Linear(nn.Module):
         else:
             y = torch.ops.quantized.linear_dynamic(rows.float(), self._packed, False)  # 8 bits
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+
+def _int8_kernels_take(weight: torch.Tensor) -> bool:
+    """Whether `refkern::q8_i8_gemm` runs a W8A8 layer of this weight."""
+    return (
+        weight.device.type == "cpu"
+        and weight.shape[1] <= int8_kernels.Q8_MAX_K
+        and kernels.available()
+    )
 
 
 class Int8Embedding(nn.Module):
@@ -331,7 +337,11 @@ def quantize_model(
                 else:
                     groups = Int4Groups.quantize(linear.weight)
                 new = Int4Linear(groups, device) if mode == "w4a16" else DynamicInt4Linear(groups)
-            elif mode == "w8a8" and fused_name in W8A8_KEEPS_A16:
+            elif (
+                mode == "w8a8"
+                and fused_name in W8A8_KEEPS_A16
+                and not _int8_kernels_take(linear.weight)
+            ):
                 new = Int8Linear(*int8_per_row(linear.weight))
             else:
                 new = _int8_linear(mode, linear.weight)

@@ -64,9 +64,10 @@ def expected_kernel_calls(mode: str, layers: int, rows: int) -> dict[str, int]:
     output projection (on the rows that sample), for the kernels this machine runs."""
     small = kernels.available() and rows <= kernels.SMALL_BATCH_ROWS
     int8 = "refkern::q8_gemm" if small else INT8_KERNEL
-    if mode == "w8a8":  # down_proj runs W8A16 (its activations have outliers)
-        a8 = INT8_ACTIVATIONS if kernels.available() else KERNELS[mode]
-        return {a8: 3 * layers + 1, int8: layers}
+    if mode == "w8a8" and kernels.available():  # every projection and the output one
+        return {INT8_ACTIVATIONS: 4 * layers + 1}
+    if mode == "w8a8":  # on fbgemm down_proj runs W8A16 (its activations have outliers)
+        return {KERNELS[mode]: 3 * layers + 1, int8: layers}
     if mode == "w4a8":  # the output projection too has int8 activations
         return {KERNELS[mode]: 4 * layers, INT8_ACTIVATIONS: 1}
     main = SMALL_KERNELS[mode] if small else KERNELS[mode]
@@ -278,10 +279,17 @@ def _weight_shapes(loaded) -> set[tuple[int, ...]]:
     return shapes | {s[::-1] for s in shapes}
 
 
-@pytest.mark.parametrize("mode", sorted(KERNELS))
-def test_step_runs_low_bit_kernels_and_holds_no_float_weight(mode, tiny_model):
+# w8a8 once more with the engine kernels off: fbgemm, and down_proj in W8A16.
+@pytest.mark.parametrize(
+    ("mode", "kernels_off"), [(m, False) for m in sorted(KERNELS)] + [("w8a8", True)]
+)
+def test_step_runs_low_bit_kernels_and_holds_no_float_weight(
+    mode, kernels_off, tiny_model, monkeypatch
+):
     if mode == "w4a8" and not kernels.available():
         pytest.skip(f"engine kernels off: {kernels.unavailable_reason()}")
+    if kernels_off:
+        monkeypatch.setattr(kernels, "available", lambda build=True: False)
     shapes = _weight_shapes(tiny_model)
     before = _float_weight_tensors(shapes)
     engine = _engine(mode)  # loads tiny-random itself and drops the float weights
