@@ -10,7 +10,8 @@ with every request running and profiles a few with torch.profiler. Printed, per 
 - attention: everything inside `paged_attention` (its ops and its Python);
 - other ops: the self time of every other op (norms, RoPE, embedding, sampling, copies);
 - Python/engine: the step's time outside any op (the step minus the three above);
-- the step's phases (inclusive): schedule, attention metadata, model, logits, sample, commit;
+- the step's phases (inclusive): schedule, attention metadata, model, logits, sample, commit,
+  and inside the model the RMSNorms and RoPE (its tables and its application);
 - the GEMM floor: the model's weight shapes (those of /work/shared/tools/gemm_floor.py) for
   R rows in the same dtype, timed in the same process.
 
@@ -20,13 +21,16 @@ same engine, alternating blocks of steps (medians and their ratio), and profiles
     python benchmarks/step_profile.py                    # 64 x 128 x 128, default dtype
     python benchmarks/step_profile.py --dtype float32
     python benchmarks/step_profile.py --compare          # kernel vs torch path, alternating
+    python benchmarks/step_profile.py --json out.json    # the figures as data too
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
+import json
 import statistics
 import sys
 import time
@@ -59,6 +63,7 @@ WEIGHT_GEMMS = frozenset(
 LABEL = "step_profile::"
 STEP, ATTENTION = LABEL + "step", LABEL + "attention"
 PHASES = ("schedule", "metadata", "model", "logits", "sample", "commit")
+MODEL_PARTS = ("norm", "rope")  # inside the model, beside attention
 
 
 @dataclass
@@ -103,14 +108,20 @@ def instrumented(engine: LLMEngine) -> Iterator[None]:
         (processor, "sample", "sample"),
         (processor, "commit", "commit"),
     ]
+    norms = [m for m in runner.model.modules() if isinstance(m, model.RMSNorm)]
+    targets += [(norm, "forward", "norm") for norm in norms]
+    targets.append((runner.model, "_rope_for", "rope"))
     for obj, attr, name in targets:
         setattr(obj, attr, labelled(name, getattr(obj, attr)))
-    original = model.paged_attention
-    model.paged_attention = labelled("attention", original)
+    functions = {"paged_attention": "attention", "apply_rope": "rope"}
+    originals = {name: getattr(model, name) for name in functions}
+    for name, label in functions.items():
+        setattr(model, name, labelled(label, originals[name]))
     try:
         yield
     finally:
-        model.paged_attention = original
+        for name, original in originals.items():
+            setattr(model, name, original)
         for obj, attr, _ in targets:
             delattr(obj, attr)  # the instance attribute shadowed the method
 
@@ -230,6 +241,8 @@ def print_split(title: str, split: Split, floor_ms: float, wall_ms: float, cpu_m
           f"(the GEMMs above are {split.gemm_ms / floor_ms:.2f}x it)")  # fmt: skip
     print("  phases (inclusive): " + ", ".join(
         f"{p} {split.phases_ms.get(p, 0.0):.1f}" for p in PHASES))  # fmt: skip
+    print("  in the model (inclusive): " + ", ".join(
+        f"{p} {split.phases_ms.get(p, 0.0):.1f}" for p in MODEL_PARTS))  # fmt: skip
     for label, by_name in (("attention ops", split.attention_ops_by_name_ms),
                            ("other ops", split.other_ops_by_name_ms)):  # fmt: skip
         top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
@@ -251,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", action="store_true",
                         help="alternate the decode-attention kernel and the torch path")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args(argv)
     kernels.available()  # a float32 engine does not wait for the first build; build now
     config = EngineConfig(
@@ -297,6 +311,18 @@ def main(argv: list[str] | None = None) -> int:
     cpu = {name: 1000 * statistics.median(c for _, c in t) for name, t in times.items()}
     for name, split in splits.items():
         print_split(name, split, floor, wall[name], cpu[name])
+    if args.json:
+        report = {
+            "config": vars(args) | {"json": str(args.json), "dtype": str(engine.dtype)},
+            "kernels": kernels.describe(),
+            "gemm_floor_ms": floor,
+            "variants": {
+                name: {"wall_ms": wall[name], "cpu_ms": cpu[name], "python_ms": split.python_ms}
+                | dataclasses.asdict(split)
+                for name, split in splits.items()
+            },
+        }
+        args.json.write_text(json.dumps(report, indent=2))
     if args.compare:
         for label, ms in (("wall", wall), ("main-thread CPU", cpu)):
             print(f"kernel / torch path, unprofiled median {label} ms/step: "

@@ -13,9 +13,12 @@
 //
 // Work is split over (row, kv head): the h / kvh query heads that share a kv head read each
 // key and value row once, so GQA costs no extra memory traffic. Scores, softmax (two passes:
-// max, then exp and sum) and the weighted sum of values are float32 whatever the pool holds;
-// bfloat16 rows are widened in registers. Tasks go to threads in contiguous runs of equal
-// total context, so a batch of short and long contexts keeps every thread busy.
+// max, then exp and sum) and the weighted sum of values are float32 whatever the pool holds:
+// bfloat16 rows are widened in registers, or (AVX-512 BF16) bfloat16 keys meet the bfloat16
+// query in the bf16 dot-product instruction, whose products are exact and sums float32. A
+// block table scatters a sequence over the pool, so rows are prefetched ahead of use. Tasks
+// go to threads in contiguous runs of equal total context, so a batch of short and long
+// contexts keeps every thread busy.
 #include <immintrin.h>
 
 #include <algorithm>
