@@ -151,6 +151,8 @@ def test_bad_input_is_one_sentence():
         call(q, kv, pool, torch.tensor([0, 9999]), tables, lens)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         call(q.half(), kv.half(), pool.half(), slots, tables, lens)
+    with pytest.raises(RuntimeError, match="scale must be positive"):
+        attention_ops.paged_attention_decode(q, kv, pool, slots, tables, lens, scale=-1.0)
 
 
 # -- the metadata that selects it, and paged_attention over it ------------------------------

@@ -501,6 +501,7 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv,
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.dim() == 2 &&
                   block_tables.size(0) == T && block_tables.stride(1) == 1,
               "block_tables must be an int64 [T, nb] tensor with contiguous rows");
+  TORCH_CHECK(scale > 0, "scale must be positive, got ", scale);
   const bool store = kv.numel() > 0;
   if (store) {
     TORCH_CHECK(kv.dim() == 3 && kv.size(0) == T && kv.size(1) == 2 * kvh && kv.size(2) == hd &&
