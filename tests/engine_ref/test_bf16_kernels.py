@@ -7,8 +7,11 @@ logits nearer the float32 engine's than the Python bf16 layers' are."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from greedy_util import greedy_tokens
 from torch.profiler import ProfilerActivity, profile
 
@@ -361,3 +364,26 @@ def test_smollm2_bf16_fused_logits_are_nearer_float32_than_the_python_layers(smo
     fused_error = _relative_error(fused, reference)
     assert fused_error < 0.75 * _relative_error(python, reference)
     assert fused_error < 2e-2
+
+
+def test_decode_paths_benchmark_passes_its_options_on_without_isa_and_json():
+    bench = load_benchmark("decode_paths")
+    argv = ["--isa", "avx2,avx512", "--rows", "1", "--json=out.json", "--steps", "10"]
+    assert bench.without_options(argv, ("--isa", "--json")) == ["--rows", "1", "--steps", "10"]
+
+
+@needs_kernels
+def test_decode_paths_benchmark_tiny_run(tmp_path, capsys):
+    bench = load_benchmark("decode_paths")
+    out = tmp_path / "paths.json"
+    args = ["--model", "tiny-random", "--rows", "1,2", "--repeats", "3", "--steps", "10",
+            "--warmup", "1", "--threads", "1", "--json", str(out)]  # fmt: skip
+    assert bench.main(args) == 0
+    report = json.loads(out.read_text())
+    assert report["isa"] == kernels.active_isa()
+    assert set(report["runs"]) == {"1", "2"}
+    for by_path in report["runs"].values():
+        assert set(by_path) == set(bench.PATHS)
+        assert all(len(times) == 30 and min(times) > 0 for times in by_path.values())
+    table = capsys.readouterr().out
+    assert "bfloat16-torch" in table and "x floor" in table and "RSS" in table
