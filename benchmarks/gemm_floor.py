@@ -26,7 +26,9 @@ def weight_bytes(dtype: torch.dtype) -> int:
     return (LAYERS * per_layer + VOCAB * HIDDEN) * torch.finfo(dtype).bits // 8
 
 
-def step_seconds(rows: int, dtype: torch.dtype = torch.bfloat16, repeats: int | None = None) -> float:
+def step_seconds(
+    rows: int, dtype: torch.dtype = torch.bfloat16, repeats: int | None = None
+) -> float:
     """Median seconds of one step's weight GEMMs at `rows` rows (the threads torch has)."""
     weights = [torch.randn(n, k, dtype=dtype) for n, k in LAYER_SHAPES]
     head = torch.randn(VOCAB, HIDDEN, dtype=dtype)
@@ -54,11 +56,15 @@ def batch_floor_seconds(prompts: int, prompt_len: int, output_len: int,
     """The least a batch of `prompts` x `prompt_len` -> `output_len` can take: one prefill of
     every prompt token, then `output_len - 1` decode steps of `prompts` rows (the prefill
     yields each request's first token)."""
-    return step_seconds(prompts * prompt_len, dtype) + (output_len - 1) * step_seconds(prompts, dtype)
+    return step_seconds(prompts * prompt_len, dtype) + (output_len - 1) * step_seconds(
+        prompts, dtype
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 64, 8192])
     parser.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16")
     parser.add_argument("--threads", type=int, default=None)

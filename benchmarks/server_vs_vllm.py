@@ -179,7 +179,10 @@ def main() -> None:
                 wait_healthy(port, proc, 900, log)
                 info = server_info(port)
                 if info:
-                    print(f"{kind:13s} dtype {info.get('dtype')}, kernels {info.get('kernels')}", flush=True)
+                    print(
+                        f"{kind:13s} dtype {info.get('dtype')}, kernels {info.get('kernels')}",
+                        flush=True,
+                    )
                 print(f"{kind:13s} greedy: {PROBE_PROMPT!r} -> {greedy_probe(port)!r}", flush=True)
                 drive(port, work / f"{turn}-{kind}-warmup", model_dir)
                 for i in range(args.repeats):

@@ -191,7 +191,7 @@ class Environment:
     kernels: str | None = None
 
     def engine_line(self) -> str:
-        """"engine_ref 0.1.0 · bfloat16 · kernels: avx512-bf16", what is known of it."""
+        """ "engine_ref 0.1.0 · bfloat16 · kernels: avx512-bf16", what is known of it."""
         parts = [f"{self.engine or 'unknown engine'} {self.engine_version or ''}".strip()]
         parts += [p for p in (self.dtype, self.quantization) if p]
         if self.kernels:

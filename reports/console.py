@@ -154,9 +154,7 @@ def _header(card: Card) -> Text:
     text = Text.assemble(
         ("Report card ", "bold"), (card.run_id, "bold cyan"), "  ", verdict_text(card.headline)
     )
-    engine = (
-        env.engine_line() if env.engine else "engine not recorded"
-    )
+    engine = env.engine_line() if env.engine else "engine not recorded"
     text.append(
         f"\n{engine} | model {env.model or '?'} | workload {env.workload_name or '?'} | "
         f"window {_num(card.window_s, 1)} s"

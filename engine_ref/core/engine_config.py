@@ -179,8 +179,8 @@ class EngineConfig:
     `QueueFullError`. `max_model_len` None means the model's `max_position_embeddings`.
     `num_threads` None means the CPUs this process may run on (CPU only). `prefix_cache_salt` is mixed into
     every prefix-cache key, so caches of different model versions never match.
-    `quantization` None runs the weights in `dtype`; "w4a16", "w8a8" or "w8a16" runs the
-    projections as low-bit GEMMs (see `engine_ref.core.quant`; w8a8 and w8a16 on CPU only).
+    `quantization` None runs the weights in `dtype`; "w4a16", "w4a8", "w8a8" or "w8a16" runs
+    the projections as low-bit GEMMs (see `engine_ref.core.quant`; all but w4a16 on CPU only).
     `speculative_config` None serves without speculative decoding.
     """
 

@@ -53,6 +53,7 @@ from engine_ref.core.engine_config import (
     EngineConfigError,
     SamplingParams,
 )
+from engine_ref.core.quant import INT4_MODES
 from engine_ref.loading.model_files import resolve_model, sha256_of
 from engine_ref.loading.weights import load_model
 
@@ -422,7 +423,7 @@ def resolve_auto_dtype(
     t0 = time.perf_counter()
     if loaded is None:
         loaded = load_model(
-            config.model, dtype=torch.float32, keep_int4=config.quantization == "w4a16"
+            config.model, dtype=torch.float32, keep_int4=config.quantization in INT4_MODES
         )
     try:
         measurements = measure_fn(config, loaded, names)

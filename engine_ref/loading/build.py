@@ -12,6 +12,7 @@ from engine_ref.core.block_manager import HashFn, default_hash
 from engine_ref.core.engine import LLMEngine
 from engine_ref.core.engine_config import EngineConfig
 from engine_ref.core.model_runner import prepare_device, release_freed_heap
+from engine_ref.core.quant import INT4_MODES
 from engine_ref.loading.auto_dtype import resolve_auto_dtype
 from engine_ref.loading.weights import load_model
 
@@ -35,7 +36,7 @@ def build_engine(
     config, loaded = resolve_auto_dtype(config, loaded)
     dtype = config.torch_dtype()
     if loaded is None:
-        loaded = load_model(config.model, dtype=dtype, keep_int4=config.quantization == "w4a16")
+        loaded = load_model(config.model, dtype=dtype, keep_int4=config.quantization in INT4_MODES)
     spec = config.speculative_config
     if draft_loaded is None and spec is not None and spec.method == "draft_model":
         draft_loaded = load_model(spec.model, dtype=dtype)

@@ -22,10 +22,9 @@ from typing import Any
 
 import click
 
-from engine_ref.core import kernels
 from engine_ref.loading.model_files import ModelFileError
 from engine_ref.serving.engine_loop import ENGINE_LOOP_MODES, EngineLoopError
-from engine_ref.serving.interface import EngineConfig, EngineConfigError
+from engine_ref.serving.interface import EngineConfig, EngineConfigError, isa_env_problem
 from engine_ref.serving.server import ServerConfig, ServerError
 from engine_ref.serving.server import serve as run_server
 
@@ -220,7 +219,7 @@ def serve(
         )
     except (EngineConfigError, ServerError) as exc:
         raise click.UsageError(str(exc)) from None
-    isa_problem = kernels.isa_env_problem()  # a typo would silently run torch's kernels
+    isa_problem = isa_env_problem()  # a typo would silently run torch's kernels
     if isa_problem is not None:
         raise click.UsageError(isa_problem)
 

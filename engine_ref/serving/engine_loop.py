@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol
 
-from engine_ref.core import kernels
 from engine_ref.serving.interface import (
     EngineInterface,
     RequestOutput,
     SamplingParams,
     ServedStats,
     ServedTokenizer,
+    kernel_level,
 )
 
 ENGINE_LOOP_MODES = ("thread", "process")
@@ -337,6 +337,6 @@ def describe_engine(engine: EngineInterface) -> dict:
         "engine_config": {k: v if isinstance(v, plain) else str(v) for k, v in fields.items()},
         "quantization": getattr(config, "quantization", None),
         # Which instruction-set level of the engine's own kernels runs ("avx512-bf16", "off: ...").
-        "kernels": kernels.describe(),
+        "kernels": kernel_level(),
         "weight_bytes_by_kind": getattr(engine.stats(), "weight_bytes_by_kind", None),
     }

@@ -33,6 +33,8 @@ from engine_ref.core.engine_config import (
     MAX_STOP_TOKEN_IDS,
 )
 from engine_ref.core.grammar import GrammarError, GuidedDecoding, check_guided
+from engine_ref.core.kernels import describe as kernel_level
+from engine_ref.core.kernels import isa_env_problem
 
 __all__ = [
     "CompletionOutput",
@@ -53,6 +55,8 @@ __all__ = [
     "ServedTokenizer",
     "build_engine",
     "check_guided",
+    "isa_env_problem",
+    "kernel_level",
 ]
 
 

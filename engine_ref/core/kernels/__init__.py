@@ -147,7 +147,10 @@ def select_isa() -> tuple[IsaLevel | None, str | None]:
         level = ISA_LEVELS[ISA_NAMES.index(wanted)]
         missing = level.cpu_flags - flags
         if missing:
-            return None, f"{ISA_ENV}={wanted} needs {', '.join(sorted(missing))}, which this CPU lacks"
+            return (
+                None,
+                f"{ISA_ENV}={wanted} needs {', '.join(sorted(missing))}, which this CPU lacks",
+            )
         return level, None
     level = best_isa(flags)
     if level is None:
