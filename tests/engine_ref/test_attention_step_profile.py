@@ -29,7 +29,9 @@ def _load_step_profile():
 def test_a_tiny_compare_run_puts_each_op_where_it_belongs(tmp_path):
     bench = _load_step_profile()
     out = tmp_path / "profile.json"
-    args = ["--model", "tiny-random", "--dtype", "bfloat16", "--num-requests", "5",
+    # More rows than the fused decode layer takes (bf16 fuses up to DENSE_SMALL_BATCH_ROWS).
+    rows = str(kernels.DENSE_SMALL_BATCH_ROWS + 1)
+    args = ["--model", "tiny-random", "--dtype", "bfloat16", "--num-requests", rows,
             "--input-len", "6", "--output-len", "24", "--timed-steps", "2", "--steps", "2",
             "--threads", "1", "--compare", "--json", str(out)]  # fmt: skip
     assert bench.main(args) == 0
