@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -43,19 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine_ref import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from engine_ref.core import kernels  # noqa: E402
 from engine_ref.loading.weights import load_model  # noqa: E402
+from harness.run.environment import hardware_info  # noqa: E402
 
 PATHS = ("float32", "bfloat16", "bfloat16-torch", "floor")
 PROMPT_TOKENS = 32
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def rss_mib() -> tuple[float, float]:
@@ -178,7 +168,7 @@ def measure(args) -> dict:
     current, peak = rss_mib()
     return {
         "isa": kernels.active_isa() or kernels.describe(),
-        "cpu": cpu_model(),
+        "cpu": hardware_info()["cpu"],
         "threads": args.threads,
         "rss_mib": {"after_engines": rss_engines, "end": current, "peak": peak},
         "runs": {str(rows): r for rows, r in runs.items()},

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -50,6 +49,7 @@ from engine_ref.loading.tiny_random import (  # noqa: E402
     tiny_random_config,
     tiny_random_state_dict,
 )
+from harness.run.environment import hardware_info  # noqa: E402
 
 EQUALITY_PROMPTS = (
     "The capital of France is",
@@ -272,23 +272,13 @@ def environment(device: str, threads) -> dict:
     env = {
         "device": device,
         "torch": torch.__version__,
-        "cpu": _cpu_model(),
+        "cpu": hardware_info()["cpu"],
         "cpu_threads": threads or torch.get_num_threads(),
     }
     if device.startswith("cuda"):
         env["device_name"] = torch.cuda.get_device_name(torch.device(device))
         env["cuda"] = torch.version.cuda
     return env
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -40,17 +40,11 @@ from pathlib import Path
 import gemm_floor
 
 from engine_ref.core import kernels
+from harness.run.environment import hardware_info
 
 BENCH = [sys.executable, "-m", "harness.cli"]
 WORKLOAD = ["--workload", "random", "--input-len", "128", "--output-len", "128", "--num-requests", "64",
             "--request-rate", "inf", "--ignore-eos"]  # fmt: skip
-
-
-def platform_cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def free_port() -> int:
@@ -152,7 +146,7 @@ def main() -> None:
         env = dict(os.environ, **{kernels.ISA_ENV: level})
         subprocess.run([sys.executable, "-c", "from engine_ref.core import kernels; kernels.available()"],
                        env=env, check=True)  # fmt: skip
-    cpu = platform_cpu()
+    cpu = hardware_info()["cpu"]
     floor_s = gemm_floor.batch_floor_seconds(64, 128, 128)
     floor_tok_s = 64 * 128 / floor_s
     print(f"CPU: {cpu}; bf16 GEMM floor of the batch {floor_s:.2f} s ({floor_tok_s:.0f} output tok/s)",
