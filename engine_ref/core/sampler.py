@@ -1,9 +1,14 @@
 """Next-token sampling for a batch of logits rows, vectorised where rows share a method.
 
 Greedy rows take one argmax together. Random rows are scaled by their temperatures, filtered by
-top-k and top-p (batched over the rows that ask), then sampled by the exponential race
-(argmax of p / E with E ~ Exp(1), equivalent to drawing from p): rows with a seed draw their E
-from their own `torch.Generator`, so a seeded request reproduces whatever else is in the batch.
+top-k and top-p (batched over the rows that ask), then sampled by inverting their cumulative
+distribution with one uniform draw per row (`inverse_cdf`): rows with a seed draw theirs from
+their own `torch.Generator`, so a seeded request reproduces whatever else is in the batch.
+
+One uniform a row, not one random number per vocabulary entry: the exponential race this
+replaced (argmax of p / E, E ~ Exp(1)) drew 49,152 exponentials a row, and torch's CPU
+`exponential_` took 49 ms for a 64-row step of SmolLM2 on this project's AMD EPYC (2 threads),
+about as long as the model's forward; the cumulative sum and a binary search take 1.4 ms.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ def sample(
     random = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     index = torch.tensor(random, device=logits.device, dtype=torch.long)
     probs = filtered_probs(logits.index_select(0, index), [rows[i].params for i in random])
-    tokens[index] = _exponential_race(probs, [rows[i].generator for i in random], generator)
+    uniforms = _uniforms([rows[i].generator for i in random], generator, probs.device)
+    tokens[index] = inverse_cdf(probs, uniforms)
     token_ids = tokens.tolist()
     return SamplerOutput(token_ids, token_logprobs(logits, rows, token_ids))
 
@@ -95,23 +101,38 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     return logits.softmax(dim=-1)
 
 
-def _exponential_race(
-    probs: torch.Tensor,
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Per row of probs [R, V] (non-negative, summing to about 1) the token its uniform draw
+    u in [0, 1) selects: the first whose cumulative probability reaches (1 - u) times the row's
+    total. The target lies in (0, total], so a token of probability 0 (filtered, banned) is
+    never chosen, at either end of the row: its cumulative sum equals its predecessor's."""
+    cdf = probs.cumsum(dim=-1)
+    target = (1.0 - uniforms).to(cdf.dtype)[:, None] * cdf[:, -1:]  # 1 - u in float64: > 0
+    return torch.searchsorted(cdf, target).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+
+
+def _uniforms(
     generators: list[torch.Generator | None],
     generator: torch.Generator | None,
+    device: torch.device,
 ) -> torch.Tensor:
-    noise = torch.empty_like(probs)
+    """One uniform in [0, 1) per row: a seeded row's from its own generator, the others' from
+    `generator`, in one draw."""
+    draw = dict(dtype=torch.float64, device=device)
+    uniforms = torch.empty(len(generators), **draw)
     unseeded = [i for i, g in enumerate(generators) if g is None]
-    if len(unseeded) == len(generators):
-        noise.exponential_(generator=generator)
-    else:
-        for i, g in enumerate(generators):
-            if g is not None:
-                noise[i].exponential_(generator=g)
-        if unseeded:
-            index = torch.tensor(unseeded, device=probs.device, dtype=torch.long)
-            noise[index] = torch.empty_like(noise[index]).exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1)
+    if unseeded:
+        uniforms[unseeded] = torch.rand(len(unseeded), generator=generator, **draw)
+    for i, g in enumerate(generators):
+        if g is not None:
+            uniforms[i] = torch.rand(1, generator=g, **draw)[0]
+    return uniforms
+
+
+def sample_one(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One sample of probs [V]: the draw `sample` makes for one seeded row (one uniform)."""
+    uniform = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device)
+    return int(inverse_cdf(probs[None], uniform)[0])
 
 
 def token_logprobs(

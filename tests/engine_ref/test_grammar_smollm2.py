@@ -52,7 +52,11 @@ def _run(loaded, params: SamplingParams, count: int, spec: dict | None = None):
 
 def test_fifty_sampled_outputs_validate_on_smollm2(smollm2_loaded):
     guided = GuidedDecoding.json_schema(SCHEMA)
-    out, _ = _run(smollm2_loaded, SamplingParams(max_tokens=40, temperature=1.0, guided=guided), 50)
+    # Room for the longest record the schema allows: 8 name characters of up to 4 UTF-8
+    # bytes each can take 32 byte-level tokens (a sampled katakana name took 6 characters
+    # and most of 40 tokens), the rest about 20.
+    params = SamplingParams(max_tokens=64, temperature=1.0, guided=guided)
+    out, _ = _run(smollm2_loaded, params, 50)
     assert len(out) == 50
     for result in out.values():
         assert result[0]["finish_reason"] == "stop", result[0]["text"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_ref.core.engine_config import SamplingParams
-from engine_ref.core.sampler import SampleRow, sample
+from engine_ref.core.sampler import SampleRow, inverse_cdf, sample, sample_one
 
 DRAWS = 20000
 
@@ -145,3 +145,70 @@ def test_logprobs_beyond_vocab_return_every_token():
     out = sample(logits, [SampleRow(SamplingParams(temperature=0, logprobs=20))])
     assert sorted(out.logprobs[0]) == [0, 1, 2]
     assert abs(sum(math.exp(v) for v in out.logprobs[0].values()) - 1) < 1e-5
+
+
+# -- inverse_cdf: the draw itself, at the ends of [0, 1) and of the row -------------------------
+U_BELOW_ONE = 1.0 - 2.0**-53  # the largest float64 torch.rand can return
+
+
+@pytest.mark.parametrize(
+    ("probs", "uniform", "expected"),
+    [
+        # u = 0 takes the last token with mass, u just below 1 the first; zero-mass tokens at
+        # either end of the row (filtered, banned) are never chosen.
+        ([0.0, 0.25, 0.75, 0.0], 0.0, 2),
+        ([0.0, 0.25, 0.75, 0.0], U_BELOW_ONE, 1),
+        ([0.0, 0.25, 0.75, 0.0], 0.75 - 1e-9, 1),  # target just above 0.25: token 2
+        ([0.0, 0.25, 0.75, 0.0], 0.75 + 1e-9, 1),  # just below: token 1
+        ([1.0], 0.0, 0),
+        ([1.0], U_BELOW_ONE, 0),
+        ([0.0, 0.0, 1.0], U_BELOW_ONE, 2),
+        ([1.0, 0.0, 0.0], 0.0, 0),
+        # Unnormalised rows (float32 sums drift from 1) scale the target by their total.
+        ([0.5, 0.5, 0.5, 0.5], 0.5 - 1e-9, 1),
+    ],
+)
+def test_inverse_cdf_boundaries(probs, uniform, expected):
+    got = inverse_cdf(torch.tensor([probs]), torch.tensor([uniform], dtype=torch.float64))
+    assert got.tolist() == [expected]
+
+
+def test_inverse_cdf_matches_numpy_on_the_models_vocabulary():
+    """49,152 tokens (SmolLM2's vocabulary), a peaked softmax: the frequencies of the top tokens
+    and of the tail as a whole against an independent float64 sampler (numpy's choice)."""
+    import numpy as np
+
+    vocab, draws = 49152, 20000
+    gen = torch.Generator().manual_seed(11)
+    probs = (torch.randn(vocab, generator=gen) * 3).softmax(-1)
+    got = inverse_cdf(
+        probs.expand(draws, vocab), torch.rand(draws, generator=gen, dtype=torch.float64)
+    )
+    ref = np.random.default_rng(11).choice(
+        vocab, size=draws, p=(p64 := probs.double().numpy()) / p64.sum()
+    )
+    top = torch.topk(probs, 5).indices.tolist()
+    for token in top:
+        a = float((got == token).float().mean())
+        b = float((torch.from_numpy(ref) == token).float().mean())
+        e = float(probs[token])
+        # Both within 5 standard errors of the true probability.
+        for f in (a, b):
+            assert abs(f - e) <= 5 * math.sqrt(e * (1 - e) / draws), (token, a, b, e)
+    assert (probs[got] > 0).all()
+
+
+def test_sample_one_is_the_seeded_rows_draw():
+    """What speculative verification draws for a position equals what `sample` draws for the
+    same seeded row in a batch."""
+    logits = torch.randn(3, 100, generator=torch.Generator().manual_seed(2))
+    params = SamplingParams(temperature=1.0)
+    for seed in range(20):
+        rows = [
+            SampleRow(params),
+            SampleRow(params, torch.Generator().manual_seed(seed)),
+            SampleRow(params),
+        ]
+        batch = sample(logits.clone(), rows).token_ids[1]
+        alone = sample_one(logits[1].softmax(-1), torch.Generator().manual_seed(seed))
+        assert batch == alone

@@ -12,15 +12,15 @@ j is the target's distribution p_j for the token after d_j (row 0: after the las
   sampler's own `filtered_probs`, so the rule sees what non-speculative sampling samples from.
   The emitted tokens are then distributed exactly as non-speculative samples.
 - Point drafts (n-gram lookup, greedy drafters: q is one-hot at d) take the accept test and
-  the residual sample from one exponential race on p, the draw the non-speculative sampler
-  makes for that position: t = argmax(p / E), E ~ Exp(1) from the row's generator. The event
+  the residual sample from one sample t of p, the draw the non-speculative sampler makes for
+  that position (`sampler.sample_one`: one uniform from the row's generator). The event
   t == d has probability p(d) = min(1, p(d) / 1), and given t != d, t is distributed as p
   with d removed and renormalised, which is max(0, p - q) normalised. Each emitted token
-  consumes exactly one race, in order, so a seeded request draws the same noise as without
+  consumes exactly one draw, in order, so a seeded request draws the same numbers as without
   speculation and gives the same output whatever the drafts were.
 - Token trees (point drafts whose nodes may branch; row 1 + i scores node i, under a tree
   attention mask) are walked from the last token: the target's token at the current row
-  (argmax, or the race's winner) is accepted when a child node holds it, and the walk moves
+  (argmax, or its sample) is accepted when a child node holds it, and the walk moves
   there; otherwise it is emitted. The longest path the target agrees with wins; the emitted
   tokens are the same target samples as for a chain.
 """
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine_ref.core.sampler import SampleRow, filtered_probs, token_logprobs
+from engine_ref.core.sampler import SampleRow, filtered_probs, sample_one, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,6 @@ def residual_probs(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return p if total <= 0 else residual / total
 
 
-def race(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One sample of probs [V] by the exponential race, drawing exactly what the sampler
-    draws for one seeded row (V Exp(1) variates)."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
-
-
 def _walk(chain: Chain, target_token: Callable[[int], int]) -> Verified:
     """Point drafts: from the last token (row 0), take the target's token at the current row
     (`target_token(row)`, called once per emitted token, in order); a child node holding it
@@ -156,7 +149,7 @@ def _verify_sampled(
 ) -> Verified:
     """probs [k + 1, V]: the target's filtered distributions for the chain's rows."""
     if chain.draft_probs is None:
-        return _walk(chain, lambda row: race(probs[row], generator))
+        return _walk(chain, lambda row: sample_one(probs[row], generator))
     draft = chain.draft_token_ids
     for j, token in enumerate(draft):
         p = probs[j]
@@ -164,9 +157,11 @@ def _verify_sampled(
         u = float(torch.rand((), generator=generator, device=p.device))
         if u * float(q[token]) < float(p[token]):  # u < p / q, q(token) > 0 as it was drawn
             continue
-        return Verified(draft[:j] + [race(residual_probs(p, q), generator)], j, path=[*range(j)])
+        return Verified(
+            draft[:j] + [sample_one(residual_probs(p, q), generator)], j, path=[*range(j)]
+        )
     return Verified(
-        draft + [race(probs[len(draft)], generator)], len(draft), path=[*range(len(draft))]
+        draft + [sample_one(probs[len(draft)], generator)], len(draft), path=[*range(len(draft))]
     )
 
 
