@@ -18,9 +18,9 @@ then the reference engine again, so drift on this shared machine over the ~15 mi
 up as a gap between the reference engine's two passes. `--ref-isa avx2` adds the reference
 engine with its kernels forced to that instruction-set level (`BENCH_REF_ISA`) beside each
 reference pass. Prints output tokens/s, TTFT and TPOT per run, the kernel level each reference
-server reported in `/info`, each engine's best, and the fraction of the batch's bf16 GEMM
-floor (`gemm_floor.py`: one prefill of every prompt token plus 127 decode steps of 64 rows,
-measured here first) that each reached.
+server reported in `/info`, each server's median and best over its runs with the fraction of
+the batch's bf16 GEMM floor (`gemm_floor.py`: one prefill of every prompt token plus 127
+decode steps of 64 rows, measured here first) it reached, and the ratios to vLLM.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,6 +124,20 @@ def greedy_probe(port: int) -> str:
         return json.loads(resp.read())["choices"][0]["text"]
 
 
+def summarise(results: dict[str, list[dict]], references: list[str], floor_tok_s: float) -> None:
+    """Per server its median and best output tok/s over every run (a reference server runs in
+    two passes) with the fraction of the GEMM floor, then each reference's ratio to the
+    better vLLM configuration, of medians and of bests."""
+    for stat, pick in (("median", statistics.median), ("best", max)):
+        value = {k: pick(r["output_tokens_per_s"] for r in v) for k, v in results.items() if v}
+        print(f"{stat} output tok/s (fraction of the GEMM floor): "
+              + ", ".join(f"{k} {v:.1f} ({v / floor_tok_s:.0%})" for k, v in value.items()))  # fmt: skip
+        vllm = max((v for k, v in value.items() if k.startswith("vllm")), default=None)
+        if vllm:
+            for kind in references:
+                print(f"{kind} / best vLLM configuration, {stat}s: {value[kind] / vllm:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -197,13 +212,7 @@ def main() -> None:
             record = {"cpu": cpu, "gemm_floor_s": floor_s, "gemm_floor_output_tok_s": floor_tok_s,
                       "runs": results}  # fmt: skip
             args.json.write_text(json.dumps(record, indent=2))
-    best = {k: max(r["output_tokens_per_s"] for r in v) for k, v in results.items() if v}
-    print("best output tok/s (fraction of the GEMM floor): "
-          + ", ".join(f"{k} {v:.1f} ({v / floor_tok_s:.0%})" for k, v in best.items()))  # fmt: skip
-    vllm_best = max((v for k, v in best.items() if k.startswith("vllm")), default=None)
-    if vllm_best:
-        for kind in references:
-            print(f"{kind} / best vLLM: {best[kind] / vllm_best:.2f}")
+    summarise(results, references, floor_tok_s)
     shutil.rmtree(work, ignore_errors=True)
 
 
