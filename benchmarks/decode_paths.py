@@ -5,6 +5,9 @@ Paths (one engine each, built from the same loaded file, `LLMEngine.step` on `--
 - `bfloat16`: bfloat16 weights and KV pool, the fused layer with `refkern::bf16_gemm`;
 - `bfloat16-torch`: the same engine with the fused layer and the engine's head GEMM off (the
   Python layers on torch's bf16 kernels: what a bf16 engine ran before `bf16_gemm`);
+- `w4a16`, `w4a8`, `w8a8`: float32 engines with `--quantization` of that name (int4 weights
+  from the GGUF's Q4_1 blocks for the 4-bit ones; W4A16 fused into `decode_layer`, W4A8 and
+  W8A8 on the int8 kernels);
 - `floor`: the model's weight matmuls alone in torch bfloat16 (q, k, v, o, gate, up, down per
   layer and the output projection, no attention, no framework), measured in this process
   (`/work/shared/tools/gemm_floor.py`'s step). At one row it streams every bf16 weight once.
@@ -20,6 +23,8 @@ subprocess with `BENCH_REF_ISA` set (the kernels load one level per process).
     nice -n 0 python benchmarks/decode_paths.py                      # rows 1 and 16, 2 threads
     nice -n 0 python benchmarks/decode_paths.py --isa avx2,avx512-bf16 --rows 1
     nice -n 0 python benchmarks/decode_paths.py --paths bfloat16,floor --repeats 5 --json out.json
+    nice -n 0 python benchmarks/decode_paths.py --isa avx2,avx512,avx512-bf16 --rows 1 \
+        --paths bfloat16,float32,w4a16,w4a8,w8a8,floor        # the single-stream table per level
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from engine_ref.core import kernels  # noqa: E402
+from engine_ref.core.quant import INT4_MODES  # noqa: E402
 from engine_ref.loading.weights import load_model  # noqa: E402
 from harness.run.environment import hardware_info  # noqa: E402
 
-PATHS = ("float32", "bfloat16", "bfloat16-torch", "floor")
+PATHS = ("float32", "bfloat16", "bfloat16-torch", "w4a16", "w4a8", "w8a8", "floor")
+DEFAULT_PATHS = ("float32", "bfloat16", "bfloat16-torch", "floor")
+QUANTIZED = {"w4a16": "w4a16", "w4a8": "w4a8", "w8a8": "w8a8"}
 PROMPT_TOKENS = 32
 
 
@@ -116,8 +124,11 @@ def floor_steps(floor: Floor, rows: int, warmup: int, steps: int) -> list[float]
 
 def build_engines(args, paths: list[str]) -> dict[str, LLMEngine]:
     dtypes = {"float32": "float32", "bfloat16": "bfloat16", "bfloat16-torch": "bfloat16"}
+    dtypes |= dict.fromkeys(QUANTIZED, "float32")
+    keep_int4 = any(QUANTIZED.get(p) in INT4_MODES for p in paths)
     loaded = {
-        dt: load_model(args.model, dtype=dt) for dt in {dtypes[p] for p in paths if p in dtypes}
+        dt: load_model(args.model, dtype=dt, keep_int4=keep_int4 and dt == "float32")
+        for dt in {dtypes[p] for p in paths if p in dtypes}
     }
     tokens = PROMPT_TOKENS + args.warmup + args.steps + 4
     num_blocks = max(args.rows) * -(-tokens // 16) + 8
@@ -127,12 +138,13 @@ def build_engines(args, paths: list[str]) -> dict[str, LLMEngine]:
             continue
         config = EngineConfig(model=args.model, dtype=dtypes[path], device="cpu",
                               num_threads=args.threads, num_blocks=num_blocks,
+                              quantization=QUANTIZED.get(path),
                               enable_prefix_caching=False)  # fmt: skip
         engine = LLMEngine(config, loaded=loaded[dtypes[path]])
         if path == "bfloat16-torch":
             engine.model.fused_decode = None
             engine.model.small_head = False
-        elif engine.model.fused_decode is None:
+        elif path in ("float32", "bfloat16", "w4a16") and engine.model.fused_decode is None:
             raise SystemExit(
                 f"The {path} engine did not take the fused path ({kernels.describe()})."
             )
@@ -223,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"of {', '.join(PATHS)}")
     parser.add_argument("--rows", default="1,16", help="concurrent streams, comma-separated")
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8, help="timed steps per repeat")

@@ -383,7 +383,26 @@ def test_decode_paths_benchmark_tiny_run(tmp_path, capsys):
     assert report["isa"] == kernels.active_isa()
     assert set(report["runs"]) == {"1", "2"}
     for by_path in report["runs"].values():
-        assert set(by_path) == set(bench.PATHS)
+        assert set(by_path) == set(bench.DEFAULT_PATHS)
         assert all(len(times) == 30 and min(times) > 0 for times in by_path.values())
     table = capsys.readouterr().out
     assert "bfloat16-torch" in table and "x floor" in table and "RSS" in table
+
+
+@needs_kernels
+def test_decode_paths_benchmark_runs_the_quantized_paths(tmp_path, capsys):
+    """The single-stream table's quantized rows: each a float32 engine with that quantization
+    (tiny-random's int4 comes from its float weights), its W4A16 layers fused."""
+    bench = load_benchmark("decode_paths")
+    out = tmp_path / "paths.json"
+    args = ["--model", "tiny-random", "--rows", "1", "--repeats", "3", "--steps", "10",
+            "--warmup", "1", "--threads", "1", "--paths", "w4a16,w4a8,w8a8,floor",
+            "--json", str(out)]  # fmt: skip
+    assert bench.main(args) == 0
+    by_path = json.loads(out.read_text())["runs"]["1"]
+    assert set(by_path) == {"w4a16", "w4a8", "w8a8", "floor"}
+    assert all(len(times) == 30 and min(times) > 0 for times in by_path.values())
+    table = capsys.readouterr().out
+    assert all(f" {path} " in table for path in ("w4a16", "w4a8", "w8a8"))
+    with pytest.raises(SystemExit):  # a path it does not know is refused
+        bench.main([*args[:-4], "--paths", "w4a4"])
