@@ -212,3 +212,18 @@ def test_sample_one_is_the_seeded_rows_draw():
         batch = sample(logits.clone(), rows).token_ids[1]
         alone = sample_one(logits[1].softmax(-1), torch.Generator().manual_seed(seed))
         assert batch == alone
+
+
+def test_sampler_benchmark_runs_both_draws(capsys):
+    from benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("sampler")
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0]] * 200)
+    gen = torch.Generator().manual_seed(3)
+    for draw in (bench.race, bench.cdf):  # both sample the same distribution
+        tokens = draw(probs, gen)
+        assert set(tokens.tolist()) == {1, 2}
+    assert bench.main(["--rows", "1,3", "--vocab", "64", "--repeats", "1", "--calls", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CPU: ") and len(lines) == 4
+    assert [line.split()[0] for line in lines[2:]] == ["1", "3"]
