@@ -16,6 +16,10 @@ extension: false opts the request out of the server's `--speculative-config`; ou
 same either way), and the output constraints of `engine_ref.serving.guided` (`response_format`,
 `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`).
 
+`use_beam_search: true` (vLLM's older beam search field) is refused with a 400, as `best_of`
+above 1 and `echo` are: the server has no beam search, and ignoring the field would answer a
+beam search with a sample.
+
 Size limits come before the work they bound: a request's prompt text (all its prompts, or all
 its messages' contents) is counted against `max_prompt_chars` before it is rendered or
 tokenized, a token-id prompt is measured before its ids are checked, and every prompt must
@@ -184,6 +188,14 @@ def _build(
     logprobs: int | None,
     max_model_len: int,
 ) -> GenerationRequest:
+    if optional_bool(body, "use_beam_search"):
+        # vLLM's older request shape; answering it with a sampled output would pass off a
+        # sample as the beam search the client asked for.
+        raise ApiError(
+            400,
+            "use_beam_search is not supported by this server (it samples or decodes greedily).",
+            param="use_beam_search",
+        )
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
         max_tokens = max_model_len - longest

@@ -170,6 +170,13 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "\\ud800"}', 400),  # a lone surrogate
     ("/v1/completions", b'{"prompt": ""}', 400),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', 400),
+    # No beam search here: a 400, not a sample passed off as one.
+    ("/v1/completions", b'{"prompt": "hi", "use_beam_search": true}', 400),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "hi"}], "use_beam_search": true, "n": 2}',
+        400,
+    ),  # fmt: skip
 ]
 
 

@@ -63,6 +63,9 @@ def test_body_decoding_errors(raw, fragment):
         ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
         ({"prompt": "hi", "top_p": 0.0}, 400, None),
         ({"prompt": "hi", "echo": True}, 400, "echo"),
+        ({"prompt": "hi", "best_of": 2}, 400, "best_of"),
+        ({"prompt": "hi", "use_beam_search": True}, 400, "use_beam_search"),
+        ({"prompt": "hi", "use_beam_search": "yes"}, 400, "use_beam_search"),
     ],
 )
 def test_completion_request_errors(body, status, param, tokenizer):
@@ -71,6 +74,11 @@ def test_completion_request_errors(body, status, param, tokenizer):
     assert info.value.status == status
     assert info.value.param == param
     assert info.value.body()["error"]["message"].endswith(".")
+
+
+def test_beam_search_off_and_best_of_one_are_accepted(tokenizer):
+    body = {"prompt": "hi", "max_tokens": 2, "use_beam_search": False, "best_of": 1}
+    assert _parse_completion(body, tokenizer).params.max_tokens == 2
 
 
 def test_context_length_is_prompt_plus_max_tokens(tokenizer):
@@ -125,6 +133,10 @@ def test_completion_fields_reach_sampling_params(tokenizer):
         ({"messages": [{"role": "robot", "content": "hi"}]}, "messages"),
         ({"messages": [{"role": "user", "content": 3}]}, "messages"),
         ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "use_beam_search": True},
+            "use_beam_search",
+        ),
         (
             {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
             "max_completion_tokens",
