@@ -50,6 +50,11 @@ def check_request(
         raise EngineError(f"params must be a SamplingParams, got {type(params).__name__}.")
     if params.n > max_num_seqs:
         raise EngineError(f"n is {params.n}; this engine runs at most {max_num_seqs} sequences.")
+    if params.beam_width > max_num_seqs:
+        raise EngineError(
+            f"The beam width is {params.beam_width}; this engine runs at most {max_num_seqs} "
+            "sequences."
+        )
     if any(t >= vocab_size for t in params.stop_token_ids):
         raise EngineError(f"stop_token_ids must be in [0, {vocab_size}).")
     if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):

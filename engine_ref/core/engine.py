@@ -253,5 +253,5 @@ class LLMEngine:
         kind = kind or ("prefill" if num_prompt_rows else "decode")
         self._prompt_tokens[kind] += num_prompt_rows
         self._generation_tokens[kind] += sum(
-            len(run.token_ids) + run.num_spec_tokens for run in executed
+            len(run.token_ids) + run.num_spec_tokens + len(run.beam_candidates) for run in executed
         )

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import torch
 
+from engine_ref.core import beam_search
 from engine_ref.core.grammar import GuidedDecoding
 from engine_ref.core.quant import QUANTIZATION_MODES
 
@@ -339,6 +340,9 @@ class SamplingParams:
     `engine_ref.core.grammar`): each step samples only tokens the grammar allows, and the
     output ends ("stop") when the grammar is complete and an end-of-sequence token is
     sampled; the grammar, not `min_tokens`, then decides where the output may end.
+
+    `use_beam_search` replaces sampling by beam search of width `best_of` (default `n`) with
+    `length_penalty` (`engine_ref.core.beam_search`); `best_of` above 1 needs it.
     """
 
     n: int = 1
@@ -354,6 +358,9 @@ class SamplingParams:
     min_tokens: int = 0
     speculative: bool = True
     guided: GuidedDecoding | None = None
+    use_beam_search: bool = False
+    best_of: int | None = None
+    length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         def set_(name: str, value: object) -> None:
@@ -387,6 +394,28 @@ class SamplingParams:
             raise EngineConfigError(f"guided must be a GuidedDecoding, got {self.guided!r}.")
         if self.min_tokens > self.max_tokens:
             raise EngineConfigError("min_tokens must be between 0 and max_tokens.")
+        self._check_beam_search(set_)
+
+    def _check_beam_search(self, set_) -> None:
+        if self.use_beam_search not in (True, False):
+            raise EngineConfigError(
+                f"use_beam_search must be true or false, got {self.use_beam_search!r}."
+            )
+        set_("use_beam_search", bool(self.use_beam_search))
+        set_("length_penalty", _number("length_penalty", self.length_penalty))
+        if self.best_of is not None:
+            set_("best_of", _integer("best_of", self.best_of, low=1))
+        try:
+            beam_search.check_params(self)
+        except ValueError as exc:
+            raise EngineConfigError(str(exc)) from None
+        if self.use_beam_search:
+            set_("speculative", False)
+
+    @property
+    def beam_width(self) -> int:
+        """Beams kept per step under beam search (`best_of`, else `n`); 0 without it."""
+        return (self.best_of or self.n) if self.use_beam_search else 0
 
     @property
     def is_greedy(self) -> bool:

@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
+from engine_ref.core import beam_search
 from engine_ref.core.admission import EngineError
+from engine_ref.core.beam_search import BeamHypothesis
 from engine_ref.core.block_manager import BlockManager
 from engine_ref.core.detokenizer import IncrementalDetokenizer
 from engine_ref.core.engine_config import EngineConfig, SamplingParams
@@ -52,6 +54,8 @@ class Executed:
     # the commit appended from them (a stop can cut a verify step's tokens short).
     verified: list[tuple[Sequence, Chain, Verified]] = field(default_factory=list)
     num_spec_tokens: int = 0
+    # Beam-search rows: (beam, its best continuations (token, log-probability)).
+    beam_candidates: list[tuple[Sequence, list[tuple[int, float]]]] = field(default_factory=list)
 
 
 class OutputProcessor:
@@ -135,7 +139,11 @@ class OutputProcessor:
         # parent's logits row (they are created when the step commits).
         logits_rows: list[int] = []
         rows: list[SampleRow] = []
+        beams: list[tuple[Sequence, int]] = []
         for r, seq in enumerate(sampling_seqs):
+            if seq.request.params.use_beam_search:
+                beams.append((seq, r))
+                continue
             row = self._sample_row(seq)
             executed.samples.append((seq, seq.index, row.generator))
             rows.append(row)
@@ -150,6 +158,8 @@ class OutputProcessor:
         if self._grammar_backend is not None:
             all_logits = self._mask_logits(all_logits, sampling_seqs, chains)
         logits, spec_logits = all_logits[: len(sampling_seqs)], all_logits[len(sampling_seqs) :]
+        if beams:
+            executed.beam_candidates = beam_search.candidates(logits, beams, self.device)
         if len(logits_rows) != len(sampling_seqs):
             logits = logits.index_select(0, device_index(logits_rows, self.device))
         generators = [r.generator for r in rows] + [c.row.generator for _, c in chains]
@@ -222,6 +232,7 @@ class OutputProcessor:
                 continue  # its computed count depends on what was accepted
             seq.num_computed_tokens += n
             self.block_manager.register_full_blocks(seq)
+        beam_outputs = self._commit_beams(executed, failures)
         # Fork before any token is appended: children copy the parent's tokens so far.
         targets = [
             seq if index == seq.index else self._fork(seq, index, generator)
@@ -253,7 +264,7 @@ class OutputProcessor:
             if speculated:
                 executed.num_spec_tokens += len(completion.new_token_ids)
             by_request.setdefault(request, []).append(completion)
-        return [
+        return beam_outputs + [
             RequestOutput(
                 request.request_id,
                 completions,
@@ -263,6 +274,67 @@ class OutputProcessor:
             )
             for request, completions in by_request.items()
         ]
+
+    # -- beam search ----------------------------------------------------------------------------
+    def _commit_beams(
+        self, executed: Executed, failures: list[tuple[Request, Exception]]
+    ) -> list[RequestOutput]:
+        """Keep each beam's candidates; a request whose live beams all have theirs takes its
+        beam step. Returns the outputs of the requests whose search ended."""
+        requests: dict[Request, None] = {}
+        for seq, candidates in executed.beam_candidates:
+            seq.beam_candidates = candidates
+            requests[seq.request] = None
+        outputs = []
+        for request in requests:
+            live = [s for s in request.sequences if not s.is_finished]
+            if request.beam_done or any(s.beam_candidates is None for s in live):
+                continue  # a beam was preempted or cut from this step: wait for its row
+            try:
+                output = self._beam_step(request, live)
+            except Exception as exc:
+                failures.append((request, exc))
+                continue
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def _beam_step(self, request: Request, live: list[Sequence]) -> RequestOutput | None:
+        """One step of beam search (`engine_ref.core.beam_search`) over `live`, every beam
+        with its candidates: forks, frees and appends; the answer when the search ends."""
+        params = request.params
+        width = params.beam_width
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
+        chosen, finished = beam_search.rank(live, width, stops.__contains__)
+        request.beam_finished += finished
+        for seq in live:
+            seq.beam_candidates = None
+        # Forks first: a child copies its parent's tokens before the parent appends its own.
+        kept: set[Sequence] = set()
+        targets = []
+        for seq, token, score in chosen:
+            if seq in kept:
+                seq = self._fork(seq, request.next_index, None)
+                request.next_index += 1
+            kept.add(seq)
+            targets.append((seq, token, score))
+        for seq in live:
+            if seq not in kept:
+                self.scheduler.remove(seq)  # a pruned beam: blocks freed when the step ends
+        for seq, token, score in targets:
+            seq.token_ids.append(token)
+            seq.beam_score = score
+            if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                hypothesis = BeamHypothesis(tuple(seq.output_token_ids), score, "length")
+                request.beam_finished.append(hypothesis)
+                self.scheduler.remove(seq)
+        remaining = [s for s in request.sequences if not s.is_finished]
+        if len(request.beam_finished) < width and remaining:
+            return None
+        for seq in remaining:  # the search is over: beams still running are dropped
+            self.scheduler.remove(seq)
+        request.beam_done = True
+        return beam_search.answer(request, self.tokenizer.decode)
 
     def _append_token(
         self, seq: Sequence, token: int, lp: dict[int, float] | None

@@ -3,7 +3,8 @@ the tokens drafted for it when speculating, or their next prefill chunk), then w
 sequences' prefill chunks fill the token budget.
 When blocks run out, the least important running sequence is preempted by recompute (its blocks
 are freed; it returns to the waiting queue and later recomputes prompt and outputs, usually
-mostly from the prefix cache).
+mostly from the prefix cache). A running sequence with nothing to compute (a beam whose
+request waits for its other beams' logits) is skipped.
 
 The waiting queue is a heap keyed by (priority, arrival index) under the "priority" policy and
 by arrival index under "fcfs", so a preempted sequence goes back ahead of newer arrivals.
@@ -101,6 +102,8 @@ class Scheduler:
         pending.reverse()  # pop() from the end takes the next in order
         while pending and budget > 0:
             seq = pending.pop()
+            if seq.num_uncomputed_tokens == 0:
+                continue  # a beam waiting for its siblings' logits (beam search)
             num_new = min(seq.num_uncomputed_tokens, budget)
             if seq.num_lookahead_tokens:
                 num_new += self._fit_drafts(seq, num_new, budget, len(pending))
@@ -177,6 +180,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
+        seq.beam_candidates = None  # its recompute gives them again
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine_ref.core.beam_search import BeamHypothesis
 from engine_ref.core.detokenizer import IncrementalDetokenizer
 from engine_ref.core.engine_config import SamplingParams
 from engine_ref.core.grammar import GrammarMatcher
@@ -48,6 +49,11 @@ class Sequence:
     spec_pause_steps: int = 0
     # Guided decoding: where the committed output tokens are in the request's grammar.
     grammar: GrammarMatcher | None = None
+    # Beam search: the beam's cumulative log-probability, and its best continuations
+    # (token, log-probability) from its latest logits row, kept until every live beam of the
+    # request has its own (then the request takes its beam step).
+    beam_score: float = 0.0
+    beam_candidates: list[tuple[int, float]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -86,11 +92,18 @@ class Request:
     num_cached_tokens: int = 0
     is_forked: bool = False
     cache_salt: str | None = None
+    # Beam search: the finished hypotheses so far, whether the search is over, and the next
+    # sequence index a forked beam takes.
+    beam_finished: list[BeamHypothesis] = field(default_factory=list)
+    beam_done: bool = False
+    next_index: int = 1
 
     @property
     def is_finished(self) -> bool:
+        if self.params.use_beam_search:
+            return self.beam_done
         return all(s.is_finished for s in self.sequences) and (self.is_forked or self.params.n == 1)
 
     @property
     def needs_fork(self) -> bool:
-        return self.params.n > 1 and not self.is_forked
+        return self.params.n > 1 and not self.is_forked and not self.params.use_beam_search

@@ -16,9 +16,9 @@ extension: false opts the request out of the server's `--speculative-config`; ou
 same either way), and the output constraints of `engine_ref.serving.guided` (`response_format`,
 `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`).
 
-`use_beam_search: true` (vLLM's older beam search field) is refused with a 400, as `best_of`
-above 1 and `echo` are: the server has no beam search, and ignoring the field would answer a
-beam search with a sample.
+Beam search takes vLLM's older request shape: `use_beam_search`, `best_of` (the beam width, at
+least `n`; above 1 only with beam search), `length_penalty`; the `n` best beams come back when
+the search ends (streamed, they arrive as one chunk each at the end).
 
 Size limits come before the work they bound: a request's prompt text (all its prompts, or all
 its messages' contents) is counted against `max_prompt_chars` before it is rendered or
@@ -125,9 +125,6 @@ def parse_completion_request(
     logprobs = optional_int(body, "logprobs", low=0, high=_MAX_LOGPROBS)
     if optional_bool(body, "echo"):
         raise ApiError(400, "echo is not supported by this server.", param="echo")
-    best_of = optional_int(body, "best_of", low=1)
-    if best_of is not None and best_of > 1:
-        raise ApiError(400, "best_of is not supported by this server.", param="best_of")
     max_tokens = optional_int(body, "max_tokens", low=1)
     return _build(
         body,
@@ -188,14 +185,6 @@ def _build(
     logprobs: int | None,
     max_model_len: int,
 ) -> GenerationRequest:
-    if optional_bool(body, "use_beam_search"):
-        # vLLM's older request shape; answering it with a sampled output would pass off a
-        # sample as the beam search the client asked for.
-        raise ApiError(
-            400,
-            "use_beam_search is not supported by this server (it samples or decodes greedily).",
-            param="use_beam_search",
-        )
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
         max_tokens = max_model_len - longest
@@ -228,6 +217,9 @@ def _build(
         "min_tokens": min_tokens,
         "speculative": optional_bool(body, "speculative"),
         "guided": guided_decoding(body),
+        "use_beam_search": optional_bool(body, "use_beam_search"),
+        "best_of": optional_int(body, "best_of", low=1),
+        "length_penalty": optional_number(body, "length_penalty"),
     }
     try:
         params = SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})

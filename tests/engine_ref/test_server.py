@@ -170,13 +170,13 @@ BAD_REQUESTS = [
     ("/v1/completions", b'{"prompt": "\\ud800"}', 400),  # a lone surrogate
     ("/v1/completions", b'{"prompt": ""}', 400),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', 400),
-    # No beam search here: a 400, not a sample passed off as one.
-    ("/v1/completions", b'{"prompt": "hi", "use_beam_search": true}', 400),
+    # Beam search with what it does not take, and best_of without it.
+    ("/v1/completions", b'{"prompt": "hi", "use_beam_search": true, "stop": ["x"]}', 400),
     (
         "/v1/chat/completions",
-        b'{"messages": [{"role": "user", "content": "hi"}], "use_beam_search": true, "n": 2}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "best_of": 2}',
         400,
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -189,6 +189,23 @@ def test_bad_requests_get_openai_errors_then_a_request_succeeds(server_url):
         assert error["message"] and error["type"] == "invalid_request_error"
     result = _client(server_url).completions.create(model=MODEL, prompt="hi", max_tokens=2)
     assert result.choices[0].text is not None and result.usage.completion_tokens >= 1
+
+
+def test_beam_search_over_http_streamed_and_not(server_url):
+    """The n best beams, each whole; streamed they arrive at the end with the same texts."""
+    body = dict(model=MODEL, prompt="Hello there", max_tokens=6, n=2,
+                extra_body={"use_beam_search": True, "best_of": 3, "ignore_eos": True})  # fmt: skip
+    client = _client(server_url)
+    result = client.completions.create(**body)
+    texts = [c.text for c in sorted(result.choices, key=lambda c: c.index)]
+    assert len(texts) == 2 and texts[0] != texts[1]
+    assert {c.finish_reason for c in result.choices} == {"length"}
+    assert result.usage.completion_tokens == 12
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(**body, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [streamed[0], streamed[1]] == texts
 
 
 async def _stream_then_hang_up(url: str, num_tokens: int) -> int:

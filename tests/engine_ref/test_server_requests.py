@@ -63,9 +63,12 @@ def test_body_decoding_errors(raw, fragment):
         ({"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
         ({"prompt": "hi", "top_p": 0.0}, 400, None),
         ({"prompt": "hi", "echo": True}, 400, "echo"),
-        ({"prompt": "hi", "best_of": 2}, 400, "best_of"),
-        ({"prompt": "hi", "use_beam_search": True}, 400, "use_beam_search"),
+        ({"prompt": "hi", "best_of": 2}, 400, None),  # best_of above 1 needs beam search
+        ({"prompt": "hi", "best_of": 0}, 400, "best_of"),
         ({"prompt": "hi", "use_beam_search": "yes"}, 400, "use_beam_search"),
+        ({"prompt": "hi", "use_beam_search": True, "n": 3, "best_of": 2}, 400, None),
+        ({"prompt": "hi", "use_beam_search": True, "stop": ["x"]}, 400, None),
+        ({"prompt": "hi", "use_beam_search": True, "length_penalty": "1"}, 400, "length_penalty"),
     ],
 )
 def test_completion_request_errors(body, status, param, tokenizer):
@@ -76,9 +79,16 @@ def test_completion_request_errors(body, status, param, tokenizer):
     assert info.value.body()["error"]["message"].endswith(".")
 
 
-def test_beam_search_off_and_best_of_one_are_accepted(tokenizer):
+def test_beam_search_fields_reach_sampling_params(tokenizer):
     body = {"prompt": "hi", "max_tokens": 2, "use_beam_search": False, "best_of": 1}
-    assert _parse_completion(body, tokenizer).params.max_tokens == 2
+    assert _parse_completion(body, tokenizer).params.beam_width == 0
+    body = {"prompt": "hi", "max_tokens": 2, "use_beam_search": True, "n": 2, "best_of": 3,
+            "length_penalty": 0.5}  # fmt: skip
+    p = _parse_completion(body, tokenizer).params
+    assert (p.use_beam_search, p.n, p.beam_width, p.length_penalty) == (True, 2, 3, 0.5)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "use_beam_search": True, "n": 2}
+    p = parse_chat_request(chat, tokenizer=tokenizer, served_model=MODEL, max_model_len=MAX_LEN)
+    assert p.params.use_beam_search and p.params.beam_width == 2
 
 
 def test_context_length_is_prompt_plus_max_tokens(tokenizer):
@@ -134,7 +144,7 @@ def test_completion_fields_reach_sampling_params(tokenizer):
         ({"messages": [{"role": "user", "content": 3}]}, "messages"),
         ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
         (
-            {"messages": [{"role": "user", "content": "hi"}], "use_beam_search": True},
+            {"messages": [{"role": "user", "content": "hi"}], "use_beam_search": "on"},
             "use_beam_search",
         ),
         (

@@ -248,13 +248,17 @@ def _build_in_background() -> None:
     if _state.get("background"):
         return
     _state["background"] = True
+    level, _ = select_isa()
+    if (_build_dir(level) / "lock").exists():
+        return  # another process builds it (one waiting build per process would pile up)
     nice = ["nice", "-n", "19"] if shutil.which("nice") else []
     code = "from engine_ref.core import kernels; kernels.available()"
     if os.environ.get(BACKGROUND_BUILD_ENV, "idle") != "normal":
         code = f"{_SCHED_IDLE}\n{code}"
-    subprocess.Popen([*nice, sys.executable, "-c", code], stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     process_group=0)  # fmt: skip
+    # Held for the life of the process: a Popen collected while its child runs warns.
+    _state["background"] = subprocess.Popen(
+        [*nice, sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)  # fmt: skip
 
 
 # The background build's first statement: every process it starts (ninja, the compiler)
