@@ -35,12 +35,16 @@ def check_prompt(
     return prompt
 
 
+MAX_TENANT_CHARS = 256
+
+
 def check_request(
     params: object,
     *,
     priority: object,
     cache_salt: object,
     vocab_size: int,
+    tenant: object = None,
     max_num_seqs: int,
 ) -> None:
     """Raises EngineError for sampling parameters this engine cannot run: not a
@@ -61,6 +65,10 @@ def check_request(
         raise EngineError(f"priority must be an integer, got {priority!r}.")
     if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
         raise EngineError("cache_salt must be a non-empty string or None.")
+    if tenant is not None and (not isinstance(tenant, str) or len(tenant) > MAX_TENANT_CHARS):
+        raise EngineError(
+            f"tenant must be a string of at most {MAX_TENANT_CHARS} characters or None."
+        )
 
 
 def _token_id(value: object) -> int:

@@ -116,11 +116,12 @@ class LLMEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Queue a request. Raises EngineError for an unusable prompt or parameters or a
         duplicate id, and QueueFullError when the waiting queue is at its bound. Requests
         share prefix-cache blocks only when their `cache_salt`s are equal (None included), so
-        tenants with different salts never read each other's KV."""
+        tenants with different salts never read each other's KV. `tenant`: `core.policy`'s."""
         if request_id in self.requests:
             raise EngineError(f"Request id {request_id!r} is already in use.")
         prompt = check_prompt(
@@ -132,14 +133,16 @@ class LLMEngine:
             params,
             priority=priority,
             cache_salt=cache_salt,
+            tenant=tenant,
             vocab_size=self.model_config.vocab_size,
             max_num_seqs=self.config.max_num_seqs,
         )
         processor = self.output_processor
         grammar = processor.grammar_matcher(params)
         request = Request(
-            request_id, prompt, params, int(priority), next(self._arrivals), cache_salt=cache_salt
-        )
+            request_id, prompt, params, int(priority), next(self._arrivals), cache_salt=cache_salt,
+            tenant=tenant or "",
+        )  # fmt: skip
         seq = processor.new_sequence(
             request, 0, list(prompt), processor.seeded_generator(params, 0)
         )

@@ -16,6 +16,7 @@ import torch
 
 from engine_ref.core import beam_search
 from engine_ref.core.grammar import GuidedDecoding
+from engine_ref.core.policy import check_policy, tenant_weights
 from engine_ref.core.quant import QUANTIZATION_MODES
 
 
@@ -182,7 +183,8 @@ class EngineConfig:
     every prefix-cache key, so caches of different model versions never match.
     `quantization` None runs the weights in `dtype`; "w4a16", "w4a8", "w8a8" or "w8a16" runs
     the projections as low-bit GEMMs (see `engine_ref.core.quant`; all but w4a16 on CPU only).
-    `speculative_config` None serves without speculative decoding.
+    `speculative_config` None serves without speculative decoding. `scheduling_policy` and
+    `tenant_weights` (a JSON object, tenant to weight): `engine_ref.core.policy`.
     """
 
     model: str = "smollm2-135m"
@@ -197,6 +199,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096
     scheduling_policy: str = "fcfs"
+    tenant_weights: str | None = None
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
@@ -230,10 +233,8 @@ class EngineConfig:
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise EngineConfigError(f"Unknown device {self.device!r}; use auto, cpu or cuda.")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise EngineConfigError(
-                f"Unknown scheduling_policy {self.scheduling_policy!r}; use fcfs or priority."
-            )
+        if problem := check_policy(self.scheduling_policy, tenant_weights(self.tenant_weights)):
+            raise EngineConfigError(problem)
         positive = {
             "block_size": self.block_size,
             "max_num_seqs": self.max_num_seqs,

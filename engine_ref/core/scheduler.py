@@ -7,7 +7,11 @@ mostly from the prefix cache). A running sequence with nothing to compute (a bea
 request waits for its other beams' logits) is skipped.
 
 The waiting queue is a heap keyed by (priority, arrival index) under the "priority" policy and
-by arrival index under "fcfs", so a preempted sequence goes back ahead of newer arrivals.
+by arrival index under "fcfs", so a preempted sequence goes back ahead of newer arrivals. Under
+"fair" (`engine_ref.core.policy`) the order changes as tenants are served: the queue is scanned
+for the waiting sequence whose tenant has the smallest counter, and each scheduled row's
+positions are charged to its tenant (prompt positions at the input cost, output positions at
+the output cost).
 
 Prefix-cache counters count tokens once per admission, not per attempt: a waiting sequence is
 looked up again every step until its blocks fit, but only the lookup that admits it counts.
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 
 from engine_ref.core.block_manager import BlockManager
 from engine_ref.core.engine_config import EngineConfig
+from engine_ref.core.policy import FairShare, tenant_weights
 from engine_ref.core.sequence import Sequence, SequenceStatus
 
 
@@ -61,6 +66,11 @@ class Scheduler:
         self.prefix_hit_tokens = 0
         self.preempted_prefix_query_tokens = 0
         self.preempted_prefix_hit_tokens = 0
+        self.fair = (
+            FairShare(tenant_weights(config.tenant_weights))  # type: ignore[arg-type]
+            if config.scheduling_policy == "fair"
+            else None
+        )
 
     @property
     def num_waiting(self) -> int:
@@ -76,6 +86,10 @@ class Scheduler:
             raise QueueFullError(
                 f"Waiting queue is full ({self.config.max_waiting_requests} requests); retry later."
             )
+        if self.fair is not None:
+            waiting = (e[3] for e in self._waiting if e[3].status is SequenceStatus.WAITING)
+            active = [s.request.tenant for s in (*self.running, *waiting)]
+            self.fair.arrive(seq.request.tenant, active)
         self._push(seq)
 
     def remove(self, seq: Sequence) -> None:
@@ -151,6 +165,10 @@ class Scheduler:
         )
         batch.seqs = [s for s, _ in scheduled]
         batch.num_new_tokens = [n for _, n in scheduled]
+        if self.fair is not None:
+            for seq, n in scheduled:
+                prompt = max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
+                self.fair.charge(seq.request.tenant, prompt, n - prompt)
         return batch
 
     def _fit_drafts(self, seq: Sequence, num_new: int, budget: int, num_pending: int) -> int:
@@ -186,8 +204,10 @@ class Scheduler:
         self.num_preemptions += 1
         self._push(seq)
 
-    def _key(self, seq: Sequence) -> tuple[int, int]:
+    def _key(self, seq: Sequence) -> tuple[float, int]:
         request = seq.request
+        if self.fair is not None:
+            return self.fair.key(request)
         priority = request.priority if self.config.scheduling_policy == "priority" else 0
         return priority, request.arrival_index
 
@@ -198,6 +218,11 @@ class Scheduler:
         self._num_waiting += 1
 
     def _peek(self) -> Sequence | None:
+        if self.fair is not None:  # the counters move: the smallest key now, by a scan
+            self._waiting = [e for e in self._waiting if e[3].status is SequenceStatus.WAITING]
+            if not self._waiting:
+                return None
+            return min(self._waiting, key=lambda e: (*self._key(e[3]), e[2]))[3]
         while self._waiting:
             seq = self._waiting[0][3]
             if seq.status is SequenceStatus.WAITING:
@@ -206,5 +231,9 @@ class Scheduler:
         return None
 
     def _pop(self) -> None:
-        heapq.heappop(self._waiting)
+        if self.fair is not None:
+            seq = self._peek()
+            self._waiting = [e for e in self._waiting if e[3] is not seq]
+        else:
+            heapq.heappop(self._waiting)
         self._num_waiting -= 1

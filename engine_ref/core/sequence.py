@@ -92,6 +92,7 @@ class Request:
     num_cached_tokens: int = 0
     is_forked: bool = False
     cache_salt: str | None = None
+    tenant: str = ""  # whose share the `fair` policy charges its tokens to
     # Beam search: the finished hypotheses so far, whether the search is over, and the next
     # sequence index a forked beam takes.
     beam_finished: list[BeamHypothesis] = field(default_factory=list)

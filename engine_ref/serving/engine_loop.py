@@ -80,6 +80,7 @@ class EngineRequest:
     params: SamplingParams
     priority: int = 0
     cache_salt: str | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ class EngineDriver:
                     r.params,
                     priority=r.priority,
                     cache_salt=r.cache_salt,
+                    tenant=r.tenant,
                 )
                 added.append(r.request_id)
         except Exception as exc:

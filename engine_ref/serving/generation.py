@@ -77,6 +77,7 @@ class GenerationRun:
                 self.gen.params,
                 priority=self.gen.priority,
                 cache_salt=self.gen.cache_salt,
+                tenant=self.gen.tenant,
             )
             for rid, prompt in zip(self.engine_ids, self.gen.prompts, strict=True)
         ]

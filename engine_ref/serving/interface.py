@@ -27,6 +27,7 @@ from engine_ref import (
     RequestOutput,
     SamplingParams,
 )
+from engine_ref.core.admission import MAX_TENANT_CHARS
 from engine_ref.core.engine_config import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_STOP_STRINGS",
     "MAX_STOP_STRING_CHARS",
     "MAX_STOP_TOKEN_IDS",
+    "MAX_TENANT_CHARS",
     "QueueFullError",
     "RequestOutput",
     "SamplingParams",
@@ -119,10 +121,12 @@ class EngineInterface(Protocol):
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Queue a request; raises `QueueFullError` when the waiting queue is full, and
         `EngineError` / `EngineConfigError` (ValueErrors) for a request it cannot serve.
-        Requests share prefix-cache blocks only when their `cache_salt`s are equal."""
+        Requests share prefix-cache blocks only when their `cache_salt`s are equal; `tenant`
+        is whose share a fair scheduling policy charges."""
         ...
 
     def step(self) -> list[RequestOutput]:

@@ -7,6 +7,7 @@ are ignored, as OpenAI-compatible servers do): `model`, `prompt` (completions: a
 of token ids, or a list of either) or `messages` (chat), `max_tokens` (chat also
 `max_completion_tokens`), `n`, `temperature`, `top_p`, `top_k`, `seed`, `stop`,
 `stop_token_ids`, `ignore_eos`, `min_tokens`, `logprobs`, `top_logprobs` (chat), `priority`,
+`user` (the tenant a `fair` scheduling policy charges, at most 256 characters),
 `stream`, `stream_options.include_usage` (and vLLM's `stream_options.continuous_usage_stats`:
 every chunk then carries the cumulative usage so far, so a client can count the tokens each
 chunk adds), `return_token_ids` (vLLM extension: each choice
@@ -45,7 +46,12 @@ from engine_ref.serving.fields import (
     stop_token_ids,
 )
 from engine_ref.serving.guided import guided_decoding
-from engine_ref.serving.interface import EngineConfigError, SamplingParams, ServedTokenizer
+from engine_ref.serving.interface import (
+    MAX_TENANT_CHARS,
+    EngineConfigError,
+    SamplingParams,
+    ServedTokenizer,
+)
 
 _MAX_N = 64
 _MAX_LOGPROBS = 20
@@ -72,6 +78,7 @@ class GenerationRequest:
     return_token_ids: bool
     cache_salt: str | None = None
     continuous_usage: bool = False  # every chunk carries the usage so far (with include_usage)
+    tenant: str | None = None  # OpenAI's `user`: whose share a fair scheduling policy charges
 
     @property
     def num_choices(self) -> int:
@@ -244,6 +251,7 @@ def _build(
         return_token_ids=bool(optional_bool(body, "return_token_ids")),
         cache_salt=optional_string(body, "cache_salt", max_chars=MAX_CACHE_SALT_CHARS),
         continuous_usage=continuous_usage,
+        tenant=optional_string(body, "user", max_chars=MAX_TENANT_CHARS),
     )
 
 

@@ -68,7 +68,9 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.total_blocks = 256
 
-    def add_request(self, request_id, prompt_token_ids, params, *, priority=0, cache_salt=None):
+    def add_request(
+        self, request_id, prompt_token_ids, params, *, priority=0, cache_salt=None, tenant=None
+    ):
         time.sleep(self.add_s)
         self.num_add_calls += 1
         if self.num_add_calls == self.fail_nth_add:
