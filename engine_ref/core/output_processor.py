@@ -304,8 +304,9 @@ class OutputProcessor:
         with its candidates: forks, frees and appends; the answer when the search ends."""
         params = request.params
         width = params.beam_width
-        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
-        chosen, finished = beam_search.rank(live, width, stops.__contains__)
+        chosen, finished = beam_search.rank(
+            live, width, lambda token: self._ends_sequence(params, token)
+        )
         request.beam_finished += finished
         for seq in live:
             seq.beam_candidates = None
@@ -400,6 +401,12 @@ class OutputProcessor:
             logprobs if verified.logprobs is not None else None,
         )
 
+    def _ends_sequence(self, params: SamplingParams, token: int) -> bool:
+        """A stop token, or an end-of-sequence token unless `ignore_eos`."""
+        return token in params.stop_token_ids or (
+            token in self.eos_token_ids and not params.ignore_eos
+        )
+
     def _update_text_and_finish(self, seq: Sequence, token: int) -> str:
         """Detokenise the new token, decide whether the sequence is done, and return the text
         that can be released now (held back while it might still become a stop string)."""
@@ -407,9 +414,7 @@ class OutputProcessor:
         detok = seq.detokenizer
         detok.add([token])
         reason = None
-        if token in params.stop_token_ids:
-            reason = "stop"
-        elif token in self.eos_token_ids and not params.ignore_eos:
+        if self._ends_sequence(params, token):
             reason = "stop"
         elif seq.grammar is not None and seq.grammar.is_terminated:
             reason = "stop"  # the grammar is complete (it accepted an end-of-sequence token)

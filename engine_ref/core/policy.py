@@ -71,8 +71,9 @@ class FairShare:
     def arrive(self, tenant: str, active: Iterable[str]) -> None:
         """`tenant` gets a request; `active` are the tenants with queued or running work
         (before it). An idle tenant is lifted to the smallest active counter."""
-        others = [self.counters[t] for t in set(active) if t != tenant]
-        if tenant not in set(active) and others:
+        active = set(active)
+        others = [self.counters[t] for t in active if t != tenant]
+        if tenant not in active and others:
             self.counters[tenant] = max(self.counters[tenant], min(others))
 
     def key(self, request: Any) -> tuple[float, int]:

@@ -151,7 +151,7 @@ class Scheduler:
             if not bm.can_append(seq, num_new):
                 bm.free(seq)
                 break
-            self._pop()
+            self._pop(seq)
             self._count_prefix_lookup(seq, cached)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -230,9 +230,9 @@ class Scheduler:
             heapq.heappop(self._waiting)  # aborted while waiting
         return None
 
-    def _pop(self) -> None:
+    def _pop(self, seq: Sequence) -> None:
+        """Take `seq`, which `_peek` just returned, off the waiting queue."""
         if self.fair is not None:
-            seq = self._peek()
             self._waiting = [e for e in self._waiting if e[3] is not seq]
         else:
             heapq.heappop(self._waiting)
