@@ -36,6 +36,7 @@ def check_prompt(
 
 
 MAX_TENANT_CHARS = 256
+MAX_DEADLINE_MS = 10**12  # about 30 years: beyond it, a deadline is no deadline
 
 
 def check_request(
@@ -46,10 +47,13 @@ def check_request(
     vocab_size: int,
     tenant: object = None,
     max_num_seqs: int,
+    deadline_ms: object = None,
 ) -> None:
     """Raises EngineError for sampling parameters this engine cannot run: not a
     SamplingParams, more parallel samples than a step may hold, stop token ids outside the
-    vocabulary; and for a non-integer priority or an empty or non-string cache salt."""
+    vocabulary; for a non-integer priority, an empty or non-string cache salt, a tenant
+    that is not a short string, and a deadline that is not a whole number of milliseconds
+    in [1, `MAX_DEADLINE_MS`]."""
     if not isinstance(params, SamplingParams):
         raise EngineError(f"params must be a SamplingParams, got {type(params).__name__}.")
     if params.n > max_num_seqs:
@@ -68,6 +72,15 @@ def check_request(
     if tenant is not None and (not isinstance(tenant, str) or len(tenant) > MAX_TENANT_CHARS):
         raise EngineError(
             f"tenant must be a string of at most {MAX_TENANT_CHARS} characters or None."
+        )
+    if deadline_ms is not None and (
+        isinstance(deadline_ms, bool)
+        or not isinstance(deadline_ms, numbers.Integral)
+        or not 1 <= deadline_ms <= MAX_DEADLINE_MS
+    ):
+        raise EngineError(
+            f"deadline_ms must be a whole number of milliseconds from 1 to {MAX_DEADLINE_MS}, "
+            f"got {deadline_ms!r}."
         )
 
 

@@ -92,11 +92,26 @@ class BlockManager:
         """Attach cached blocks for the longest verified prefix of a sequence that has no blocks
         yet; returns the number of tokens served from the cache (a multiple of block_size)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
+        for block, key in self.cached_prefix(seq):
+            if self.ref_counts[block] == 0:
+                self._unfree(block)
+            self.ref_counts[block] += 1
+            seq.block_table.append(block)
+            seq.block_hashes.append(key)
+        cached = len(seq.block_table) * self.block_size
+        seq.num_computed_tokens = cached
+        return cached
+
+    def cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
+        """(block, key) of each cached block serving the longest verified prefix of `seq`'s
+        tokens, changing nothing (`allocate_prefix` attaches them; the `affinity` policy
+        counts them)."""
         if not self.enable_prefix_caching:
-            return 0
+            return []
         bs = self.block_size
         parent_key = self.root_key_of(seq)
         parent: tuple[int, int] | int = parent_key
+        found = []
         # Never the last token: its row must be computed to produce logits.
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
@@ -106,15 +121,9 @@ class BlockManager:
                 break
             if self.block_parent[block] != parent:
                 break
-            if self.ref_counts[block] == 0:
-                self._unfree(block)
-            self.ref_counts[block] += 1
-            seq.block_table.append(block)
-            seq.block_hashes.append(key)
+            found.append((block, key))
             parent_key, parent = key, (block, self.generation[block])
-        cached = len(seq.block_table) * bs
-        seq.num_computed_tokens = cached
-        return cached
+        return found
 
     def root_key_of(self, seq: Sequence) -> int:
         """The key a sequence's first block chains from: the engine's salt and the request's

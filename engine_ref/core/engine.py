@@ -20,7 +20,8 @@ nothing for this.
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,10 +34,12 @@ from engine_ref.core.model import LlamaModel
 from engine_ref.core.model_runner import ModelRunner
 from engine_ref.core.output_processor import Executed, OutputProcessor
 from engine_ref.core.outputs import CompletionOutput, RequestOutput
+from engine_ref.core.overload import OverloadControl
 from engine_ref.core.scheduler import Scheduler
 from engine_ref.core.sequence import Request, Sequence
 from engine_ref.core.spec_decode import SpeculativeDecoder
 from engine_ref.core.stats import EngineStats
+from engine_ref.core.step_meter import StepMeter, StepRates
 
 __all__ = ["CompletionOutput", "EngineError", "LLMEngine", "RequestOutput"]
 
@@ -45,8 +48,9 @@ class LLMEngine:
     """The reference engine over `loaded` (an `engine_ref.loading.LoadedModel`, or anything
     with `config`, `state_dict` and `tokenizer`) and, for a `draft_model` speculative config,
     `draft_loaded`; `engine_ref.build_engine(config)` loads both from the config. `hash_fn`
-    replaces the prefix-cache hash (tests force collisions with it). Raises EngineError when
-    `loaded` is missing or the config cannot be served."""
+    replaces the prefix-cache hash (tests force collisions with it); deadlines are measured on
+    `clock` (s) and estimated from `rates` (`core.step_meter`). Raises EngineError when `loaded`
+    is missing or the config cannot be served."""
 
     def __init__(
         self,
@@ -55,6 +59,8 @@ class LLMEngine:
         loaded: Any = None,
         hash_fn: HashFn = default_hash,
         draft_loaded: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        rates: StepRates | None = None,
     ) -> None:
         if loaded is None:
             raise EngineError(
@@ -74,20 +80,20 @@ class LLMEngine:
             salt=f"{config.prefix_cache_salt}|{tokenizer.name}|{config.model}|{self.dtype}",
             hash_fn=hash_fn,
         )
-        self.scheduler = Scheduler(config, self.block_manager)
+        self.scheduler = scheduler = Scheduler(config, self.block_manager)
         spec = config.speculative_config
         self.spec = (
             None if spec is None else SpeculativeDecoder(spec, max_model_len=runner.max_model_len)
         )
-        self.output_processor = OutputProcessor(
+        self.output_processor = processor = OutputProcessor(
             config, runner, self.scheduler, self.block_manager, self.spec, tokenizer
         )
         self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
         self._pending_outputs: list[RequestOutput] = []
         self._num_steps = 0
-        self._prompt_tokens: dict[str, int] = defaultdict(int)
-        self._generation_tokens: dict[str, int] = defaultdict(int)
+        self.meter = meter = StepMeter(clock, rates)
+        self.overload = OverloadControl(config, scheduler, processor.finish, meter, self.requests)
 
     @property
     def tokenizer(self) -> Any:
@@ -117,11 +123,12 @@ class LLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        deadline_ms: int | None = None,
     ) -> None:
         """Queue a request. Raises EngineError for an unusable prompt or parameters or a
-        duplicate id, and QueueFullError when the waiting queue is at its bound. Requests
-        share prefix-cache blocks only when their `cache_salt`s are equal (None included), so
-        tenants with different salts never read each other's KV. `tenant`: `core.policy`'s."""
+        duplicate id, and QueueFullError when it is refused (`core.overload`, as `deadline_ms`,
+        its time from now). Requests share prefix-cache blocks only when their `cache_salt`s
+        are equal (None too), so tenants with different salts never read each other's KV."""
         if request_id in self.requests:
             raise EngineError(f"Request id {request_id!r} is already in use.")
         prompt = check_prompt(
@@ -136,9 +143,9 @@ class LLMEngine:
             tenant=tenant,
             vocab_size=self.model_config.vocab_size,
             max_num_seqs=self.config.max_num_seqs,
+            deadline_ms=deadline_ms,
         )
         processor = self.output_processor
-        grammar = processor.grammar_matcher(params)
         request = Request(
             request_id, prompt, params, int(priority), next(self._arrivals), cache_salt=cache_salt,
             tenant=tenant or "",
@@ -146,8 +153,8 @@ class LLMEngine:
         seq = processor.new_sequence(
             request, 0, list(prompt), processor.seeded_generator(params, 0)
         )
-        seq.grammar = grammar
-        self.scheduler.add(seq)  # may raise QueueFullError
+        seq.grammar = processor.grammar_matcher(params)  # may raise EngineError
+        self._pending_outputs += self.overload.admit(seq, deadline_ms)  # may refuse it
         request.sequences.append(seq)
         self.requests[request_id] = request
 
@@ -162,9 +169,10 @@ class LLMEngine:
         return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler iteration; returns outputs of the requests that progressed, and
-        of those that finished by abort or failed (finish_reason "error")."""
+        """Run one scheduler iteration; returns outputs of the requests that progressed or
+        ended otherwise (abort, "error", "shed", "deadline": `core.overload`)."""
         outputs, self._pending_outputs = self._pending_outputs, []
+        outputs += self.overload.expire()
         # Drafts first, so the scheduler counts them against the step's token budget.
         drafted = self.spec.propose(self.scheduler.running) if self.spec is not None else []
         try:
@@ -172,6 +180,7 @@ class LLMEngine:
             if batch.is_empty:
                 return outputs
             self.block_manager.begin_step()
+            self.meter.start()
             try:
                 with torch.inference_mode():
                     self.model_runner.copy_blocks(batch.block_copies)
@@ -204,10 +213,10 @@ class LLMEngine:
             prefix_cache_hit_tokens=self.scheduler.prefix_hit_tokens,
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self._num_steps,
-            prompt_tokens_total=sum(self._prompt_tokens.values()),
-            generation_tokens_total=sum(self._generation_tokens.values()),
-            prompt_tokens_by_step_kind=dict(self._prompt_tokens),
-            generation_tokens_by_step_kind=dict(self._generation_tokens),
+            prompt_tokens_total=sum(self.meter.prompt_tokens.values()),
+            generation_tokens_total=sum(self.meter.generation_tokens.values()),
+            prompt_tokens_by_step_kind=dict(self.meter.prompt_tokens),
+            generation_tokens_by_step_kind=dict(self.meter.generation_tokens),
             kv_bytes_per_token=self.model_runner.kv_bytes_per_token,
             kv_bytes_per_request=self.model_runner.kv_bytes_per_request,
             max_model_len=self.max_model_len,
@@ -215,6 +224,7 @@ class LLMEngine:
             prefix_cache_preempted_hit_tokens=self.scheduler.preempted_prefix_hit_tokens,
             weight_bytes_by_kind=dict(self.model_runner.weight_bytes_by_kind),
             spec_decode=None if self.spec is None else self.spec.stats(),
+            requests_shed_by_reason=dict(self.overload.counts),
         )
 
     # -- one step -----------------------------------------------------------------------------
@@ -235,7 +245,7 @@ class LLMEngine:
         for output in outputs:
             if output.finished:
                 self.requests.pop(output.request_id, None)
-        self._count_tokens(executed)
+        self.meter.count(executed)
         return outputs
 
     def _execute(
@@ -248,13 +258,3 @@ class LLMEngine:
             chosen = set(requests)
             items = [item for item in items if item[0].request in chosen]
         return self.output_processor.sample(self.model_runner.forward(items))
-
-    def _count_tokens(self, executed: list[Executed]) -> None:
-        num_prompt_rows = sum(run.num_prompt_rows for run in executed)
-        num_rows = sum(n for run in executed for _, n in run.items)
-        kind = "mixed" if num_prompt_rows and num_prompt_rows < num_rows else None
-        kind = kind or ("prefill" if num_prompt_rows else "decode")
-        self._prompt_tokens[kind] += num_prompt_rows
-        self._generation_tokens[kind] += sum(
-            len(run.token_ids) + run.num_spec_tokens + len(run.beam_candidates) for run in executed
-        )

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import numbers
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -15,6 +14,7 @@ from typing import ClassVar
 import torch
 
 from engine_ref.core import beam_search
+from engine_ref.core.cpu import available_cpus, cpu_has_fast_bf16
 from engine_ref.core.grammar import GuidedDecoding
 from engine_ref.core.policy import check_policy, tenant_weights
 from engine_ref.core.quant import QUANTIZATION_MODES
@@ -61,14 +61,6 @@ class DtypeChoice:
                 f"A dtype choice must be float32, bfloat16 or float16, got {self.dtype!r}."
             )
         object.__setattr__(self, "source", DtypeSource(self.source))
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask: taskset, a container's cpuset),
-    which can be fewer than the machine's `os.cpu_count()`."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -177,14 +169,16 @@ class EngineConfig:
     says what it resolved to and why. "float32" is also for exact tests.
     `device` "auto" picks CUDA when available. The KV pool holds `num_blocks` blocks of
     `block_size` tokens; when `num_blocks` is None it is derived from `kv_cache_memory_bytes`.
-    `max_waiting_requests` bounds the waiting queue: `add_request` beyond it raises
-    `QueueFullError`. `max_model_len` None means the model's `max_position_embeddings`.
+    `max_waiting_requests` bounds the waiting queue: beyond it `add_request` raises
+    `QueueFullError` or sheds a waiting request, by policy (`engine_ref.core.overload`). `max_model_len` None means the model's `max_position_embeddings`.
     `num_threads` None means the CPUs this process may run on (CPU only). `prefix_cache_salt` is mixed into
     every prefix-cache key, so caches of different model versions never match.
     `quantization` None runs the weights in `dtype`; "w4a16", "w4a8", "w8a8" or "w8a16" runs
     the projections as low-bit GEMMs (see `engine_ref.core.quant`; all but w4a16 on CPU only).
-    `speculative_config` None serves without speculative decoding. `scheduling_policy` and
-    `tenant_weights` (a JSON object, tenant to weight): `engine_ref.core.policy`.
+    `speculative_config` None serves without speculative decoding. `scheduling_policy`,
+    `tenant_weights` (a JSON object, tenant to weight), `priority_aging_steps` (steps a
+    request waits per priority level it gains; 0: no aging) and `affinity_max_bypass` (later
+    arrivals that may overtake a waiting request): `engine_ref.core.policy`.
     """
 
     model: str = "smollm2-135m"
@@ -200,6 +194,8 @@ class EngineConfig:
     max_waiting_requests: int = 4096
     scheduling_policy: str = "fcfs"
     tenant_weights: str | None = None
+    priority_aging_steps: int = 32
+    affinity_max_bypass: int = 8
     max_model_len: int | None = None
     num_threads: int | None = None
     seed: int = 0
@@ -233,7 +229,10 @@ class EngineConfig:
             )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise EngineConfigError(f"Unknown device {self.device!r}; use auto, cpu or cuda.")
-        if problem := check_policy(self.scheduling_policy, tenant_weights(self.tenant_weights)):
+        weights = tenant_weights(self.tenant_weights)
+        for name in ("priority_aging_steps", "affinity_max_bypass"):
+            object.__setattr__(self, name, _integer(name, getattr(self, name), low=0))
+        if problem := check_policy(self.scheduling_policy, weights):
             raise EngineConfigError(problem)
         positive = {
             "block_size": self.block_size,
@@ -480,21 +479,3 @@ def _stop_token_ids(ids: object) -> tuple[int, ...]:
             f"stop_token_ids has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS} are allowed."
         )
     return tuple(_integer("stop_token_ids", t, low=0) for t in ids)
-
-
-def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU multiplies bf16 natively (`amx_bf16` or `avx512_bf16` among its flags).
-    `cpuinfo` is the text of /proc/cpuinfo (read when None); without it, torch's own detection
-    of AVX-512 decides."""
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    return bool(flags & {"amx_bf16", "avx512_bf16"})

@@ -445,6 +445,7 @@ class OutputProcessor:
         request.is_forked = True
         child = self.new_sequence(request, index, list(parent.token_ids), generator)
         child.grammar = None if parent.grammar is None else parent.grammar.fork()
+        child.priority_credit = parent.priority_credit  # the levels aging earned the request
         self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
         self.scheduler.running.append(child)
@@ -453,8 +454,9 @@ class OutputProcessor:
 
     # -- finishing ----------------------------------------------------------------------------
     def finish(self, request: Request, reason: str, error: str | None = None) -> RequestOutput:
-        """Finish every unfinished sequence of `request` with `reason` ("abort" or "error")
-        and take it off the scheduler (its blocks free when the step ends)."""
+        """Finish every unfinished sequence of `request` with `reason` ("abort", "error", or
+        overload control's "shed" and "deadline") and take it off the scheduler (its blocks
+        free when the step ends)."""
         outputs = []
         for seq in request.sequences:
             if not seq.is_finished:

@@ -6,12 +6,15 @@ are freed; it returns to the waiting queue and later recomputes prompt and outpu
 mostly from the prefix cache). A running sequence with nothing to compute (a beam whose
 request waits for its other beams' logits) is skipped.
 
-The waiting queue is a heap keyed by (priority, arrival index) under the "priority" policy and
-by arrival index under "fcfs", so a preempted sequence goes back ahead of newer arrivals. Under
-"fair" (`engine_ref.core.policy`) the order changes as tenants are served: the queue is scanned
-for the waiting sequence whose tenant has the smallest counter, and each scheduled row's
-positions are charged to its tenant (prompt positions at the input cost, output positions at
-the output cost).
+The policies (`engine_ref.core.policy`) give each sequence a key: admitted smallest first,
+preempted largest first. Under "fcfs" (arrival index) and "edf" (deadline, then arrival) the
+keys are fixed and the waiting queue is a heap, so a preempted sequence goes back ahead of
+newer arrivals. Under "priority" (aged priority), "fair" (tenant counters) and "affinity"
+(cached prefix blocks, bypass bound) the order changes while sequences wait, so the queue is
+scanned for the next one. Under "fair" each scheduled row's positions are charged to its
+tenant (prompt positions at the input cost, output positions at the output cost). Under
+"priority" a waiting sequence that lacks a seat or blocks preempts the worst running one whose
+aged priority is worse than its own priority (`_displace`), taking its row out of the step.
 
 Prefix-cache counters count tokens once per admission, not per attempt: a waiting sequence is
 looked up again every step until its blocks fit, but only the lookup that admits it counts.
@@ -22,16 +25,22 @@ victim finding its own blocks again does not inflate the hit rate of new request
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from engine_ref.core.block_manager import BlockManager
 from engine_ref.core.engine_config import EngineConfig
-from engine_ref.core.policy import FairShare, tenant_weights
+from engine_ref.core.overload import QueueFullError
+from engine_ref.core.policy import (
+    MOVING_ORDER_POLICIES,
+    FairShare,
+    affinity_pick,
+    aged_priority,
+    tenant_weights,
+)
 from engine_ref.core.sequence import Sequence, SequenceStatus
 
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is at `max_waiting_requests`; the request was rejected."""
+__all__ = ["QueueFullError", "ScheduledBatch", "Scheduler"]
 
 
 @dataclass
@@ -57,9 +66,13 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.running: list[Sequence] = []
-        self._waiting: list[tuple[int, int, int, Sequence]] = []  # heap
+        self.policy = config.scheduling_policy
+        self._waiting: list[tuple[float, int, int, Sequence]] = []  # a heap unless `_moving`
+        self._moving = self.policy in MOVING_ORDER_POLICIES
         self._num_waiting = 0
         self._push_count = 0
+        self._num_schedules = 0  # the aging clock of the "priority" policy
+        self._cached_blocks: dict[Sequence, int] = {}  # "affinity": this step's lookups
         self.num_preemptions = 0
         # Tokens looked up in / served from the prefix cache at admission (see module doc).
         self.prefix_query_tokens = 0
@@ -104,15 +117,22 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running) or self._num_waiting > 0
 
+    def waiting(self) -> Iterator[Sequence]:
+        """The waiting sequences, in no particular order."""
+        return (e[3] for e in self._waiting if e[3].status is SequenceStatus.WAITING)
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         bm = self.block_manager
         chunked = self.config.enable_chunked_prefill
         scheduled: list[tuple[Sequence, int]] = []
+        copies: dict[Sequence, list[tuple[int, int]]] = {}
+        self._num_schedules += 1
+        self._cached_blocks.clear()
 
         # Decode rows before running prefill chunks, so a long prompt never starves them.
-        pending = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, *self._key(s)))
+        pending = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, *self.key(s)))
         pending.reverse()  # pop() from the end takes the next in order
         while pending and budget > 0:
             seq = pending.pop()
@@ -123,7 +143,7 @@ class Scheduler:
                 num_new += self._fit_drafts(seq, num_new, budget, len(pending))
             while not bm.can_append(seq, num_new):
                 # Preempt the least important sequence not yet scheduled (maybe seq itself).
-                victim = max([*pending, seq], key=self._key)
+                victim = max([*pending, seq], key=self.key)
                 if victim is not seq:
                     pending.remove(victim)
                 self.running.remove(victim)
@@ -132,14 +152,19 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                batch.block_copies += bm.append_slots(seq, num_new)
+                copies[seq] = bm.append_slots(seq, num_new)
                 scheduled.append((seq, num_new))
                 budget -= num_new
 
-        while self._waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while budget > 0:
             seq = self._peek()
             if seq is None:
                 break
+            if len(self.running) >= self.config.max_num_seqs:
+                freed = self._displace(seq, scheduled, batch)
+                if freed is None:
+                    break
+                budget += freed
             cached = 0
             if seq.num_computed_tokens == 0 and not seq.block_table:
                 cached = bm.allocate_prefix(seq)
@@ -148,6 +173,11 @@ class Scheduler:
                 bm.free(seq)  # the whole prompt must fit: wait for an emptier step
                 break
             num_new = min(remaining, budget) if chunked else remaining
+            while not bm.can_append(seq, num_new):
+                freed = self._displace(seq, scheduled, batch)
+                if freed is None:
+                    break
+                budget += freed
             if not bm.can_append(seq, num_new):
                 bm.free(seq)
                 break
@@ -155,7 +185,7 @@ class Scheduler:
             self._count_prefix_lookup(seq, cached)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            batch.block_copies += bm.append_slots(seq, num_new)
+            copies[seq] = bm.append_slots(seq, num_new)
             scheduled.append((seq, num_new))
             budget -= num_new
 
@@ -165,11 +195,34 @@ class Scheduler:
         )
         batch.seqs = [s for s, _ in scheduled]
         batch.num_new_tokens = [n for _, n in scheduled]
+        batch.block_copies = [c for s in batch.seqs for c in copies.get(s, ())]
         if self.fair is not None:
             for seq, n in scheduled:
                 prompt = max(0, min(n, seq.num_prompt_tokens - seq.num_computed_tokens))
                 self.fair.charge(seq.request.tenant, prompt, n - prompt)
         return batch
+
+    def _displace(
+        self, seq: Sequence, scheduled: list[tuple[Sequence, int]], batch: ScheduledBatch
+    ) -> int | None:
+        """Under "priority", preempt the worst running sequence when `seq`'s own priority is
+        better than its aged one, taking its row (if any) out of this step; returns the tokens
+        that row had (0 when it had none), or None when no sequence may be displaced."""
+        if self.policy != "priority" or not self.running:
+            return None
+        victim = max(self.running, key=self.key)
+        if not seq.request.priority < self.key(victim)[0]:
+            return None
+        self.running.remove(victim)
+        freed = 0
+        for i, (s, n) in enumerate(scheduled):
+            if s is victim:
+                del scheduled[i]
+                freed = n
+                break
+        self._preempt(victim)
+        batch.num_preempted += 1
+        return freed
 
     def _fit_drafts(self, seq: Sequence, num_new: int, budget: int, num_pending: int) -> int:
         """How many of `seq`'s draft slots join its row (`num_lookahead_tokens` is cut to
@@ -204,25 +257,47 @@ class Scheduler:
         self.num_preemptions += 1
         self._push(seq)
 
-    def _key(self, seq: Sequence) -> tuple[float, int]:
+    def key(self, seq: Sequence) -> tuple[float, int]:
+        """The policy's order: admitted smallest first, preempted largest first."""
         request = seq.request
         if self.fair is not None:
             return self.fair.key(request)
-        priority = request.priority if self.config.scheduling_policy == "priority" else 0
-        return priority, request.arrival_index
+        if self.policy == "priority":
+            waited = 0
+            if seq.status is SequenceStatus.WAITING:
+                waited = self._num_schedules - seq.waiting_since_step
+            aging = self.config.priority_aging_steps
+            priority = aged_priority(request.priority, seq.priority_credit, waited, aging)
+            return priority, request.arrival_index
+        if self.policy == "edf":
+            deadline_s = request.deadline_s
+            return float("inf") if deadline_s is None else deadline_s, request.arrival_index
+        return 0, request.arrival_index
 
     def _push(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        seq.waiting_since_step = self._num_schedules
         self._push_count += 1
-        heapq.heappush(self._waiting, (*self._key(seq), self._push_count, seq))
+        heapq.heappush(self._waiting, (*self.key(seq), self._push_count, seq))
         self._num_waiting += 1
+        if len(self._waiting) > 2 * self._num_waiting + 64:
+            # Entries of sequences that left while waiting (aborted, shed): drop them, so the
+            # queue's memory follows what waits, not what was ever queued.
+            self._waiting = [e for e in self._waiting if e[3].status is SequenceStatus.WAITING]
+            heapq.heapify(self._waiting)
 
     def _peek(self) -> Sequence | None:
-        if self.fair is not None:  # the counters move: the smallest key now, by a scan
+        if self._moving:  # the order moves while sequences wait: find the next by a scan
             self._waiting = [e for e in self._waiting if e[3].status is SequenceStatus.WAITING]
+            if self.policy == "affinity":
+                return affinity_pick(
+                    (e[3] for e in self._waiting),
+                    self._cached_prefix_blocks,
+                    self.config.affinity_max_bypass,
+                )
             if not self._waiting:
                 return None
-            return min(self._waiting, key=lambda e: (*self._key(e[3]), e[2]))[3]
+            return min(self._waiting, key=lambda e: (*self.key(e[3]), e[2]))[3]
         while self._waiting:
             seq = self._waiting[0][3]
             if seq.status is SequenceStatus.WAITING:
@@ -232,8 +307,21 @@ class Scheduler:
 
     def _pop(self, seq: Sequence) -> None:
         """Take `seq`, which `_peek` just returned, off the waiting queue."""
-        if self.fair is not None:
+        if self.policy == "priority":  # it keeps the levels it earned waiting
+            seq.priority_credit = seq.request.priority - int(self.key(seq)[0])
+        if self._moving:
             self._waiting = [e for e in self._waiting if e[3] is not seq]
         else:
             heapq.heappop(self._waiting)
         self._num_waiting -= 1
+        if self.policy == "affinity":  # every waiting earlier arrival was overtaken
+            for other in self.waiting():
+                if other.request.arrival_index < seq.request.arrival_index:
+                    other.num_bypassed += 1
+
+    def _cached_prefix_blocks(self, seq: Sequence) -> int:
+        """How many of `seq`'s prompt blocks the prefix cache holds, counted once a step."""
+        count = self._cached_blocks.get(seq)
+        if count is None:
+            count = self._cached_blocks[seq] = len(self.block_manager.cached_prefix(seq))
+        return count

@@ -54,6 +54,12 @@ class Sequence:
     # request has its own (then the request takes its beam step).
     beam_score: float = 0.0
     beam_candidates: list[tuple[int, float]] | None = None
+    # Scheduling (`engine_ref.core.policy`): the scheduler step it last entered the waiting
+    # queue at, the priority levels it has earned by waiting (kept while it runs), and how many
+    # later arrivals the `affinity` policy admitted ahead of it.
+    waiting_since_step: int = 0
+    priority_credit: int = 0
+    num_bypassed: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -93,6 +99,7 @@ class Request:
     is_forked: bool = False
     cache_salt: str | None = None
     tenant: str = ""  # whose share the `fair` policy charges its tokens to
+    deadline_s: float | None = None  # on the engine's clock; None: no deadline
     # Beam search: the finished hypotheses so far, whether the search is over, and the next
     # sequence index a forked beam takes.
     beam_finished: list[BeamHypothesis] = field(default_factory=list)

@@ -52,6 +52,8 @@ class EngineStats:
     `kv_bytes_per_request` for a request of `max_model_len` tokens;
     `weight_bytes_by_kind` the bytes of weights the model holds per layer kind (embedding,
     attention, mlp, norm, lm_head; a tied output projection counts under embedding).
+    `requests_shed_by_reason`: requests refused or ended early by overload control, by
+    reason (`engine_ref.core.overload.SHED_REASONS`).
     """
 
     num_running: int
@@ -77,6 +79,7 @@ class EngineStats:
     prefix_cache_preempted_hit_tokens: int = 0
     weight_bytes_by_kind: dict[str, int] | None = None
     spec_decode: SpecDecodeStats | None = None  # None: the engine runs without speculation
+    requests_shed_by_reason: dict[str, int] | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -81,6 +81,7 @@ class EngineRequest:
     priority: int = 0
     cache_salt: str | None = None
     tenant: str | None = None
+    deadline_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class EngineDriver:
                     priority=r.priority,
                     cache_salt=r.cache_salt,
                     tenant=r.tenant,
+                    deadline_ms=r.deadline_ms,
                 )
                 added.append(r.request_id)
         except Exception as exc:

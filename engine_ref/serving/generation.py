@@ -14,6 +14,7 @@ from engine_ref.serving.engine_loop import EngineLoop, EngineLoopError, EngineRe
 from engine_ref.serving.errors import ApiError
 from engine_ref.serving.interface import (
     CompletionOutput,
+    DeadlineInfeasibleError,
     EngineConfigError,
     QueueFullError,
     ServedTokenizer,
@@ -28,7 +29,10 @@ LOG = logging.getLogger("engine_ref.serving.generation")
 
 class GenerationRun:
     """The engine side of one request to `endpoint`; `response_id` names it to the client and
-    prefixes its engine request ids. `retry_after_s` goes with a 429 answer. At most
+    prefixes its engine request ids. `retry_after_s` goes with a 429 answer when the engine
+    gives no estimate of its own. A request the engine sheds under overload (finish_reason
+    "shed") is answered 429 too when it is not streamed; a stream ends with that finish
+    reason. At most
     `max_backlog` outputs per engine request wait for the handler; beyond that the run is
     abandoned (see `abandon`) and `on_abandon` runs (the server closes the connection).
     `with_prompt_details` adds `usage.prompt_tokens_details.cached_tokens`."""
@@ -78,26 +82,35 @@ class GenerationRun:
                 priority=self.gen.priority,
                 cache_salt=self.gen.cache_salt,
                 tenant=self.gen.tenant,
+                deadline_ms=self.gen.deadline_ms,
             )
             for rid, prompt in zip(self.engine_ids, self.gen.prompts, strict=True)
         ]
         try:
             await self.engine_loop.admit(self.response_id, requests, self.sink)
-        except QueueFullError:
+        except QueueFullError as exc:
             self.metrics.request_rejected()
-            raise ApiError(
-                429,
-                "The server is at capacity (waiting queue full); retry later.",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(self.retry_after_s)},
-            ) from None
+            if isinstance(exc, DeadlineInfeasibleError):
+                raise self._overloaded(str(exc), "deadline_infeasible", exc.retry_after_s) from None
+            message = "The server is at capacity (waiting queue full); retry later."
+            raise self._overloaded(message, "rate_limit_exceeded", exc.retry_after_s) from None
         except (EngineConfigError, ValueError) as exc:
             raise ApiError(400, str(exc)) from None
         except EngineLoopError as exc:
             raise ApiError(500, str(exc), type="server_error") from None
         self.timers = timers
         self.unfinished.update(self.engine_ids)
+
+    def _overloaded(self, message: str, code: str, retry_after_s: int | None) -> ApiError:
+        """The 429 answer: `retry_after_s` the engine's estimate, else the server's."""
+        retry_after = self.retry_after_s if retry_after_s is None else retry_after_s
+        return ApiError(
+            429,
+            message,
+            type="rate_limit_error",
+            code=code,
+            headers={"Retry-After": str(retry_after)},
+        )
 
     def abort_unfinished(self, *, reason: str = "abort") -> None:
         """Abort what still runs in the engine, counting each as finished with `reason`."""
@@ -153,6 +166,10 @@ class GenerationRun:
             reasons = (c.finish_reason for c in self.choices[base : base + n] if c.finish_reason)
             reason = next(reasons, "stop")
             self.timers[rid].finished(reason, num_prompt_tokens=item.num_prompt_tokens)
+            if reason == "shed" and not self.gen.stream:
+                self.metrics.request_rejected()
+                message = "The server shed this request under overload to make room; retry later."
+                raise self._overloaded(message, "request_shed", None)
         return changed
 
     def _logprobs(self, completion: CompletionOutput) -> list[TokenLogprob]:
@@ -177,7 +194,8 @@ class GenerationRun:
 
     async def collect(self) -> dict[str, Any]:
         """The complete body once every engine request finished; ApiError 500 when the engine
-        failed one of them or failed as a whole meanwhile (the others are then aborted)."""
+        failed one of them or failed as a whole meanwhile, 429 when it shed one (the others
+        are then aborted)."""
         while self.unfinished:
             try:
                 await self.next_changes()

@@ -27,7 +27,7 @@ from engine_ref import (
     RequestOutput,
     SamplingParams,
 )
-from engine_ref.core.admission import MAX_TENANT_CHARS
+from engine_ref.core.admission import MAX_DEADLINE_MS, MAX_TENANT_CHARS
 from engine_ref.core.engine_config import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -36,21 +36,25 @@ from engine_ref.core.engine_config import (
 from engine_ref.core.grammar import GrammarError, GuidedDecoding, check_guided
 from engine_ref.core.kernels import describe as kernel_level
 from engine_ref.core.kernels import isa_env_problem
+from engine_ref.core.overload import SHED_REASONS, DeadlineInfeasibleError
 
 __all__ = [
     "CompletionOutput",
+    "DeadlineInfeasibleError",
     "EngineConfig",
     "EngineConfigError",
     "EngineError",
     "EngineInterface",
     "GrammarError",
     "GuidedDecoding",
+    "MAX_DEADLINE_MS",
     "MAX_STOP_STRINGS",
     "MAX_STOP_STRING_CHARS",
     "MAX_STOP_TOKEN_IDS",
     "MAX_TENANT_CHARS",
     "QueueFullError",
     "RequestOutput",
+    "SHED_REASONS",
     "SamplingParams",
     "ServedConfig",
     "ServedStats",
@@ -104,6 +108,7 @@ class ServedStats(Protocol):
     generation_tokens_total: int
     max_model_len: int
     num_steps: int  # unchanged across a step: the step did nothing (the engine loop then waits)
+    # Optional, read where present: `requests_shed_by_reason` (reason -> count, SHED_REASONS).
 
 
 @runtime_checkable
@@ -122,11 +127,14 @@ class EngineInterface(Protocol):
         priority: int = 0,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        deadline_ms: int | None = None,
     ) -> None:
-        """Queue a request; raises `QueueFullError` when the waiting queue is full, and
+        """Queue a request; raises `QueueFullError` when it is refused for overload (the
+        queue is full, or `DeadlineInfeasibleError`: its deadline cannot be met), and
         `EngineError` / `EngineConfigError` (ValueErrors) for a request it cannot serve.
         Requests share prefix-cache blocks only when their `cache_salt`s are equal; `tenant`
-        is whose share a fair scheduling policy charges."""
+        is whose share a fair scheduling policy charges; `deadline_ms` the time it has from
+        now (past it, it ends with finish_reason "deadline")."""
         ...
 
     def step(self) -> list[RequestOutput]:

@@ -19,12 +19,19 @@ outcomes are observed by the server as requests stream. All metrics live in the
 | `vllm:e2e_request_latency_seconds` | histogram | server: arrival to finish |
 | `vllm:request_time_per_output_token_seconds` | histogram | server: per request TPOT |
 | `vllm:request_prompt_tokens`, `vllm:request_generation_tokens` | histogram | server |
-| `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort, error |
+| `vllm:request_success_total{finished_reason}` | counter | server: stop, length, abort, error, deadline, shed |
 | `vllm:request_rejected_total` (engine_ref extension) | counter | server: 429 answers |
+| `vllm:request_shed_total{reason}` (engine_ref extension) | counter | engine: requests refused or ended early by overload control |
 | `vllm:model_weight_bytes{layer_kind}` (engine_ref extension) | gauge | engine: weight bytes held |
 | `vllm:spec_decode_num_drafts_total`, `_num_draft_tokens_total`, `_num_accepted_tokens_total` | counter | engine, with speculative decoding |
 | `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` | counter | engine, as vLLM |
 | `vllm:spec_decode_acceptance_rate`, `_mean_accepted_length` (engine_ref extensions) | gauge | engine: since start |
+
+`request_shed_total`'s reasons (`engine_ref.core.overload`): `queue_full` (refused, the
+waiting queue full), `deadline_infeasible` (refused under `edf`, its deadline out of reach),
+`displaced` (a waiting request shed for a better newcomer), `infeasible_shed` (a waiting
+request shed under `edf` that could no longer make its deadline), `deadline_missed` (ended
+when its deadline passed). Every reason is exported from the start, at 0.
 
 The spec_decode metrics appear only when the engine speculates (its stats carry
 `spec_decode`), as vLLM registers them only with a speculative config. vLLM computes the
@@ -187,6 +194,16 @@ class _EngineStatsCollector(Collector):
             for kind, num_bytes in weight_bytes.items():
                 family.add_metric([self._model_name, kind], float(num_bytes))
             yield family
+        shed = getattr(stats, "requests_shed_by_reason", None)
+        if shed is not None:
+            family = CounterMetricFamily(
+                PREFIX + "request_shed",
+                "Requests refused or ended early by overload control, by reason.",
+                labels=["model_name", "reason"],
+            )
+            for reason, count in shed.items():
+                family.add_metric([self._model_name, reason], float(count))
+            yield family
         spec = getattr(stats, "spec_decode", None)
         if spec is not None:
             yield from self._spec_decode(spec)
@@ -264,15 +281,17 @@ class ServerMetrics:
         self._success = Counter(
             PREFIX + "request_success",
             "Finished requests by finish reason (abort: client gone, fell behind, or engine "
-            "loop failure; error: the engine failed the request alone).",
+            "loop failure; error: the engine failed the request alone; deadline: its deadline "
+            "passed; shed: shed under overload).",
             ["model_name", "finished_reason"],
             registry=self.registry,
         )
-        for reason in ("stop", "length", "abort", "error"):
+        for reason in ("stop", "length", "abort", "error", "deadline", "shed"):
             self._success.labels(model_name, reason)
         self._rejected = Counter(
             PREFIX + "request_rejected",
-            "Requests refused with HTTP 429 because the waiting queue was full.",
+            "Requests answered HTTP 429: refused for overload (a full waiting queue, a deadline "
+            "out of reach) or shed before they were answered.",
             labels,
             registry=self.registry,
         ).labels(model_name)

@@ -17,6 +17,12 @@ extension: false opts the request out of the server's `--speculative-config`; ou
 same either way), and the output constraints of `engine_ref.serving.guided` (`response_format`,
 `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`).
 
+One header: `x-request-deadline-ms` (engine_ref extension), the milliseconds the request has
+from the moment the engine receives it (`deadline_header`): past it, the request ends with
+finish_reason "deadline" keeping what it generated (a non-streamed answer is then a 200 with
+that text), and under the `edf` scheduling policy a deadline the engine cannot meet is
+refused at once (429 with the reason and Retry-After).
+
 Beam search takes vLLM's older request shape: `use_beam_search`, `best_of` (the beam width, at
 least `n`; above 1 only with beam search), `length_penalty`; the `n` best beams come back when
 the search ends (streamed, they arrive as one chunk each at the end).
@@ -47,6 +53,7 @@ from engine_ref.serving.fields import (
 )
 from engine_ref.serving.guided import guided_decoding
 from engine_ref.serving.interface import (
+    MAX_DEADLINE_MS,
     MAX_TENANT_CHARS,
     EngineConfigError,
     SamplingParams,
@@ -58,6 +65,7 @@ _MAX_LOGPROBS = 20
 MAX_PROMPTS = 1024  # prompts in one completions request
 MAX_CACHE_SALT_CHARS = 1024
 _CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+DEADLINE_HEADER = "x-request-deadline-ms"
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class GenerationRequest:
     cache_salt: str | None = None
     continuous_usage: bool = False  # every chunk carries the usage so far (with include_usage)
     tenant: str | None = None  # OpenAI's `user`: whose share a fair scheduling policy charges
+    deadline_ms: int | None = None  # the `x-request-deadline-ms` header
 
     @property
     def num_choices(self) -> int:
@@ -87,6 +96,23 @@ class GenerationRequest:
     @property
     def wants_logprobs(self) -> bool:
         return self.params.logprobs is not None
+
+
+def deadline_header(value: str | None) -> int | None:
+    """The `x-request-deadline-ms` header's value as milliseconds (None when absent); ApiError
+    400 unless it is a whole number from 1 to `MAX_DEADLINE_MS`."""
+    if value is None:
+        return None
+    text = value.strip()
+    short = len(text) <= len(str(MAX_DEADLINE_MS))  # before int() reads it
+    if short and text.isascii() and text.isdigit() and 1 <= int(text) <= MAX_DEADLINE_MS:
+        return int(text)
+    raise ApiError(
+        400,
+        f"The {DEADLINE_HEADER} header must be a whole number of milliseconds from 1 to "
+        f"{MAX_DEADLINE_MS}, got {shown(value)}.",
+        param=DEADLINE_HEADER,
+    )
 
 
 def decode_json_body(raw: bytes) -> dict[str, Any]:

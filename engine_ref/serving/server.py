@@ -11,7 +11,8 @@ how far a stream may fall behind a client that stopped reading (`slow_readers.py
 decoded, validated and tokenized in a worker thread, so a long prompt never holds up the event
 loop. A request's engine requests (one per prompt) are admitted all or none, and a client that
 disconnects has all of them aborted in the engine (its handler is cancelled, or its next write
-fails), whether admission had finished or not. A full waiting queue answers 429 with
+fails), whether admission had finished or not. A request the engine refuses for overload (a
+full waiting queue, a deadline it cannot meet) is answered 429 with the reason and
 Retry-After.
 
 Run: `python -m engine_ref.serving --model tiny-random --port 0` (see `__main__.py`).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -40,7 +42,12 @@ from engine_ref.serving.generation import GenerationRun
 from engine_ref.serving.interface import EngineError, EngineInterface, build_engine
 from engine_ref.serving.metrics import CONTENT_TYPE, ServerMetrics
 from engine_ref.serving.middlewares import api_key_guard, json_errors, json_response
-from engine_ref.serving.requests import GenerationRequest, decode_json_body
+from engine_ref.serving.requests import (
+    DEADLINE_HEADER,
+    GenerationRequest,
+    deadline_header,
+    decode_json_body,
+)
 from engine_ref.serving.responses import SSE_DONE, sse_event
 from engine_ref.serving.server_config import ServerConfig, ServerError
 from engine_ref.serving.slow_readers import StallSweeper
@@ -173,10 +180,12 @@ def _generate_handler(endpoint: Endpoint) -> Callable[[web.Request], Awaitable[w
 async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     state: _State = request.app[_STATE]
     try:
+        deadline_ms = deadline_header(request.headers.get(DEADLINE_HEADER))
         raw = await _read_body(request, state.config.max_body_bytes)
         gen = await asyncio.get_running_loop().run_in_executor(
             state.parser, _parse, endpoint, raw, state
         )
+        gen = dataclasses.replace(gen, deadline_ms=deadline_ms)
     except ApiError as exc:
         return _error_response(exc)
     run = GenerationRun(

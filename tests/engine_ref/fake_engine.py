@@ -56,6 +56,7 @@ class FakeEngine:
         self.poison_token = poison_token
         self.fail_nth_add = fail_nth_add
         self.num_add_calls = 0
+        self.last_deadline_ms: int | None = None  # as the latest add_request passed it
         self.num_added = 0
         self.completed: list[str] = []
         self.fail_next_step = False
@@ -69,10 +70,19 @@ class FakeEngine:
         self.total_blocks = 256
 
     def add_request(
-        self, request_id, prompt_token_ids, params, *, priority=0, cache_salt=None, tenant=None
+        self,
+        request_id,
+        prompt_token_ids,
+        params,
+        *,
+        priority=0,
+        cache_salt=None,
+        tenant=None,
+        deadline_ms=None,
     ):
         time.sleep(self.add_s)
         self.num_add_calls += 1
+        self.last_deadline_ms = deadline_ms
         if self.num_add_calls == self.fail_nth_add:
             raise KeyError("unexpected bug")
         if self.fail_next_add:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from policy_util import finish_order
 
 from engine_ref import EngineConfig, EngineConfigError, EngineError, LLMEngine, SamplingParams
 
@@ -29,13 +30,6 @@ def add(engine: LLMEngine, names: str) -> None:
         prompt = [10 + i, 11 + i, 12 + i, 13 + i]
         engine.add_request(name, prompt, PARAMS, tenant=name[0].upper())
 
-
-def finish_order(engine: LLMEngine, steps: int | None = None) -> list[str]:
-    done = []
-    while engine.has_unfinished() and (steps is None or steps > 0):
-        done += [out.request_id for out in engine.step() if out.finished]
-        steps = None if steps is None else steps - 1
-    return done
 
 
 @pytest.mark.parametrize(
@@ -92,7 +86,7 @@ def test_requests_without_a_tenant_share_one(tiny_model):
     [
         (
             {"scheduling_policy": "lottery"},
-            "Unknown scheduling_policy 'lottery'; use fcfs, priority, fair.",
+            "Unknown scheduling_policy 'lottery'; use fcfs, priority, edf, fair, affinity.",
         ),
         ({"tenant_weights": '{"a": 0}'}, "tenant weight 'a' must be a positive number, got 0."),
         ({"tenant_weights": '{"a": -1.5}'}, "tenant weight 'a' must be a positive number"),
