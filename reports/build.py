@@ -414,4 +414,7 @@ def build_card(
         correctness=summary.correctness,
         chunking=summary.chunking,
         sessions=summary.sessions,
+        overload=summary.overload,
+        fairness=summary.fairness,
+        deadlines=summary.deadlines,
     )

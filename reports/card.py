@@ -16,10 +16,13 @@ from slo.runrecord import (
     Chunking,
     Conventions,
     Correctness,
+    Deadlines,
     Distribution,
+    Fairness,
     FaultWindow,
     Goodput,
     Ledger,
+    Overload,
     Saturation,
     Section,
     ServerMetrics,
@@ -248,6 +251,9 @@ class Card:
     correctness: Correctness | None = None  # slo's output-correctness summary (None: not checked)
     chunking: Chunking | None = None  # tokens per token-bearing chunk, and what counted them
     sessions: Sessions | None = None  # slo's per-session metrics (None: not a multi-turn run)
+    fairness: Fairness | None = None  # tenants' goodput against fair shares (None: no tenants)
+    deadlines: Deadlines | None = None  # deadline misses (None: no request had a deadline)
+    overload: Overload | None = None  # phases, shedding, recovery (None: no phases, none shed)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -19,8 +19,10 @@ from reports import slo_view
 from reports.build import as_summary, build_card, latency_rows_from_summary, throughput_rows
 from reports.card import Card, LatencyRow, SLOVerdict, Throughput
 from reports.checks_view import checks_renderables
+from reports.classes_view import classes_renderable
 from reports.errors import ReportError
 from reports.faults_view import recovery_text
+from reports.overload_view import overload_renderable
 from reports.sessions_view import sessions_renderable
 from reports.taxonomy import OUTCOME_KINDS
 from slo.runrecord import FaultWindow, Goodput, LeakCheck, Ledger, RunSummary
@@ -209,6 +211,12 @@ def card_renderable(card: Card) -> RenderableType:
     sessions = sessions_renderable(card.sessions)
     if sessions is not None:
         parts.append(sessions)
+    classes = classes_renderable(card.fairness, card.deadlines)
+    if classes is not None:
+        parts.append(classes)
+    overload = overload_renderable(card.overload)
+    if overload is not None:
+        parts.append(overload)
     parts.append(Text(""))
     parts.append(_health_line(card))
     return _spaced(parts)

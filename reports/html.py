@@ -13,8 +13,25 @@ import jinja2
 from reports import charts
 from reports.card import LATENCY_METRICS, Card, goodput_figures
 from reports.checks_view import correctness_sentence, rate_tables, server_metrics_rows
+from reports.classes_view import (
+    TENANT_COLUMNS,
+    deadlines_sentence,
+    fairness_sentence,
+    tenant_rows,
+)
 from reports.conventions_view import convention_rows, conventions_sources
 from reports.faults_view import recovery_text
+from reports.overload_view import (
+    LITTLE_COLUMNS,
+    LITTLE_NOTE,
+    LITTLE_TITLE,
+    PHASE_COLUMNS,
+    PHASES_TITLE,
+    little_rows,
+    phase_rows,
+    recovery_sentence,
+    shedding_sentence,
+)
 from reports.sessions_view import SESSION_COLUMNS, session_rows, sessions_sentence
 from reports.taxonomy import OUTCOME_KINDS
 from reports.templates import COMPARISON_TEMPLATE, RUN_TEMPLATE
@@ -117,6 +134,19 @@ def card_environment() -> jinja2.Environment:
         sessions_sentence=sessions_sentence,
         session_rows=session_rows,
         SESSION_COLUMNS=SESSION_COLUMNS,
+        fairness_sentence=fairness_sentence,
+        deadlines_sentence=deadlines_sentence,
+        tenant_rows=tenant_rows,
+        TENANT_COLUMNS=TENANT_COLUMNS,
+        shedding_sentence=shedding_sentence,
+        recovery_sentence=recovery_sentence,
+        overload_phase_rows=phase_rows,
+        little_rows=little_rows,
+        PHASE_COLUMNS=PHASE_COLUMNS,
+        LITTLE_COLUMNS=LITTLE_COLUMNS,
+        PHASES_TITLE=PHASES_TITLE,
+        LITTLE_TITLE=LITTLE_TITLE,
+        LITTLE_NOTE=LITTLE_NOTE,
         rate_tables=rate_tables,
         goodput_figures=goodput_figures,
         recovery_text=recovery_text,

@@ -6,6 +6,8 @@ The Content-Security-Policy forbids every fetch: the page is complete as written
 from __future__ import annotations
 
 from reports.checks_view import CHECKS_HTML
+from reports.classes_view import CLASSES_HTML
+from reports.overload_view import OVERLOAD_HTML
 from reports.sessions_view import SESSIONS_HTML
 
 # Every card page starts with these: the head (the `title` the page sets, the inline CSS) and
@@ -141,6 +143,8 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 """
     + CHECKS_HTML
     + SESSIONS_HTML
+    + OVERLOAD_HTML
+    + CLASSES_HTML
     + """
 <h2>Reliability</h2>
 {% if card.ledger %}<p class="{{ 'warning' if card.ledger.verdict == 'failed' else 'sub' }}">Ledger {{ card.ledger.verdict }}: {{ card.ledger.scheduled }} scheduled, lost = {{ card.ledger.lost }}, unexpected = {{ card.ledger.unexpected }}, leaked = {{ card.ledger.leaked }}{% if card.ledger.leak and card.ledger.leak.reasons %} ({{ card.ledger.leak.reasons | join("; ") }}){% elif card.ledger.leak and not card.ledger.leak.checked %} (the target has no /metrics to check for leaks){% endif %}.</p>{% else %}<p class="empty">No ledger in the summary.</p>{% endif %}

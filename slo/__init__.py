@@ -26,7 +26,13 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
 - `chunking`: tokens per token-bearing chunk and what counted them, the link between TPOT
   and ITL under speculative decoding; see `slo.summary.chunking_summary`.
 - `little_law`: see `slo.consistency.littles_law`.
-- `slices`: `{input_tokens, output_tokens, in_flight[, time]}` lists, see `slo.slices.slices_summary`.
+- `overload`: None, or a run with load phases (staged arrivals) or shed requests cut into its
+  phases: shedding, latency and Little's law per phase, and the recovery time after the peak;
+  see `slo.overload` (phases: `slo.load_phases`; per phase: `slo.littles_law`).
+- `slices`: `{input_tokens, output_tokens, in_flight[, time]}` lists, see `slo.slices.slices_summary`;
+  `tenant` and `priority` when the requests have them (`slo.classes.class_slices`).
+- `fairness`, `deadlines`: None, or Jain's index over the tenants' goodput against max-min
+  fair shares, and the deadline misses by kind; see `slo.classes`.
 - `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`).
 - `goodput`: None, or see `slo.goodput.goodput_summary`.
 - `conventions` (only with `conventions="all"`): see `slo.conventions`.

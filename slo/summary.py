@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slo import metrics
+from slo.classes import class_slices, deadlines_summary, fairness_summary
 from slo.consistency import littles_law
 from slo.conventions import conventions_summary
 from slo.correctness import correctness_summary
@@ -16,6 +17,7 @@ from slo.errors import SLOError
 from slo.frame import RequestMetrics, attempted_requests, not_sent_count
 from slo.goodput import goodput_summary
 from slo.ledger import ledger_summary
+from slo.overload import overload_summary
 from slo.prompt_tokens import prompt_token_check
 from slo.recovery import recovery_summary
 from slo.runrecord import (
@@ -285,9 +287,15 @@ def summarize_tables(
         output_edges=output_edges,
         slice_duration_s=slice_duration_s,
     )
+    summary["slices"].update(class_slices(tables.requests, rm, spec))
+    summary["fairness"] = fairness_summary(tables.requests, rm, spec)
+    summary["deadlines"] = deadlines_summary(tables.requests, rm)
     summary["ledger"] = ledger_summary(tables)
     summary["saturation"] = saturation_summary(rm)
     summary["sessions"] = sessions_summary(tables.requests)
+    workload = tables.manifest.workload if tables.manifest else None
+    overload = overload_summary(rm, workload)
+    summary["overload"] = overload.to_dict() if overload is not None else None
     fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
     summary["faults"] = (
         {

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from workloads.assemble import plain_prompts, prefixed_prompts
+from workloads.classes import ClassColumns, classes_rng
 from workloads.manifest import build_manifest
 from workloads.options import WorkloadOptions
 from workloads.prompts import Prompt, PromptSynthesizer
@@ -77,8 +78,26 @@ def _batches(spec: WorkloadSpec, ctx: BuildContext, rows: Rows):
     opts = ctx.options
     ignore_eos = opts.ignore_eos if opts.ignore_eos is not None else bool(spec.ignore_eos)
     return record_batches(
-        rows, ignore_eos=ignore_eos, temperature=spec.temperature, top_p=spec.top_p
+        rows,
+        ignore_eos=ignore_eos,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        classes=_classes(spec, ctx, rows),
     )
+
+
+def _classes(spec: WorkloadSpec, ctx: BuildContext, rows: Rows) -> ClassColumns | None:
+    """Each request's tenant, priority and deadline (`workloads.classes`), from the build's
+    fifth seeded stream; None when the spec sets none."""
+    if spec.classes.empty:
+        return None
+    session_of_row = None
+    if rows.sessions is not None:
+        ids = rows.sessions.session_id
+        number = {ids[row]: k for k, row in enumerate(rows.sessions.first_row.tolist())}
+        session_of_row = np.asarray([number[sid] for sid in ids], dtype=np.int64)
+    ctx.info["classes"] = spec.classes.describe()
+    return spec.classes.sample(len(rows.ins), classes_rng(ctx.seed), session_of_row)
 
 
 def build_workload(

@@ -14,7 +14,7 @@ from workloads.schema import SHA256_BATCHED, SHA256_ONE_BATCH
 from workloads.sources import BuildContext, Rows
 from workloads.spec import WorkloadSpec
 
-FORMAT_VERSION = 2  # 2: Mooncake blocks tagged by id, streamed builds
+FORMAT_VERSION = 3  # 2: Mooncake blocks tagged by id, streamed builds; 3: tenant, deadline_ms
 SYNTHETIC_TEXT = "synthetic: lengths from distributions, prompts from the bundled corpus"
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 REQUEST_SCHEMA = pa.schema(
     [
@@ -25,7 +26,8 @@ REQUEST_SCHEMA = pa.schema(
         pa.field("turn_index", pa.int32()),
         pa.field("think_s", pa.float64()),
         pa.field("priority", pa.int32()),
-        pa.field("deadline_s", pa.float64()),
+        pa.field("deadline_ms", pa.int32()),
+        pa.field("tenant", pa.string()),
     ]
 )
 
@@ -103,7 +105,7 @@ class TableHasher:
     def _write(self, rows: pa.Table) -> None:
         # concat_arrays copies each column into fresh buffers: a slice's validity bitmap can
         # carry stray bits past its end, which the IPC bytes (and so the digest) would keep
-        arrays = [pa.concat_arrays(column.chunks) for column in rows.columns]
+        arrays = [_zero_null_slots(pa.concat_arrays(column.chunks)) for column in rows.columns]
         self._writer.write_batch(pa.record_batch(arrays, schema=REQUEST_SCHEMA))
 
     def hexdigest(self) -> str:
@@ -111,6 +113,22 @@ class TableHasher:
             self._write(self._pending)
         self._writer.close()
         return self._sink.digest.hexdigest()
+
+
+def _zero_null_slots(array: pa.Array) -> pa.Array:
+    """A numeric array with zero in its null slots. What a null slot holds is no data, and a
+    parquet round trip may fill it with anything (an int column's dictionary's first value),
+    so the digest must not see it."""
+    if array.null_count == 0 or not (
+        pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
+    ):
+        return array
+    array = pa.concat_arrays([array])  # offset 0, fresh buffers
+    values = pc.fill_null(array, pa.scalar(0, array.type))
+    validity = array.buffers()[0]
+    return pa.Array.from_buffers(
+        array.type, len(array), [validity, values.buffers()[1]], array.null_count
+    )
 
 
 def table_sha256(table: pa.Table, *, of: str = SHA256_ONE_BATCH) -> str:
@@ -125,6 +143,10 @@ def table_sha256(table: pa.Table, *, of: str = SHA256_ONE_BATCH) -> str:
     if of != SHA256_ONE_BATCH:
         raise WorkloadError(f"Unknown table digest {of!r}; rebuild the workload.")
     canonical = table.cast(REQUEST_SCHEMA).replace_schema_metadata(None).combine_chunks()
+    canonical = pa.Table.from_arrays(
+        [_zero_null_slots(pa.concat_arrays(c.chunks)) for c in canonical.columns],
+        schema=REQUEST_SCHEMA,
+    )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, REQUEST_SCHEMA) as writer:
         for batch in canonical.to_batches(max_chunksize=max(canonical.num_rows, 1)):

@@ -17,6 +17,8 @@ A spec is a mapping with these keys (see `builtin/*.yaml` for examples):
   prefix                   optional shared prefixes {groups, prefix_len, assign}
   constraint               optional output constraint of every request: one of json_schema,
                            json_object, regex, choice, grammar (see workloads/constraint.py)
+  priority, deadline_ms,   optional request classes: each request's priority, deadline and
+  tenants                  tenant (see workloads/classes.py)
 
 A mistake is one sentence in the form of `bench_common.yaml_spec`, with the line:
 `mine.yaml:7: source.components[1].weight: got -1; expected a number > 0.`
@@ -30,6 +32,7 @@ from typing import Any
 
 from bench_common import yaml_spec as ys
 from bench_common.yaml_spec import Where
+from workloads.classes import RequestClasses, classes_from_spec
 from workloads.constraint import check_constraint
 from workloads.options import ENDPOINTS
 from workloads.schema import WorkloadError
@@ -50,6 +53,9 @@ TOP_LEVEL_KEYS = (
     "arrivals",
     "prefix",
     "constraint",
+    "priority",
+    "deadline_ms",
+    "tenants",
     "notes",
 )
 PROCESSES = (
@@ -110,6 +116,7 @@ class WorkloadSpec:
     arrivals: dict[str, Any] = field(default_factory=lambda: {"process": "all_at_once"})
     prefix: PrefixSpec | None = None
     constraint: dict[str, Any] | None = None
+    classes: RequestClasses = field(default_factory=RequestClasses)
     where: Where = field(default_factory=Where, compare=False, repr=False)
 
     @property
@@ -141,6 +148,7 @@ class WorkloadSpec:
         arrivals = _arrivals(data.get("arrivals", {"process": "all_at_once"}), root, source)
         if data.get("constraint") is not None:
             check_constraint(data["constraint"], (root / "constraint").place)
+        classes = classes_from_spec(data, root)
         prefix = None
         if data.get("prefix") is not None:
             prefix = PrefixSpec.from_dict(data["prefix"], root / "prefix")
@@ -166,6 +174,7 @@ class WorkloadSpec:
             arrivals=arrivals,
             prefix=prefix,
             constraint=data.get("constraint"),
+            classes=classes,
             where=root,
         )
 

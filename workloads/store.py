@@ -102,7 +102,7 @@ def read_parquet(path: Path) -> Workload:
     manifest = json.loads(meta[MANIFEST_KEY])
     table = table.replace_schema_metadata(None)
     missing = [f.name for f in REQUEST_SCHEMA if f.name not in table.column_names]
-    if missing and manifest.get("format_version", 1) < 2:
+    if missing and manifest.get("format_version", 1) < 3:
         raise WorkloadError(
             f"{path} was built by an older bench (no {', '.join(missing)} column); rebuild it "
             "with bench workload build."

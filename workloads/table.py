@@ -8,19 +8,27 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
+from workloads.classes import ClassColumns
 from workloads.prompts import Prompt
 from workloads.schema import REQUEST_SCHEMA
 from workloads.sources import Rows, SessionColumns
 
 
 def record_batches(
-    rows: Rows, *, ignore_eos: bool, temperature: float | None, top_p: float | None
+    rows: Rows,
+    *,
+    ignore_eos: bool,
+    temperature: float | None,
+    top_p: float | None,
+    classes: ClassColumns | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The table of `rows`, a batch per chunk of `rows.prompts` (which it consumes); every
-    request gets `ignore_eos`, `temperature` and `top_p` (None: the server's default)."""
+    request gets `ignore_eos`, `temperature` and `top_p` (None: the server's default), and
+    its tenant, priority and deadline from `classes` (None: no request has any)."""
+    classes = classes or ClassColumns(tenant=None, priority=None, deadline_ms=None)
     start = 0
     for prompts, groups in rows.prompts:
-        yield _batch(rows, start, prompts, groups, ignore_eos, temperature, top_p)
+        yield _batch(rows, start, prompts, groups, ignore_eos, temperature, top_p, classes)
         start += len(prompts)
 
 
@@ -32,6 +40,7 @@ def _batch(
     ignore_eos: bool,
     temperature: float | None,
     top_p: float | None,
+    classes: ClassColumns,
 ) -> pa.RecordBatch:
     """Rows `start .. start + len(prompts)` of the table."""
     n = len(prompts)
@@ -62,8 +71,11 @@ def _batch(
         "seed": pa.nulls(n, pa.int64()),
         "prefix_group": pa.array(groups if groups is not None else [None] * n, pa.string()),
         **_session_columns(rows.sessions, start, stop),
-        "priority": pa.nulls(n, pa.int32()),
-        "deadline_s": pa.nulls(n, pa.float64()),
+        "priority": _ints(classes.priority, start, stop),
+        "deadline_ms": _ints(classes.deadline_ms, start, stop),
+        "tenant": pa.nulls(n, pa.string())
+        if classes.tenant is None
+        else pa.array(classes.tenant[start:stop], pa.string()),
     }
     return pa.RecordBatch.from_arrays(list(columns.values()), schema=REQUEST_SCHEMA)
 
@@ -81,6 +93,15 @@ def _session_columns(sessions: SessionColumns | None, start: int, stop: int) -> 
         "turn_index": pa.array(sessions.turn_index[start:stop], pa.int32()),
         "think_s": _floats(sessions.think_s[start:stop]),
     }
+
+
+def _ints(values: np.ndarray | None, start: int, stop: int) -> pa.Array:
+    """int32 with NaN as null (the null slots zero, as `_floats` keeps them)."""
+    if values is None:
+        return pa.nulls(stop - start, pa.int32())
+    part = np.asarray(values[start:stop], dtype=np.float64)
+    missing = np.isnan(part)
+    return pa.array(np.where(missing, 0, part).astype(np.int32), pa.int32(), mask=missing)
 
 
 def _floats(values: np.ndarray) -> pa.Array:

@@ -77,6 +77,16 @@ class ClientOptions:
         return self.endpoint is Endpoint.CHAT
 
 
+DEADLINE_HEADER = "x-request-deadline-ms"
+
+
+def request_headers(spec: dict) -> dict[str, str] | None:
+    """One RequestSpec row's own headers: its deadline (ms after the request is sent) as
+    `x-request-deadline-ms`; None when it has none."""
+    deadline = spec.get("deadline_ms")
+    return None if deadline is None else {DEADLINE_HEADER: str(int(deadline))}
+
+
 def build_body(options: ClientOptions, spec: dict) -> bytes:
     """Encode one RequestSpec row (a dict) as the JSON body for the chosen endpoint.
 
@@ -99,9 +109,11 @@ def body_fields(options: ClientOptions, spec: dict) -> dict:
             body["stream_options"]["continuous_usage_stats"] = True
     if spec.get("ignore_eos"):
         body["ignore_eos"] = True
-    for key in ("temperature", "top_p", "seed"):
+    for key in ("temperature", "top_p", "seed", "priority"):
         if spec.get(key) is not None:
             body[key] = spec[key]
+    if spec.get("tenant") is not None:
+        body["user"] = spec["tenant"]  # OpenAI's end-user field: the tenant
     if spec.get("constraint"):
         body.update(request_fields(spec["constraint"]))
     if options.extra_body:

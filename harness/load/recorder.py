@@ -57,6 +57,7 @@ class RunRecorder:
     manifest: RunManifest
     on_records: Callable[[list], None] | None = None  # sees each flush's measured rows
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
+    classes: dict[str, tuple] = field(default_factory=dict)  # id -> (priority, deadline, tenant)
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
     _pending: list[RawResult] = field(default_factory=list)
     _pending_bytes: int = 0
@@ -86,7 +87,11 @@ class RunRecorder:
         for raw in pending:
             rid = raw.request_id
             record, rows = to_rows(
-                raw, self.input_tokens.get(rid), self.context, self.sessions.get(rid)
+                raw,
+                self.input_tokens.get(rid),
+                self.context,
+                self.sessions.get(rid),
+                self.classes.get(rid),
             )
             if raw.is_warmup:
                 warm_records.append(record)

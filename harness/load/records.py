@@ -100,9 +100,11 @@ def to_rows(
     input_tokens: int | None,
     ctx: RecordContext,
     session: tuple[str, int] | None = None,
+    request_class: tuple[int | None, int | None, str | None] | None = None,
 ) -> tuple[RequestRecord, ChunkRows]:
     """Build the request record and its chunk rows; `session` is the request's (session id,
-    turn index) in a multi-turn workload."""
+    turn index) in a multi-turn workload, `request_class` its (priority, deadline_ms,
+    tenant) when the workload gave any."""
     parsed: ParsedStream | None = None
     status, error_class, error_message = raw.status, raw.error_class, raw.error_message
     if status is None:
@@ -197,6 +199,8 @@ def to_rows(
         turn_index=session[1] if session else None,
         t_slot_freed_ns=_slot_freed(raw, t0),
     )
+    if request_class is not None:
+        record.priority, record.deadline_ms, record.tenant = request_class
     if parsed is None:
         return record, ChunkRows(raw.request_id, _NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)
     chunks = ChunkRows(raw.request_id, parsed.t_ns - t0, parsed.n_tokens, parsed.n_chars)

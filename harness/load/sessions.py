@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from harness.http.client import ClientOptions, RawResult, RequestPayload, body_fields
+from harness.http.client import (
+    ClientOptions,
+    RawResult,
+    RequestPayload,
+    body_fields,
+    request_headers,
+)
 from harness.http.sse import DONE, parse_body, parse_stream, split_events
 from slo.runrecord import RequestStatus
 
@@ -49,6 +55,7 @@ class Session:
     session_id: str
     arrival_s: float | None
     turns: tuple[Turn, ...]
+    headers: tuple[tuple[str, str], ...] = ()  # every turn's own (its deadline)
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,7 @@ def sessions_from_rows(rows: Sequence[dict], options: ClientOptions) -> tuple[Se
             Session(
                 session_id=sid,
                 arrival_s=turns[0]["arrival_s"],
+                headers=tuple((request_headers(turns[0]) or {}).items()),
                 turns=tuple(
                     Turn(
                         request_id=r["request_id"],
@@ -192,7 +200,10 @@ async def drive_sessions(
 
     async def run_session(session: Session, t_scheduled: int) -> None:
         history = History(plan)
-        headers = {plan.session_header: session.session_id} if plan.session_header else None
+        headers = dict(session.headers)
+        if plan.session_header:
+            headers[plan.session_header] = session.session_id
+        headers = headers or None
         for k, turn in enumerate(session.turns):
             if deadline_ns is not None and t_scheduled >= deadline_ns:
                 not_sent(

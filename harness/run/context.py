@@ -62,6 +62,7 @@ class RunContext:
     checks: OutputChecks | None = None
     watch: PromptTokenWatch | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
+    classes: dict[str, tuple] = field(default_factory=dict)  # id -> (priority, deadline, tenant)
     server: ServerProcess | None = None
     console: Console | None = None
     quiet: bool = True
@@ -106,6 +107,7 @@ class RunContext:
             self.manifest,
             on_records=self.watch.observe if self.watch is not None else None,
             sessions=self.sessions,
+            classes=self.classes,
         )
         plan = self.plan
         arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)

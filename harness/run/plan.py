@@ -17,7 +17,7 @@ from rich.console import Console
 import harness
 from harness.errors import HarnessError
 from harness.http import sse_native
-from harness.http.client import ClientOptions, RequestPayload, build_body
+from harness.http.client import ClientOptions, RequestPayload, build_body, request_headers
 from harness.load.loadgen import LoadPlan
 from harness.load.prompt_watch import PromptTokenWatch
 from harness.load.sessions import SessionPlan, sessions_from_rows
@@ -159,10 +159,25 @@ def plan_run(inputs: RunInputs, started: Target) -> RunContext:
         checks=output_checks(config, workload, inputs.tokenizer, endpoint),
         watch=PromptTokenWatch(overhead, inputs.warn),
         sessions=sessions,
+        classes=request_classes(workload.table),
         server=started.server,
         console=inputs.console,
         quiet=inputs.quiet,
     )
+
+
+def request_classes(table) -> dict[str, tuple[int | None, int | None, str | None]]:
+    """request id -> (priority, deadline_ms, tenant) of the workload's rows that have any,
+    for the run records (`workloads.classes`)."""
+    columns = [table.column(name).to_pylist() for name in ("priority", "deadline_ms", "tenant")]
+    if not any(any(v is not None for v in column) for column in columns):
+        return {}
+    ids = table.column("request_id").to_pylist()
+    return {
+        rid: values
+        for rid, *values in zip(ids, *columns, strict=True)
+        if any(v is not None for v in values)
+    }
 
 
 def metrics_url(base_url: str) -> str:
@@ -199,7 +214,9 @@ def load_plan(
             warmup = warmup_payloads(load.warmup, options, rows)
             input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
             return session_plan(config, workload, options, rows, warmup, tokenizer), input_tokens
-        payloads.append(RequestPayload(r["request_id"], build_body(options, r)))
+        payloads.append(
+            RequestPayload(r["request_id"], build_body(options, r), headers=request_headers(r))
+        )
         input_tokens[r["request_id"]] = r["input_tokens"]
         arrivals.append(None if r["arrival_s"] is None else float(r["arrival_s"]))
         if len(head) < load.warmup:

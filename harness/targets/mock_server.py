@@ -23,6 +23,8 @@ from dataclasses import dataclass, fields
 
 from aiohttp import web
 
+from harness.http.client import DEADLINE_HEADER
+
 FAULT_KINDS = ("error", "reject", "reset", "incomplete", "malformed_sse", "malformed_json", "stall")
 MAX_TOKENS_LIMIT = 1 << 20  # the most output tokens one request may ask for
 DEFAULT_MAX_TOKENS = 16
@@ -82,6 +84,9 @@ class MockEngine:
         self.kv_blocks_used = 0
         self.tokens_generated = 0  # output tokens sent (streamed events, or whole answers)
         self.streams_abandoned = 0  # requests whose client left before the answer ended
+        # (user, priority, x-request-deadline-ms) as each request carried them: the request
+        # classes a workload sends (`workloads.classes`), JSON keys for /stats
+        self.classes_seen: dict[str, int] = {}
 
     def _draw_fault(self) -> str | None:
         u = self.rng.random()
@@ -97,8 +102,9 @@ class MockEngine:
 
     async def stats(self, _request: web.Request) -> web.Response:
         """What the mock has served (for tests): `{requests_seen, requests_by_path,
-        tokens_generated, streams_abandoned, running}`: the output tokens it sent, the requests
-        whose client left before their answer ended, and the requests being served now."""
+        tokens_generated, streams_abandoned, running, classes_seen}`: the output tokens it sent,
+        the requests whose client left before their answer ended, the requests being served
+        now, and how many requests carried each [user, priority, deadline header] triple."""
         return web.json_response(
             {
                 "requests_seen": self.requests_seen,
@@ -106,6 +112,7 @@ class MockEngine:
                 "tokens_generated": self.tokens_generated,
                 "streams_abandoned": self.streams_abandoned,
                 "running": self.running,
+                "classes_seen": self.classes_seen,
             }
         )
 
@@ -140,6 +147,9 @@ class MockEngine:
         requested = _max_tokens(body)
         if isinstance(requested, web.Response):
             return requested
+        seen = (body.get("user"), body.get("priority"), request.headers.get(DEADLINE_HEADER))
+        key = json.dumps(seen)
+        self.classes_seen[key] = self.classes_seen.get(key, 0) + 1
         chat = request.path.endswith("/chat/completions")
         n_out = self.config.output_len or requested
         fault = self._draw_fault()

@@ -15,6 +15,7 @@ from slo.runrecord.documents import (
 )
 from slo.runrecord.enums import Endpoint, ErrorClass, OutputFlag, RequestStatus, TokenSource
 from slo.runrecord.errors import RunRecordError
+from slo.runrecord.overload_sections import Overload, PhaseLittle, PhaseLoad
 from slo.runrecord.reader import (
     RunTables,
     float_column,
@@ -61,6 +62,8 @@ from slo.runrecord.slo_sections import (
     ConventionMetric,
     ConventionRate,
     Conventions,
+    Deadlines,
+    Fairness,
     Faults,
     FaultWindow,
     Goodput,
@@ -68,6 +71,7 @@ from slo.runrecord.slo_sections import (
     Slices,
     SliceStats,
     SLOEvaluation,
+    TenantShare,
     ToolConvention,
 )
 from slo.runrecord.writer import RunWriter, write_server_metrics, write_summary
@@ -94,6 +98,8 @@ __all__ = [
     "ConventionMetric",
     "ConventionRate",
     "Conventions",
+    "Deadlines",
+    "Fairness",
     "FaultWindow",
     "Faults",
     "Goodput",
@@ -101,7 +107,11 @@ __all__ = [
     "SLOEvaluation",
     "SliceStats",
     "Slices",
+    "TenantShare",
     "ToolConvention",
+    "Overload",
+    "PhaseLittle",
+    "PhaseLoad",
     "Section",
     "CHUNKS_SCHEMA",
     "MANIFEST_SCHEMA_VERSION",

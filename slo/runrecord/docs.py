@@ -71,6 +71,11 @@ MEANINGS = {
     RequestColumn.T_SLOT_FREED_NS: "when the slot of the concurrency cap that the request took "
     "was freed: it was free to go at the later of this and `t_scheduled_ns`; null: no cap, or "
     "a slot free from the start",
+    RequestColumn.PRIORITY: "the workload's priority for the request, sent as the body's `priority` "
+    "(lower first, vLLM's convention); null: none",
+    RequestColumn.DEADLINE_MS: "the workload's deadline, sent as the `x-request-deadline-ms` header "
+    "(milliseconds after the send); null: none",
+    RequestColumn.TENANT: "the workload's tenant, sent as OpenAI's `user` field; null: none",
 }
 CHUNK_MEANINGS = {
     ChunkColumn.REQUEST_ID: "the request the event belongs to",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from slo.runrecord.errors import RunRecordError
+from slo.runrecord.overload_sections import Overload
 from slo.runrecord.section import nested, plain, read_fields
 from slo.runrecord.sections import (
     Chunking,
@@ -28,7 +29,15 @@ from slo.runrecord.sections import (
     Sessions,
     ThroughputRates,
 )
-from slo.runrecord.slo_sections import Conventions, Faults, Goodput, Slices, SLOEvaluation
+from slo.runrecord.slo_sections import (
+    Conventions,
+    Deadlines,
+    Fairness,
+    Faults,
+    Goodput,
+    Slices,
+    SLOEvaluation,
+)
 
 MANIFEST_SCHEMA_VERSION = 1
 SUMMARY_SCHEMA_VERSION = 1
@@ -148,9 +157,12 @@ class RunSummary:
     saturation: Saturation | None = nested(Saturation)
     chunking: Chunking | None = nested(Chunking)  # tokens per token-bearing chunk, and by what
     sessions: Sessions | None = nested(Sessions)  # multi-turn runs (`slo.sessions`)
+    fairness: Fairness | None = nested(Fairness)  # runs whose requests have tenants
+    deadlines: Deadlines | None = nested(Deadlines)  # runs whose requests have deadlines
     # The engine and the code path that served the run, from the manifest's target: engine,
     # engine_version, dtype, dtype_choice, quantization, kernels (the reference engine's `/info` says them).
     served_by: dict | None = None
+    overload: Overload | None = nested(Overload)  # load phases and shedding (`slo.overload`)
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

@@ -56,6 +56,9 @@ class RequestColumn(StrEnum):
     TURN_INDEX = "turn_index"  # 0 for a session's first turn; null outside sessions
     # when the concurrency-cap slot it took was freed; null: no cap, or free from the start
     T_SLOT_FREED_NS = "t_slot_freed_ns"
+    PRIORITY = "priority"  # the workload's priority, sent in the body; null: none
+    DEADLINE_MS = "deadline_ms"  # the deadline sent (ms after the send); null: none
+    TENANT = "tenant"  # the workload's tenant, sent as OpenAI's `user`; null: none
 
 
 class ChunkColumn(StrEnum):
@@ -124,6 +127,9 @@ _REQUEST_TYPES = {
     _C.USAGE_CACHED_TOKENS: pa.int32(),
     _C.SESSION_ID: pa.string(),
     _C.TURN_INDEX: pa.int32(),
+    _C.PRIORITY: pa.int32(),
+    _C.DEADLINE_MS: pa.int32(),
+    _C.TENANT: pa.string(),
 }
 REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
 
@@ -196,6 +202,9 @@ class RequestRecord:
     session_id: str | None = None
     turn_index: int | None = None
     t_slot_freed_ns: int | None = None
+    priority: int | None = None
+    deadline_ms: int | None = None
+    tenant: str | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""

@@ -86,10 +86,52 @@ class Slices(Section):
     output_tokens: list[SliceStats] | None = listed(SliceStats)
     in_flight: list[SliceStats] | None = listed(SliceStats)
     time: list[SliceStats] | None = listed(SliceStats)
+    tenant: list[SliceStats] | None = listed(SliceStats)  # runs whose requests have tenants
+    priority: list[SliceStats] | None = listed(SliceStats)  # runs whose requests have priorities
 
     def dimensions(self) -> list[tuple[str, list[SliceStats]]]:
         """(dimension, its slices) for each dimension the summary has, in field order."""
         return [(name, getattr(self, name) or []) for name in self.json_keys()]
+
+
+@dataclass(frozen=True)
+class TenantShare(Section):
+    """One tenant of `fairness`: its demand, goodput, max-min fair share (requests/s) and
+    goodput / fair share."""
+
+    tenant: str | None = None
+    sent_request_per_s: float | None = None
+    goodput_request_per_s: float | None = None
+    fair_share_request_per_s: float | None = None
+    normalised_goodput: float | None = None
+
+
+@dataclass(frozen=True)
+class Fairness(Section):
+    """`fairness` (`slo.classes.fairness_summary`): Jain's index over the tenants' goodput
+    normalised by their max-min fair shares (`raw_jain_index`: over raw goodput)."""
+
+    jain_index: float | None = None
+    raw_jain_index: float | None = None
+    definition: str | None = None
+    window_s: float | None = None
+    tenants: list[TenantShare] | None = listed(TenantShare)
+
+
+@dataclass(frozen=True)
+class Deadlines(Section):
+    """`deadlines` (`slo.classes.deadlines_summary`): requests with a deadline, met and
+    missed, and the misses by kind."""
+
+    with_deadline: int | None = None
+    met_deadline: int | None = None
+    missed_deadline: int | None = None
+    miss_rate: float | None = None
+    finished_late: int | None = None
+    dropped_by_server: int | None = None
+    rejected_at_admission: int | None = None
+    failed_otherwise: int | None = None
+    definition: str | None = None
 
 
 @dataclass(frozen=True)

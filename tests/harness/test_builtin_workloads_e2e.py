@@ -54,3 +54,25 @@ def test_builtin_workload_runs_with_zero_errors(tiny_target, workload, tmp_path)
     assert manifest["target"]["model"] == "tiny-random"
     if workload == "long-context":
         assert min(r["input_tokens"] for r in requests) > 2048
+
+
+def test_a_deadline_reaches_the_engine_and_the_card(tiny_target, tmp_path):
+    """A 1 ms deadline (x-request-deadline-ms) on 64-token answers: the engine ends each
+    request with finish_reason deadline at its next step (every policy), and the summary
+    counts them as dropped by the server, none met."""
+    spec = tmp_path / "late.yaml"
+    spec.write_text(
+        "name: late\nnum_requests: 4\nignore_eos: true\ndeadline_ms: 1\n"
+        "source: {kind: synthetic, input: {dist: fixed, value: 16}, "
+        "output: {dist: fixed, value: 64}}\n"
+    )
+    config = RunConfig(model="tiny-random", workload=str(spec), request_rate=float("inf"),
+                       out=tmp_path / "run", scrape_interval_s=0, timeout_s=300)  # fmt: skip
+    outcome = run_benchmark(config, target=tiny_target)
+    requests = pq.read_table(tmp_path / "run" / "requests.parquet").to_pylist()
+    assert [r["deadline_ms"] for r in requests] == [1] * 4
+    assert {(r["status"], r["finish_reason"]) for r in requests} == {("ok", "deadline")}
+    assert all(r["output_tokens"] < 64 for r in requests)
+    deadlines = outcome.summary.deadlines
+    assert (deadlines.with_deadline, deadlines.met_deadline) == (4, 0)
+    assert deadlines.dropped_by_server == 4

@@ -33,6 +33,9 @@ SHARED_NAMES = {
     "output_tokens_source",
     "session_id",  # RequestSpec columns too: the harness reads a workload's sessions by them
     "turn_index",
+    "priority",  # RequestSpec columns too (`workloads.classes`), and the OpenAI body field
+    "deadline_ms",
+    "tenant",
 }
 # The mock server's fault kinds are its command-line vocabulary (`--malformed-sse-rate`).
 EXEMPT = {

@@ -37,6 +37,7 @@ WRITERS = {
     "slo/sessions.py": "sessions",
     "slo/slices.py": "slices",
     "slo/verdicts.py": "slo",
+    "slo/classes.py": "slices.tenant, slices.priority, fairness, deadlines",
 }
 
 SECTIONS = [
@@ -60,6 +61,8 @@ RECORD_WORDS = {
     "complete", "schema_version", "sha256", "start_s", "end_s", "windows",
 }  # fmt: skip
 OTHER_CONTRACTS = {"input_tokens", "output_tokens", "not_sent", "slo", "slices", "dispatch_lag_ms"}
+# RequestSpec columns and OpenAI body fields (`workloads.classes`) as well as slice names.
+OTHER_CONTRACTS |= {"priority", "tenant"}
 CARD_FIGURES = {
     "throughput", "request_per_s", "attempted_request_per_s", "input_tokens_per_s",
     "output_tokens_per_s", "total_tokens_per_s", "goodput", "goodput_request_per_s",
@@ -69,9 +72,11 @@ SHARED = STATISTICS | METRIC_NAMES | RECORD_WORDS | OTHER_CONTRACTS | CARD_FIGUR
 DISTINCTIVE = SUMMARY_KEYS - SHARED
 # Words one package uses with a meaning of its own. harness: `bench faults` and the run
 # config's fields and flat names (`faults`, `duration_s`, `diverge_before`), the OpenAI usage
-# field `prompt_tokens`, and the manifest's `server_state` entry (`before`, `after`).
+# field `prompt_tokens`, and the manifest's `server_state` entry (`before`, `after`). slo: a
+# workload stage's `duration_s`, read from the run manifest's workload (`slo.load_phases`).
 OWN_WORDS = {
     "harness": {"faults", "duration_s", "diverge_before", "prompt_tokens", "before", "after"},
+    "slo": {"duration_s"},
 }
 
 

@@ -21,15 +21,27 @@ def test_builtin_names():
         "long-context",
         "mixed",
         "multi-turn",
+        "overload",
         "random",
         "shared-prefix",
         "sharegpt",
+        "tenants",
     ]
 
 
 @pytest.mark.parametrize(
     "name",
-    ["chat", "code", "json", "long-context", "mixed", "random", "shared-prefix", "sharegpt"],
+    [
+        "chat",
+        "code",
+        "json",
+        "long-context",
+        "mixed",
+        "overload",
+        "random",
+        "shared-prefix",
+        "sharegpt",
+    ],
 )
 def test_every_builtin_is_token_exact(name, tiny_tokenizer):
     w = _resolve(tiny_tokenizer, name, num_requests=6)

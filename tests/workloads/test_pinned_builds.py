@@ -1,7 +1,8 @@
 """Every built-in builds the table it built before the sources were split by kind: the table
 sha256 of six requests per built-in, pinned. A change here is a change to the built requests;
 if one is meant (or a new pyarrow, numpy or tokenizers changes the bytes), say so in the
-commit and update the pins."""
+commit and update the pins. (Format 3 added the tenant column and turned deadline_s into
+deadline_ms: every pin changed, every other column's values unchanged, checked side by side.)"""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import pytest
 from workloads import WorkloadOptions, builtin_names, resolve_workload
 
 PINNED = {
-    "chat": "3f483cf1fd6b08d211a8c20684e30c07c095b5b03666f514826c211284ec7e97",
-    "code": "5416f14442f2ca4245c6feb40d8992ae128f35d7912ccc2c05bf7a503e7a9488",
-    "json": "809f5ff7be10bc525ae39e424c5ac19bffd3e7c7fb24fd73af959894a888ceeb",
-    "long-context": "c9635d3aacc049584cc253980fcb658052452013c8456a41e50a6f26f131b03d",
-    "mixed": "019709e0be6b4ea37f1d9f6f5f1ca1bbc5b341a6ac1eee3668361b36aa28fc95",
-    "multi-turn": "8163ad3d1c16fb5149aaf7c4750dfe16c8165370bea4d667ee8e84097f62d479",
-    "random": "c5fa3c93f87a25be80cc245b5a079c23dfa77bcdf4b94f4f38eade437e105a6b",
-    "shared-prefix": "4270c764e8c6c526625b3c3d3675cbca57cc4a59a787e296a3fb78a391deefc1",
-    "sharegpt": "71f70e2c55b9511a683e924372ce941ed9ffbf232406318b9f14bcb81991ad1d",
+    "chat": "6bd81d8f750b71e1e95ae3589c151cf513a40546f20980a95b33b28a1fe05932",
+    "code": "046407ce091a01fe8cba64ff594964b5a6a378a5110b5a7a74f529e1e0a33155",
+    "json": "9d5be29082bf25f5260492a48bff298ba4926008883c12f3ecef49b9ea152038",
+    "long-context": "65aa0168f71c1699abc4df48ead9b16a565b09562917564a1a5766a5909c64e1",
+    "mixed": "9e74471a44eef9ec9bdd8c875bba73493f9e6e0a23a62d8fce65dd13c5f99176",
+    "multi-turn": "cca436739a28ebba8058a3d17eddcd4fb3806d24d1852979ec68661c8eae7875",
+    "overload": "23b95755c8f502f5d786af1fa14e29e1a65ad3e8e8fae2aca057a69b725080e7",
+    "random": "1bee468fd1f9592a98fda5c9f49d2c0c2f8b2fff6706d6a2d8bd7a567bfae5af",
+    "shared-prefix": "68ee9eb1ae73bf3045e9eae6a227e84d80a82a52e05ac55e5cedd3ee9aa3c7dd",
+    "tenants": "41304078d76434d13e5dfc4d11d1de0fdb3836a21160504550ff229e7536e1d8",
+    "sharegpt": "a2356e6b67a1776927317aa9c1eb5e3e1679238f0a0440b4194331b3f50bdc66",
 }
 
 
