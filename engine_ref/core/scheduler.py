@@ -157,10 +157,13 @@ class Scheduler:
                 budget -= num_new
 
         while budget > 0:
+            full = len(self.running) >= self.config.max_num_seqs
+            if full and self.policy != "priority":
+                break  # only "priority" displaces for a seat: no need to find the next one
             seq = self._peek()
             if seq is None:
                 break
-            if len(self.running) >= self.config.max_num_seqs:
+            if full:
                 freed = self._displace(seq, scheduled, batch)
                 if freed is None:
                     break
