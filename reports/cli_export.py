@@ -1,4 +1,5 @@
-"""`bench export RUN --format vllm|llmd|csv`: a run directory in another tool's format."""
+"""`bench export RUN --format vllm|llmd|csv|otlp-json`: a run directory in another tool's
+format."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ import click
 
 from reports.cli_errors import user_errors, write_output
 
-FORMATS = ("vllm", "llmd", "csv")
+FORMATS = ("vllm", "llmd", "csv", "otlp-json")
 
 
 @click.command("export")
 @click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="vllm: `vllm bench serve --save-result` JSON; llmd: llm-d Benchmark Report "
-              "v0.2 (JSON); csv: one row per request.")  # fmt: skip
+              "v0.2 (JSON); csv: one row per request; otlp-json: OpenTelemetry traces (OTLP/JSON), "
+              "one span per request.")  # fmt: skip
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write here (default: standard output).")  # fmt: skip
 @click.option(
@@ -33,6 +35,10 @@ def export(run: Path, fmt: str, output: Path | None, detailed: bool) -> None:
         from reports.exports.llmd import llmd_report
 
         text = json.dumps(llmd_report(run), indent=2) + "\n"
+    elif fmt == "otlp-json":
+        from reports.exports.otlp import otlp_traces
+
+        text = json.dumps(otlp_traces(run)) + "\n"
     else:
         from reports.exports.request_csv import requests_csv
 

@@ -1,5 +1,6 @@
 """Exports of a run directory in formats other tools read: vLLM's result JSON (`vllm`), the
-llm-d Benchmark Report (`llmd`) and one CSV row per request (`csv`)."""
+llm-d Benchmark Report (`llmd`), one CSV row per request (`csv`) and OpenTelemetry traces,
+one span per request (`otlp-json`, `reports.exports.otlp`)."""
 
 from __future__ import annotations
 
