@@ -24,6 +24,8 @@ block: finished_late, dropped_by_server, rejected_at_admission, failed_otherwise
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -65,30 +67,43 @@ def max_min_shares(demands: np.ndarray, capacity: float) -> np.ndarray:
     return shares
 
 
-def _class_columns(requests: pa.Table) -> dict[str, np.ndarray]:
-    """The class columns of the sent requests, aligned with `RequestMetrics.from_tables`."""
-    sent = attempted_requests(requests)
-    return {
-        "tenant": string_column(sent, RequestColumn.TENANT),
-        "priority": float_column(sent, RequestColumn.PRIORITY),
-        "deadline_ms": float_column(sent, RequestColumn.DEADLINE_MS),
-        "finish_reason": string_column(sent, RequestColumn.FINISH_REASON),
-    }
+@dataclass(frozen=True)
+class ClassColumns:
+    """The class columns of the sent requests, aligned with `RequestMetrics.from_tables`, read
+    once for the three blocks: `tenant` names ("(none)" for a request without one; None when
+    no request has a tenant), `priority` and `deadline_ms` (NaN: none), `finish_reason`."""
+
+    tenant: np.ndarray | None
+    priority: np.ndarray
+    deadline_ms: np.ndarray
+    finish_reason: np.ndarray
+
+    @classmethod
+    def of(cls, requests: pa.Table) -> ClassColumns:
+        sent = attempted_requests(requests)
+        tenant = string_column(sent, RequestColumn.TENANT)
+        has_tenant = any(t is not None for t in tenant)
+        return cls(
+            tenant=np.asarray([NO_TENANT if t is None else t for t in tenant], dtype=object)
+            if has_tenant
+            else None,
+            priority=float_column(sent, RequestColumn.PRIORITY),
+            deadline_ms=float_column(sent, RequestColumn.DEADLINE_MS),
+            finish_reason=string_column(sent, RequestColumn.FINISH_REASON),
+        )
 
 
-def class_slices(requests: pa.Table, rm: RequestMetrics, spec: SLOSpec | None) -> dict:
+def class_slices(columns: ClassColumns, rm: RequestMetrics, spec: SLOSpec | None) -> dict:
     """`{tenant: [...], priority: [...]}` slices (`slice_summary` entries), each dimension
     only when some request has it; requests without one are the slice "(none)"."""
-    columns = _class_columns(requests)
     out: dict[str, list] = {}
-    tenant = columns["tenant"]
-    if any(t is not None for t in tenant):
-        names = np.asarray([NO_TENANT if t is None else t for t in tenant], dtype=object)
+    names = columns.tenant
+    if names is not None:
         out["tenant"] = [
             {"label": name, "range": None, **slice_summary(rm, names == name, spec, None)}
             for name in sorted(set(names.tolist()))
         ]
-    priority = columns["priority"]
+    priority = columns.priority
     if not np.isnan(priority).all():
         out["priority"] = []
         for value in sorted(set(priority[~np.isnan(priority)].tolist())):
@@ -108,14 +123,15 @@ def class_slices(requests: pa.Table, rm: RequestMetrics, spec: SLOSpec | None) -
     return out
 
 
-def fairness_summary(requests: pa.Table, rm: RequestMetrics, spec: SLOSpec | None) -> dict | None:
+def fairness_summary(
+    columns: ClassColumns, rm: RequestMetrics, spec: SLOSpec | None
+) -> dict | None:
     """Per tenant: demand, goodput, max-min fair share and normalised goodput; Jain's index
     over the normalised goodput (module doc). None without tenants or a measured window."""
-    tenant = _class_columns(requests)["tenant"]
+    names = columns.tenant
     window = rm.window_s()
-    if not any(t is not None for t in tenant) or not window:
+    if names is None or not window:
         return None
-    names = np.asarray([NO_TENANT if t is None else t for t in tenant], dtype=object)
     good = good_mask(rm, spec) if spec is not None else rm.is_ok
     labels = sorted(set(names.tolist()))
     demand = np.asarray([np.sum(names == name) / window for name in labels])
@@ -140,16 +156,15 @@ def fairness_summary(requests: pa.Table, rm: RequestMetrics, spec: SLOSpec | Non
     }
 
 
-def deadlines_summary(requests: pa.Table, rm: RequestMetrics) -> dict | None:
+def deadlines_summary(columns: ClassColumns, rm: RequestMetrics) -> dict | None:
     """How many requests with a deadline met it, and how the others missed (module doc);
     None when no request had a deadline."""
-    columns = _class_columns(requests)
-    deadline = columns["deadline_ms"]
+    deadline = columns.deadline_ms
     has = ~np.isnan(deadline)
     if not has.any():
         return None
     ok = rm.is_ok
-    dropped = has & (columns["finish_reason"] == DEADLINE_FINISH_REASON)
+    dropped = has & (columns.finish_reason == DEADLINE_FINISH_REASON)
     in_time = np.nan_to_num(rm.e2e_ms, nan=np.inf) <= np.nan_to_num(deadline, nan=-np.inf)
     met = has & ok & ~dropped & in_time
     late = has & ok & ~dropped & ~in_time

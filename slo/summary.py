@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slo import metrics
-from slo.classes import class_slices, deadlines_summary, fairness_summary
+from slo.classes import ClassColumns, class_slices, deadlines_summary, fairness_summary
 from slo.consistency import littles_law
 from slo.conventions import conventions_summary
 from slo.correctness import correctness_summary
@@ -287,9 +287,10 @@ def summarize_tables(
         output_edges=output_edges,
         slice_duration_s=slice_duration_s,
     )
-    summary["slices"].update(class_slices(tables.requests, rm, spec))
-    summary["fairness"] = fairness_summary(tables.requests, rm, spec)
-    summary["deadlines"] = deadlines_summary(tables.requests, rm)
+    classes = ClassColumns.of(tables.requests)
+    summary["slices"].update(class_slices(classes, rm, spec))
+    summary["fairness"] = fairness_summary(classes, rm, spec)
+    summary["deadlines"] = deadlines_summary(classes, rm)
     summary["ledger"] = ledger_summary(tables)
     summary["saturation"] = saturation_summary(rm)
     summary["sessions"] = sessions_summary(tables.requests)

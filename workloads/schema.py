@@ -123,7 +123,8 @@ def _zero_null_slots(array: pa.Array) -> pa.Array:
         pa.types.is_integer(array.type) or pa.types.is_floating(array.type)
     ):
         return array
-    array = pa.concat_arrays([array])  # offset 0, fresh buffers
+    if array.offset:  # the callers pass concatenated arrays (offset 0) already
+        array = pa.concat_arrays([array])
     values = pc.fill_null(array, pa.scalar(0, array.type))
     validity = array.buffers()[0]
     return pa.Array.from_buffers(

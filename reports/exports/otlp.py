@@ -55,6 +55,7 @@ from urllib.parse import urlsplit
 
 from reports.errors import ReportError
 from slo.runrecord import (
+    REQUEST_TIME_COLUMNS,
     ChunkColumn,
     Endpoint,
     RequestColumn,
@@ -72,14 +73,7 @@ STATUS_CODE_ERROR = 2
 EVENT_PREFIX = "llm_bench."
 # The phases a request can reach, in order; each event is named after its column
 # (`t_first_token_ns` -> `llm_bench.first_token`).
-PHASES = (
-    RequestColumn.T_SCHEDULED_NS,
-    RequestColumn.T_SENT_NS,
-    RequestColumn.T_FIRST_BYTE_NS,
-    RequestColumn.T_FIRST_TOKEN_NS,
-    RequestColumn.T_LAST_TOKEN_NS,
-    RequestColumn.T_DONE_NS,
-)
+PHASES = tuple(c for c in REQUEST_TIME_COLUMNS if c is not RequestColumn.T_SLOT_FREED_NS)
 # Request-class columns, exported as `llm_bench.<column>` when present.
 CLASS_COLUMNS = (RequestColumn.PRIORITY, RequestColumn.DEADLINE_MS, RequestColumn.TENANT)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
