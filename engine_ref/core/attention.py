@@ -22,11 +22,13 @@ with batched calls per group:
   queries padded to [Bp, Qmax] and folded the same way to [kvh, Bp, G * Qmax, hd]; the mask is
   causal with each chunk's offset into its sequence.
 
-On the CPU, when the engine kernels are loaded and the pool is float32 or bfloat16, decode
+On the CPU, when the engine kernels are loaded and the engine is float32 or bfloat16, decode
 rows instead run `refkern::paged_attention_decode` (kernels/paged_attention.cpp): one call per
 layer for all of them, reading each sequence's keys and values in place through its block
 table (no gather, no padding, no mask), the GQA group sharing each K/V load; in a batch of
-decode rows only it also stores their new K/V. Prefill rows keep the SDPA path.
+decode rows only it also stores their new K/V. Prefill rows keep the SDPA path. A pool may
+store K/V in another format (`kv_dtype`: bfloat16, float16, int8 or fp8 with row scales): the
+kernel reads it in place, the torch paths dequantise only the blocks they gather.
 
 `AttentionMetadata` is built once per step (not per layer) by `build_attention_metadata`.
 """
@@ -38,7 +40,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine_ref.core import kv_dtype
 from engine_ref.core.kernels import attention_ops
+from engine_ref.core.kv_dtype import KVPool
 
 # A decode group's keys are padded to its longest context; a new group starts when a context
 # exceeds DECODE_GROUP_SPAN times the group's shortest plus DECODE_GROUP_SLACK tokens, so padding
@@ -85,7 +89,8 @@ class AttentionMetadata:
     # With tree masks of at most TREE_BITS_MAX_NODES nodes, per row [T] long (CPU), what the
     # fused layer reads instead of the masks: the positions (by slot) the row may see, the
     # first position of its tree (its context length when it is in none), and a bit per tree
-    # node it attends (bit c: position tree_start + c).
+    # node it attends (bit c: position tree_start + c). Also set, without trees, under KV
+    # eviction: the fused layer otherwise takes a row's context from its (text) position.
     tree_context_lens: torch.Tensor | None = None
     tree_start: torch.Tensor | None = None
     tree_bits: torch.Tensor | None = None
@@ -115,6 +120,7 @@ def build_attention_metadata(
     dtype: torch.dtype = torch.float32,
     tree_masks: dict[int, torch.Tensor] | None = None,
     decode_kernel: bool | None = None,
+    kv_evicted: bool = False,
 ) -> AttentionMetadata:
     """Metadata for one step over pools of `num_pool_blocks` blocks. Sequence i contributes
     `num_new_tokens[i]` rows at positions `start_positions[i]`, `start_positions[i] + 1`, ...;
@@ -126,7 +132,10 @@ def build_attention_metadata(
     tree's rows attend to their ancestors only, while their KV lands in consecutive slots.
     `decode_kernel` True has the decode rows run `refkern::paged_attention_decode` (the
     kernels must be loaded), False the torch path; None picks the kernel when
-    `attention_ops.decode_kernel_ok(device, dtype)`."""
+    `attention_ops.decode_kernel_ok(device, dtype)`. Under KV eviction (`core.kv_eviction`)
+    positions here are kept positions (text position less the tokens evicted before it) and
+    tables hold the kept blocks; `kv_evicted` True, when some sequence's differ from its text
+    positions, also sets the per-row context fields the fused layer reads."""
     num_decode = 0
     while num_decode < len(num_new_tokens) and num_new_tokens[num_decode] == 1:
         num_decode += 1
@@ -200,7 +209,7 @@ def build_attention_metadata(
     def to(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device, non_blocking=True)
 
-    tree_rows = _tree_rows(start_positions, num_new_tokens, tree_masks or {})
+    tree_rows = _tree_rows(start_positions, num_new_tokens, tree_masks or {}, kv_evicted)
 
     return AttentionMetadata(
         slot_mapping=slot_mapping,
@@ -221,11 +230,16 @@ def build_attention_metadata(
 
 
 def _tree_rows(
-    start_positions: list[int], num_new_tokens: list[int], tree_masks: dict[int, torch.Tensor]
+    start_positions: list[int],
+    num_new_tokens: list[int],
+    tree_masks: dict[int, torch.Tensor],
+    kv_evicted: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The per-row tree fields of `AttentionMetadata` (empty without trees, or when one has
-    more than TREE_BITS_MAX_NODES nodes)."""
-    if not tree_masks or any(m.shape[0] > TREE_BITS_MAX_NODES for m in tree_masks.values()):
+    """The per-row tree fields of `AttentionMetadata` (empty without trees or KV eviction,
+    or when a tree has more than TREE_BITS_MAX_NODES nodes)."""
+    if not (tree_masks or kv_evicted) or any(
+        m.shape[0] > TREE_BITS_MAX_NODES for m in tree_masks.values()
+    ):
         return {}
     context_lens: list[int] = []
     tree_start: list[int] = []
@@ -283,11 +297,15 @@ def _pad_tables(
     return torch.tensor(padded, dtype=torch.long)
 
 
-def gather_kv(kv_pool: torch.Tensor, kv_rows: torch.Tensor, batch: int) -> torch.Tensor:
+def gather_kv(
+    kv_pool: KVPool, kv_rows: torch.Tensor, batch: int, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """[2 * kvh, batch, L, hd] keys and values of the pool rows `kv_rows` (built by
-    `build_attention_metadata`: every head of each sequence's blocks, head-major)."""
-    heads, _, block_size, head_dim = kv_pool.shape
-    flat = kv_pool.view(-1, block_size * head_dim).index_select(0, kv_rows)
+    `build_attention_metadata`: every head of each sequence's blocks, head-major), in `dtype`
+    (the pool's when None): a pool in another storage (`kv_dtype`) is dequantised after the
+    gather, so only these blocks are widened."""
+    heads, _, _, head_dim = kv_pool.shape
+    flat = kv_dtype.gather_blocks(kv_pool, kv_rows, dtype or kv_pool.dtype)
     return flat.view(heads, batch, -1, head_dim)
 
 
@@ -306,13 +324,14 @@ def _decode_attention(
 def paged_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
-    kv_pool: torch.Tensor,
+    kv_pool: KVPool,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
     """Attention output [T, h, hd] for q [T, h, hd] and the new keys and values kv [T, 2 * kvh,
     hd] (keys in the first kvh heads). `kv_pool` [2 * kvh, num_blocks, block_size, hd] holds one
-    layer's keys (heads :kvh) and values (heads kvh:); the new rows are stored there first."""
+    layer's keys (heads :kvh) and values (heads kvh:), in q's dtype or another `kv_dtype`
+    storage; the new rows are stored there first (converted or quantised)."""
     lens = meta.decode_context_lens
     if lens is not None and not meta.num_prefill_tokens:  # the kernel stores the new K/V too
         tables = meta.decode_groups[0].block_tables
@@ -321,9 +340,7 @@ def paged_attention(
         )
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = kv.shape[1] // 2
-    kv_pool.view(-1, head_dim).index_copy_(
-        0, meta.kv_write_index, kv.transpose(0, 1).reshape(-1, head_dim)
-    )
+    kv_dtype.store_rows(kv_pool, meta.kv_write_index, kv.transpose(0, 1).reshape(-1, head_dim))
     g = num_heads // kv_heads
     parts = []
     nd = meta.num_decode_tokens
@@ -337,7 +354,7 @@ def paged_attention(
     else:
         for group in meta.decode_groups:
             rows = group.end_row - group.start_row
-            both = gather_kv(kv_pool, group.kv_rows, rows)  # [2kvh, Bg, L, hd]
+            both = gather_kv(kv_pool, group.kv_rows, rows, q.dtype)  # [2kvh, Bg, L, hd]
             qd = q[group.start_row : group.end_row].view(rows, kv_heads, g, head_dim)
             out = _decode_attention(
                 qd.transpose(0, 1), both[:kv_heads], both[kv_heads:], group.mask, scale
@@ -349,7 +366,7 @@ def paged_attention(
         qp = q[nd:].index_select(0, meta.prefill_q_index)  # [Bp * Qmax, h, hd]
         qp = qp.view(batch, q_max, kv_heads, g, head_dim).permute(2, 0, 3, 1, 4)
         qp = qp.reshape(kv_heads, batch, g * q_max, head_dim)  # [kvh, Bp, G * Qmax, hd]
-        both = gather_kv(kv_pool, meta.prefill_kv_rows, batch)  # [2kvh, Bp, Lp, hd]
+        both = gather_kv(kv_pool, meta.prefill_kv_rows, batch, q.dtype)  # [2kvh, Bp, Lp, hd]
         out = F.scaled_dot_product_attention(
             qp, both[:kv_heads], both[kv_heads:], attn_mask=meta.prefill_mask, scale=scale
         )

@@ -124,5 +124,6 @@ def answer(request: Request, decode: Callable[[list[int]], str]) -> RequestOutpu
         )
     prompt_len = len(request.prompt_token_ids)
     return RequestOutput(
-        request.request_id, completions, True, prompt_len, request.num_cached_tokens
-    )
+        request.request_id, completions, True, prompt_len, request.num_cached_tokens,
+        kv_evicted_tokens=request.kv_evicted_tokens,
+    )  # fmt: skip

@@ -10,6 +10,10 @@ matched (identified by block id and a generation number bumped whenever the bloc
 for a first block, the root key the request hashed from. The last prompt token is never served
 from the cache, so every prefill computes at least one row (its logits).
 
+With KV eviction (`engine_ref.core.kv_eviction`) a sequence's table holds its kept blocks
+only; `evict` drops blocks out of its window, and `register_full_blocks` enters nothing computed
+after a sequence's first eviction (its context was lossy), so the cache only ever serves exact KV.
+
 Free blocks wait in one `OrderedDict` in eviction order: blocks without cached content at the
 front (reused first), cached blocks appended at the back as they are freed (least recently used
 nearest the front). A prefix hit on a free block removes it in O(1).
@@ -22,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from engine_ref.core.sequence import Sequence
+from engine_ref.core.stats import KVEvictionStats
 
 HashFn = Callable[[int, tuple[int, ...]], int]
 
@@ -62,6 +67,8 @@ class BlockManager:
         self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.pending_free: list[int] = []
         self.step_in_flight = False
+        self.num_evicted_tokens = 0  # KV eviction counters, since start
+        self.num_requests_evicted = 0
 
     # -- gauges ---------------------------------------------------------------------------
     @property
@@ -75,6 +82,9 @@ class BlockManager:
     @property
     def num_cached_blocks(self) -> int:
         return len(self.key_to_block)
+
+    def eviction_stats(self) -> KVEvictionStats:
+        return KVEvictionStats(self.num_evicted_tokens, self.num_requests_evicted)
 
     # -- step fencing -----------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -134,7 +144,7 @@ class BlockManager:
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """Free blocks that `append_slots(seq, num_new_tokens)` would take."""
         total = seq.num_computed_tokens + num_new_tokens
-        needed = max(0, -(-total // self.block_size) - len(seq.block_table))
+        needed = max(0, -(-total // self.block_size) - self._num_logical_blocks(seq))
         return needed + int(self._needs_copy(seq))
 
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -146,14 +156,14 @@ class BlockManager:
         partial block). The caller checks `can_append` first."""
         copies = []
         if self._needs_copy(seq):
-            index = seq.num_computed_tokens // self.block_size
+            index = self._write_index(seq)
             src = seq.block_table[index]
             dst = self._allocate()
             self._decref(src)
             seq.block_table[index] = dst
             copies.append((src, dst))
         total = seq.num_computed_tokens + num_new_tokens
-        while len(seq.block_table) * self.block_size < total:
+        while self._num_logical_blocks(seq) * self.block_size < total:
             seq.block_table.append(self._allocate())
         return copies
 
@@ -162,12 +172,14 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
+        child.kv_evicted_tokens = parent.kv_evicted_tokens
         for block in child.block_table:
             self.ref_counts[block] += 1
 
     def register_full_blocks(self, seq: Sequence) -> None:
-        """Enter the sequence's newly computed full blocks into the prefix cache."""
-        if not self.enable_prefix_caching:
+        """Enter the sequence's newly computed full blocks into the prefix cache; none once it
+        has evicted KV (they were computed from a lossy context; those before were entered)."""
+        if not self.enable_prefix_caching or seq.kv_evicted_tokens:
             return
         bs = self.block_size
         for i in range(len(seq.block_hashes), seq.num_computed_tokens // bs):
@@ -204,12 +216,36 @@ class BlockManager:
             self._decref(block)
         seq.block_table = []
         seq.block_hashes = []
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.kv_evicted_tokens = 0
+
+    def evict(self, seq: Sequence, first: int, count: int) -> None:
+        """Drop `count` blocks of `seq`'s table from index `first` (past its sink blocks):
+        KV eviction (`core.kv_eviction`), between steps; frees are deferred while a step is in
+        flight, like every free. Counts the tokens, and the request at its first eviction."""
+        for block in seq.block_table[first : first + count]:
+            self._decref(block)
+        del seq.block_table[first : first + count]
+        num_tokens = count * self.block_size
+        seq.kv_evicted_tokens += num_tokens
+        self.num_evicted_tokens += num_tokens
+        request = seq.request
+        if not request.kv_evicted_tokens:
+            self.num_requests_evicted += 1
+        request.kv_evicted_tokens = max(request.kv_evicted_tokens, seq.kv_evicted_tokens)
 
     # -- internals ------------------------------------------------------------------------------
+    def _num_logical_blocks(self, seq: Sequence) -> int:
+        """Blocks covering the sequence's positions so far, evicted ones included."""
+        return len(seq.block_table) + seq.kv_evicted_tokens // self.block_size
+
+    def _write_index(self, seq: Sequence) -> int:
+        """Table index of the block its next token goes to (never a sink block once it has
+        evicted: eviction starts past the sinks)."""
+        return (seq.num_computed_tokens - seq.kv_evicted_tokens) // self.block_size
+
     def _needs_copy(self, seq: Sequence) -> bool:
         """True when the next write lands in a block another sequence also references."""
-        index = seq.num_computed_tokens // self.block_size
+        index = self._write_index(seq)
         return index < len(seq.block_table) and self.ref_counts[seq.block_table[index]] > 1
 
     def _allocate(self) -> int:

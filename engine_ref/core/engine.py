@@ -8,13 +8,12 @@ commit (`OutputProcessor.commit`): advance computed counts, enter full blocks in
 cache, fork, append tokens (advancing grammars by committed tokens only), detokenise, check
 stop conditions -> free finished sequences' blocks once the step is over.
 
-Execution commits nothing, so a step whose execution raises can be retried on part of its
-batch: the engine bisects the batch by request until the requests that fail on their own are
-found, fails only those (finish_reason "error", `RequestOutput.error` saying why) and commits
-the rest. The retries rewrite the same KV slots (each sequence writes only positions past its
-computed tokens, in blocks it alone holds) and restore seeded generators, so the others'
-tokens are those of a step without the failed requests. A step that does not fail pays
-nothing for this.
+Execution commits nothing, so a step whose execution raises is retried on part of its batch,
+bisected by request until the requests that fail on their own are found; only those fail
+(finish_reason "error", `RequestOutput.error` saying why) and the rest commit. Retries rewrite
+the same KV slots (positions past each sequence's computed tokens, in blocks it alone holds)
+and restore seeded generators, so the others' tokens are those of a step without the failed
+requests. A step that does not fail pays nothing for this.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from engine_ref.core.admission import EngineError, check_prompt, check_request
 from engine_ref.core.block_manager import BlockManager, HashFn, default_hash
 from engine_ref.core.engine_config import EngineConfig, SamplingParams
 from engine_ref.core.isolation import isolate_failures
+from engine_ref.core.kv_accounting import KVAccounting
 from engine_ref.core.model import LlamaModel
 from engine_ref.core.model_runner import ModelRunner
 from engine_ref.core.output_processor import Executed, OutputProcessor
@@ -70,34 +70,30 @@ class LLMEngine:
         self.config = config
         self.model_runner = runner = ModelRunner(config, loaded, draft_loaded)
         self.device, self.dtype = runner.device, runner.dtype
-        self.model_config = runner.model_config
-        self.max_model_len = runner.max_model_len
+        self.model_config, self.max_model_len = runner.model_config, runner.max_model_len
         tokenizer = loaded.tokenizer
         self.block_manager = BlockManager(
             runner.num_blocks,
             config.block_size,
             enable_prefix_caching=config.enable_prefix_caching,
-            salt=f"{config.prefix_cache_salt}|{tokenizer.name}|{config.model}|{self.dtype}",
+            salt=f"{config.prefix_cache_salt}|{tokenizer.name}|{config.model}|{runner.kv_cache_key}",
             hash_fn=hash_fn,
         )
         self.scheduler = scheduler = Scheduler(config, self.block_manager)
         spec = config.speculative_config
-        self.spec = (
-            None if spec is None else SpeculativeDecoder(spec, max_model_len=runner.max_model_len)
-        )
+        self.spec = spec and SpeculativeDecoder(spec, max_model_len=runner.max_model_len)
         self.output_processor = processor = OutputProcessor(
             config, runner, self.scheduler, self.block_manager, self.spec, tokenizer
         )
         self.requests: dict[str, Request] = {}
-        self._arrivals = itertools.count()
+        self._arrivals, self._num_steps = itertools.count(), 0
         self._pending_outputs: list[RequestOutput] = []
-        self._num_steps = 0
         self.meter = meter = StepMeter(clock, rates)
         self.overload = OverloadControl(config, scheduler, processor.finish, meter, self.requests)
+        self.kv_accounting = KVAccounting(runner.kv_geometry())  # memory per request
 
     @property
-    def tokenizer(self) -> Any:
-        """The model's tokenizer (the output processor's, which detokenises with it)."""
+    def tokenizer(self) -> Any:  # the output processor's, which detokenises with it
         return self.output_processor.tokenizer
 
     @tokenizer.setter
@@ -105,8 +101,7 @@ class LLMEngine:
         self.output_processor.tokenizer = tokenizer
 
     @property
-    def model(self) -> LlamaModel:
-        """The target model (the runner's; tests wrap it to inject faults)."""
+    def model(self) -> LlamaModel:  # the runner's target model; tests wrap it to inject faults
         return self.model_runner.model
 
     @model.setter
@@ -170,7 +165,11 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler iteration; returns outputs of the requests that progressed or
-        ended otherwise (abort, "error", "shed", "deadline": `core.overload`)."""
+        ended otherwise (abort, "error", "shed", "deadline": `core.overload`); finished ones
+        carry their memory per request (`core.kv_accounting`)."""
+        return self.kv_accounting.annotate(self._step())
+
+    def _step(self) -> list[RequestOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []
         outputs += self.overload.expire()
         # Drafts first, so the scheduler counts them against the step's token budget.
@@ -187,14 +186,13 @@ class LLMEngine:
                     if drafted:
                         self.model_runner.fill_drafts(self.spec, batch.seqs)
                     items = list(zip(batch.seqs, batch.num_new_tokens, strict=True))
+                    self.kv_accounting.observe(items, self.block_manager.ref_counts)
                     outputs += self._run(items)
             finally:
                 self.block_manager.end_step()
         finally:
             for seq in drafted:
-                seq.draft_token_ids = []
-                seq.draft_parents = None
-                seq.num_lookahead_tokens = 0
+                seq.draft_token_ids, seq.draft_parents, seq.num_lookahead_tokens = [], None, 0
         self._num_steps += 1
         return outputs
 
@@ -225,6 +223,8 @@ class LLMEngine:
             weight_bytes_by_kind=dict(self.model_runner.weight_bytes_by_kind),
             spec_decode=None if self.spec is None else self.spec.stats(),
             requests_shed_by_reason=dict(self.overload.counts),
+            kv_memory=self.kv_accounting.gauges(),
+            kv_eviction=bm.eviction_stats(),
         )
 
     # -- one step -----------------------------------------------------------------------------

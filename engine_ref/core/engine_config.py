@@ -16,6 +16,8 @@ import torch
 from engine_ref.core import beam_search
 from engine_ref.core.cpu import available_cpus, cpu_has_fast_bf16
 from engine_ref.core.grammar import GuidedDecoding
+from engine_ref.core.kv_dtype import kv_cache_dtype_problem
+from engine_ref.core.kv_eviction import check_kv_eviction
 from engine_ref.core.policy import check_policy, tenant_weights
 from engine_ref.core.quant import QUANTIZATION_MODES
 
@@ -169,6 +171,8 @@ class EngineConfig:
     says what it resolved to and why. "float32" is also for exact tests.
     `device` "auto" picks CUDA when available. The KV pool holds `num_blocks` blocks of
     `block_size` tokens; when `num_blocks` is None it is derived from `kv_cache_memory_bytes`.
+    `kv_cache_dtype` "auto" stores K/V in `dtype`; bf16, fp16, int8, fp8_e4m3: `core.kv_dtype`.
+    `kv_eviction` "none" keeps all KV; sliding-window or sinks evict: `core.kv_eviction`.
     `max_waiting_requests` bounds the waiting queue: beyond it `add_request` raises
     `QueueFullError` or sheds a waiting request, by policy (`engine_ref.core.overload`). `max_model_len` None means the model's `max_position_embeddings`.
     `num_threads` None means the CPUs this process may run on (CPU only). `prefix_cache_salt` is mixed into
@@ -187,6 +191,10 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     kv_cache_memory_bytes: int = 1 << 30
+    kv_cache_dtype: str = "auto"
+    kv_eviction: str = "none"
+    kv_window_tokens: int = 1024
+    kv_sink_tokens: int = 4
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
@@ -227,6 +235,8 @@ class EngineConfig:
             raise EngineConfigError(
                 f"Unknown dtype {self.dtype!r}; use one of auto, {', '.join(sorted(_DTYPES))}."
             )
+        if problem := kv_cache_dtype_problem(self.kv_cache_dtype) or check_kv_eviction(self):
+            raise EngineConfigError(problem)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise EngineConfigError(f"Unknown device {self.device!r}; use auto, cpu or cuda.")
         weights = tenant_weights(self.tenant_weights)

@@ -18,10 +18,13 @@ from typing import Any
 
 import torch
 
+from engine_ref.core import kv_dtype
 from engine_ref.core.admission import EngineError
 from engine_ref.core.attention import AttentionMetadata, build_attention_metadata, kv_pool_shape
 from engine_ref.core.config import ModelConfig
 from engine_ref.core.engine_config import EngineConfig
+from engine_ref.core.kv_accounting import KVGeometry
+from engine_ref.core.kv_dtype import KVPool, allocate_pool, resolve_kv_format
 from engine_ref.core.model import LlamaModel
 from engine_ref.core.quant import QuantizationError, weight_bytes_by_kind
 from engine_ref.core.sequence import Sequence
@@ -100,9 +103,10 @@ class ModelRunner:
         except QuantizationError as exc:
             raise EngineError(str(exc)) from None
         self.weight_bytes_by_kind = weight_bytes_by_kind(self.model)
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        self.kv_bytes_per_token = (
-            2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
+        # How the pools store K/V (`kv_cache_dtype`); the bytes count values and scales.
+        self.kv_format = resolve_kv_format(config.kv_cache_dtype, self.dtype)
+        self.kv_bytes_per_token = self.kv_format.bytes_per_token(
+            mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim
         )
         bs = config.block_size
         self.num_blocks = config.num_blocks or config.kv_cache_memory_bytes // (
@@ -114,19 +118,37 @@ class ModelRunner:
                 "raise it or set num_blocks."
             )
         self.max_model_len = min(max_len, self.num_blocks * bs)
-        # One pool per layer, head-major (see attention.py).
-        # Zeroed, not empty: masked slots are multiplied by 0 and must not hold NaN.
+        # One pool per layer, head-major (see attention.py), zeroed.
         pool_shape = kv_pool_shape(self.num_blocks, bs, mc.num_key_value_heads, mc.head_dim)
-        self.kv_caches = [
-            torch.zeros(pool_shape, dtype=self.dtype, device=self.device)
+        self.kv_caches: list[KVPool] = [
+            allocate_pool(self.kv_format, pool_shape, self.device)
             for _ in range(mc.num_hidden_layers)
         ]
+        # What a block's KV depends on beyond its tokens and the model: the dtype it was
+        # computed in and the one it is stored in (the prefix cache's salt binds both).
+        self.kv_cache_key = f"{self.dtype}|kv={self.kv_format.name}"
         self.drafter = self._build_drafter(loaded.tokenizer, draft_loaded)
         # Building the model (dequantising, fusing, quantising) frees hundreds of MB of
         # temporaries in the middle of the malloc heap, which glibc keeps; hand them back (on
         # SmolLM2 W4A16 the engine's RSS went from 2.7 to 1.6 GB, 1 GB of it the KV pool).
         del loaded, draft_loaded
         release_freed_heap()
+
+    def kv_geometry(self) -> KVGeometry:
+        """The shapes memory per request is accounted with (`core.kv_accounting`)."""
+        mc = self.model_config
+        return KVGeometry(
+            num_layers=mc.num_hidden_layers, num_kv_heads=mc.num_key_value_heads,
+            num_heads=mc.num_attention_heads, head_dim=mc.head_dim, hidden_size=mc.hidden_size,
+            intermediate_size=mc.intermediate_size, vocab_size=mc.vocab_size,
+            block_size=self.config.block_size, kv_bytes_per_token=self.kv_bytes_per_token,
+            activation_bytes=torch.empty((), dtype=self.dtype).element_size(),
+        )  # fmt: skip
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes every layer's pool holds, values and scales (the draft model's not counted)."""
+        return sum(kv_dtype.pool_nbytes(pool) for pool in self.kv_caches)
 
     @property
     def kv_bytes_per_request(self) -> int:
@@ -174,6 +196,7 @@ class ModelRunner:
         block_tables: list[list[int]],
         mc: ModelConfig | None = None,
         tree_masks: dict[int, torch.Tensor] | None = None,
+        kv_evicted: bool = False,
     ) -> AttentionMetadata:
         """Attention metadata for the target (or the model config `mc`'s heads)."""
         mc = mc or self.model_config
@@ -188,6 +211,7 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype,
             tree_masks=tree_masks,
+            kv_evicted=kv_evicted,
         )
 
     def forward(self, items: list[tuple[Sequence, int]]) -> ForwardOutput:
@@ -203,7 +227,8 @@ class ModelRunner:
         tree_masks: dict[int, torch.Tensor] = {}
         for item_index, (seq, n) in enumerate(items):
             start = seq.num_computed_tokens
-            starts.append(start)
+            # Attention works in kept positions; RoPE takes the text ones (`core.kv_eviction`).
+            starts.append(start - seq.kv_evicted_tokens)
             num_new_tokens.append(n)
             if seq.draft_token_ids and n > 1 and start == seq.num_tokens - 1:
                 # A verify row: the last token, then the drafts; every row's logits count.
@@ -228,7 +253,10 @@ class ModelRunner:
                 sample_rows.append(len(input_ids) - 1)
                 out.sampling_seqs.append(seq)
         tables = [seq.block_table for seq, _ in items]
-        meta = self.metadata(starts, num_new_tokens, tables, tree_masks=tree_masks)
+        evicted = any(seq.kv_evicted_tokens for seq, _ in items)
+        meta = self.metadata(
+            starts, num_new_tokens, tables, tree_masks=tree_masks, kv_evicted=evicted
+        )
         ids = torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True)
         pos = torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True)
         hidden = self.model(ids, pos, meta, self.kv_caches)  # [T, D]
@@ -263,7 +291,7 @@ class ModelRunner:
         src = device_index([s for s, _ in copies], self.device)
         dst = device_index([d for _, d in copies], self.device)
         for pool in self.kv_caches:
-            pool.index_copy_(1, dst, pool.index_select(1, src))
+            kv_dtype.copy_blocks(pool, src, dst)
 
     def move_accepted_kv(self, seq: Sequence, start: int, path: list[int]) -> None:
         """A token tree's accepted path: node i's KV was written at slot start + 1 + i; the
@@ -281,5 +309,4 @@ class ModelRunner:
         src = device_index([slot(s) for s, _ in moves], self.device)
         dst = device_index([slot(d) for _, d in moves], self.device)
         for pool in self.kv_caches:
-            flat = pool.view(pool.shape[0], -1, pool.shape[-1])  # [2 * kvh, slots, hd]
-            flat.index_copy_(1, dst, flat.index_select(1, src))
+            kv_dtype.copy_slots(pool, src, dst)

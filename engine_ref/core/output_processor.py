@@ -271,6 +271,7 @@ class OutputProcessor:
                 request.is_finished,
                 len(request.prompt_token_ids),
                 request.num_cached_tokens,
+                kv_evicted_tokens=request.kv_evicted_tokens,
             )
             for request, completions in by_request.items()
         ]
@@ -470,6 +471,7 @@ class OutputProcessor:
             len(request.prompt_token_ids),
             request.num_cached_tokens,
             error=error,
+            kv_evicted_tokens=request.kv_evicted_tokens,
         )
 
     def fail(self, request: Request, exc: Exception) -> RequestOutput:

@@ -30,3 +30,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     error: str | None = None
+    # Memory per request, on the finished output (`core.kv_accounting`); None before.
+    kv_memory: dict | None = None
+    # Tokens whose KV the request evicted (`core.kv_eviction`): above 0, its outputs were
+    # computed from a lossy context.
+    kv_evicted_tokens: int = 0

@@ -20,6 +20,9 @@ Prefix-cache counters count tokens once per admission, not per attempt: a waitin
 looked up again every step until its blocks fit, but only the lookup that admits it counts.
 As in vLLM, a preempted sequence's re-admission is counted apart (`preempted_prefix_*`), so a
 victim finding its own blocks again does not inflate the hit rate of new requests.
+
+With KV eviction (`engine_ref.core.kv_eviction`), each iteration first frees the blocks that have
+left the running sequences' windows, so the step's allocations can reuse them.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 from engine_ref.core.block_manager import BlockManager
 from engine_ref.core.engine_config import EngineConfig
+from engine_ref.core.kv_eviction import KVEviction
 from engine_ref.core.overload import QueueFullError
 from engine_ref.core.policy import (
     MOVING_ORDER_POLICIES,
@@ -79,6 +83,7 @@ class Scheduler:
         self.prefix_hit_tokens = 0
         self.preempted_prefix_query_tokens = 0
         self.preempted_prefix_hit_tokens = 0
+        self.kv_eviction = KVEviction.of(config)  # None: exact KV
         self.fair = (
             FairShare(tenant_weights(config.tenant_weights))  # type: ignore[arg-type]
             if config.scheduling_policy == "fair"
@@ -130,6 +135,8 @@ class Scheduler:
         copies: dict[Sequence, list[tuple[int, int]]] = {}
         self._num_schedules += 1
         self._cached_blocks.clear()
+        if self.kv_eviction is not None:  # between steps: no step reads these blocks now
+            self.kv_eviction.apply(self.running, bm)
 
         # Decode rows before running prefill chunks, so a long prompt never starves them.
         pending = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, *self.key(s)))

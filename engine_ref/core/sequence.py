@@ -35,6 +35,9 @@ class Sequence:
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of the registered full blocks
+    # Tokens whose KV was evicted after the sink blocks (`core.kv_eviction`; a multiple of the
+    # block size): position p is at table index p // bs - kv_evicted_tokens // bs past the sinks.
+    kv_evicted_tokens: int = 0
     finish_reason: str | None = None
     logprobs: list[dict[int, float]] | None = None
     num_preemptions: int = 0
@@ -100,6 +103,8 @@ class Request:
     cache_salt: str | None = None
     tenant: str = ""  # whose share the `fair` policy charges its tokens to
     deadline_s: float | None = None  # on the engine's clock; None: no deadline
+    # The most tokens one of its sequences had evicted (`core.kv_eviction`); 0: exact KV.
+    kv_evicted_tokens: int = 0
     # Beam search: the finished hypotheses so far, whether the search is over, and the next
     # sequence index a forked beam takes.
     beam_finished: list[BeamHypothesis] = field(default_factory=list)

@@ -38,6 +38,16 @@ class SpecDecodeStats:
 
 
 @dataclass(frozen=True)
+class KVEvictionStats:
+    """KV eviction counters since start (`engine_ref.core.kv_eviction`; 0 without it): tokens
+    whose KV was evicted (a preempted sequence's again as its recompute evicts them), and
+    requests that evicted any (counted at their first eviction)."""
+
+    num_evicted_tokens: int = 0
+    num_requests_evicted: int = 0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A snapshot taken by `LLMEngine.stats()`.
 
@@ -80,6 +90,13 @@ class EngineStats:
     weight_bytes_by_kind: dict[str, int] | None = None
     spec_decode: SpecDecodeStats | None = None  # None: the engine runs without speculation
     requests_shed_by_reason: dict[str, int] | None = None
+    kv_memory: dict[str, int] | None = None  # `KVAccounting.gauges`: the last step's figures
+    kv_eviction: KVEvictionStats = KVEvictionStats()
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes of every layer's KV pool (values and scales): every block's tokens."""
+        return self.num_blocks_total * self.block_size * self.kv_bytes_per_token
 
     @property
     def prefix_cache_hit_rate(self) -> float:

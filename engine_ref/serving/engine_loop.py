@@ -343,4 +343,29 @@ def describe_engine(engine: EngineInterface) -> dict:
         # Which instruction-set level of the engine's own kernels runs ("avx512-bf16", "off: ...").
         "kernels": kernel_level(),
         "weight_bytes_by_kind": getattr(engine.stats(), "weight_bytes_by_kind", None),
+        "kv_geometry": kv_geometry(engine),
+    }
+
+
+def kv_geometry(engine: EngineInterface) -> dict | None:
+    """The KV cache's shapes, for the harness's memory bounds (M_KV = 2 L T A_kv d_h s):
+    layers, KV heads, head dim, the stored element's dtype and bytes (s), what the pool spends
+    per token (lossy formats' scales included), block size and count, the pool's bytes. None
+    for an engine without a model runner (a test double)."""
+    runner = getattr(engine, "model_runner", None)
+    caches = getattr(runner, "kv_caches", None)
+    if runner is None or not caches:
+        return None
+    mc, pool = runner.model_config, caches[0]
+    per_token, block_size = int(runner.kv_bytes_per_token), int(runner.config.block_size)
+    return {
+        "num_layers": mc.num_hidden_layers,
+        "num_kv_heads": mc.num_key_value_heads,
+        "head_dim": mc.head_dim,
+        "kv_cache_dtype": str(pool.dtype).removeprefix("torch."),
+        "element_bytes": pool.element_size(),
+        "kv_bytes_per_token": per_token,
+        "block_size": block_size,
+        "num_blocks": int(runner.num_blocks),
+        "pool_bytes": per_token * block_size * int(runner.num_blocks),
     }

@@ -17,6 +17,7 @@ from engine_ref.serving.interface import (
     DeadlineInfeasibleError,
     EngineConfigError,
     QueueFullError,
+    RequestOutput,
     ServedTokenizer,
 )
 from engine_ref.serving.metrics import RequestTimer, ServerMetrics
@@ -35,7 +36,9 @@ class GenerationRun:
     reason. At most
     `max_backlog` outputs per engine request wait for the handler; beyond that the run is
     abandoned (see `abandon`) and `on_abandon` runs (the server closes the connection).
-    `with_prompt_details` adds `usage.prompt_tokens_details.cached_tokens`."""
+    `with_prompt_details` adds `usage.prompt_tokens_details.cached_tokens`. The final usage
+    carries `kv_memory`, the engine's memory per request (`core.kv_accounting`, summed over a
+    request's prompts: `add_kv_memory`)."""
 
     def __init__(
         self,
@@ -64,6 +67,7 @@ class GenerationRun:
         self.unfinished: set[str] = set()
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.kv_memory: dict[str, int] | None = None  # summed over the engine requests
         self.choices = [
             ChoiceAccumulator(i, keep_history=not gen.stream) for i in range(gen.num_choices)
         ]
@@ -159,6 +163,7 @@ class GenerationRun:
         if item.finished:
             self.prompt_tokens += item.num_prompt_tokens
             self.cached_tokens += item.num_cached_tokens
+            self.kv_memory = add_kv_memory(self.kv_memory, item)
             self.unfinished.discard(rid)
             if item.error is not None:
                 self.timers[rid].finished("error", num_prompt_tokens=item.num_prompt_tokens)
@@ -190,7 +195,8 @@ class GenerationRun:
         prompt_tokens = (
             sum(len(p) for p in self.gen.prompts) if self.unfinished else self.prompt_tokens
         )
-        return usage_body(prompt_tokens, completion_tokens, cached_tokens=cached)
+        kv = None if self.unfinished else self.kv_memory
+        return usage_body(prompt_tokens, completion_tokens, cached_tokens=cached, kv_memory=kv)
 
     async def collect(self) -> dict[str, Any]:
         """The complete body once every engine request finished; ApiError 500 when the engine
@@ -273,3 +279,18 @@ def decoded_logprobs(
             )
         )
     return entries
+
+
+def add_kv_memory(total: dict[str, int] | None, item: RequestOutput) -> dict[str, int] | None:
+    """`total` with one finished engine request's memory record added: bytes, blocks and steps
+    summed (the prompts of one HTTP request run side by side), the block geometry kept, and its
+    evicted-context tokens (`RequestOutput.kv_evicted_tokens`, lossy eviction) in
+    `kv_evicted_tokens`."""
+    record = item.kv_memory
+    if record is None:
+        return total
+    record = {**record, "kv_evicted_tokens": int(getattr(item, "kv_evicted_tokens", 0) or 0)}
+    if total is None:
+        return record
+    kept = ("block_size", "block_bytes")
+    return {k: v if k in kept else total.get(k, 0) + v for k, v in record.items()}

@@ -23,6 +23,9 @@ outcomes are observed by the server as requests stream. All metrics live in the
 | `vllm:request_rejected_total` (engine_ref extension) | counter | server: 429 answers |
 | `vllm:request_shed_total{reason}` (engine_ref extension) | counter | engine: requests refused or ended early by overload control |
 | `vllm:model_weight_bytes{layer_kind}` (engine_ref extension) | gauge | engine: weight bytes held |
+| `vllm:kv_cache_pool_bytes` (engine_ref extension) | gauge | engine: KV pool bytes, scales included |
+| `vllm:kv_memory_block_bytes`, `_unused_slot_bytes`, `_shared_blocks`, `_temp_bytes` (engine_ref extensions) | gauge | engine: memory as of the last step (`core.kv_accounting`) |
+| `vllm:kv_evicted_tokens_total`, `vllm:requests_kv_evicted_total` (engine_ref extensions) | counter | engine: lossy KV eviction (`core.kv_eviction`), 0 without it |
 | `vllm:spec_decode_num_drafts_total`, `_num_draft_tokens_total`, `_num_accepted_tokens_total` | counter | engine, with speculative decoding |
 | `vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` | counter | engine, as vLLM |
 | `vllm:spec_decode_acceptance_rate`, `_mean_accepted_length` (engine_ref extensions) | gauge | engine: since start |
@@ -167,6 +170,14 @@ _SPEC_GAUGES = (
 )
 
 
+_KV_MEMORY_HELP = {  # engine_ref.core.kv_accounting: memory as of the last step
+    "block_bytes": "Bytes one KV block holds across every layer (scales included).",
+    "unused_slot_bytes": "KV bytes of allocated slots holding no token (fragmentation).",
+    "shared_blocks": "KV blocks referenced by more than one running sequence.",
+    "temp_bytes": "Modelled peak temporary bytes of the last step (activations, logits, gathers).",
+}
+
+
 class _EngineStatsCollector(Collector):
     def __init__(self, model_name: str, get_stats: Any) -> None:
         self._model_name = model_name
@@ -194,6 +205,15 @@ class _EngineStatsCollector(Collector):
             for kind, num_bytes in weight_bytes.items():
                 family.add_metric([self._model_name, kind], float(num_bytes))
             yield family
+        pool_bytes = getattr(stats, "kv_pool_bytes", None)
+        if pool_bytes is not None:
+            family = GaugeMetricFamily(
+                PREFIX + "kv_cache_pool_bytes",
+                "Bytes of every layer's KV pool, values and scales (--kv-cache-dtype).",
+                labels=["model_name"],
+            )
+            family.add_metric([self._model_name], float(pool_bytes))
+            yield family
         shed = getattr(stats, "requests_shed_by_reason", None)
         if shed is not None:
             family = CounterMetricFamily(
@@ -204,6 +224,21 @@ class _EngineStatsCollector(Collector):
             for reason, count in shed.items():
                 family.add_metric([self._model_name, reason], float(count))
             yield family
+        for name, value in (getattr(stats, "kv_memory", None) or {}).items():
+            family = GaugeMetricFamily(
+                PREFIX + "kv_memory_" + name, _KV_MEMORY_HELP[name], labels=["model_name"]
+            )
+            family.add_metric([self._model_name], float(value))
+            yield family
+        eviction = getattr(stats, "kv_eviction", None)
+        if eviction is not None:
+            for suffix, count, help_text in (
+                ("kv_evicted_tokens", eviction.num_evicted_tokens, "Tokens whose KV was evicted."),
+                ("requests_kv_evicted", eviction.num_requests_evicted, "Requests that evicted KV."),
+            ):
+                family = CounterMetricFamily(PREFIX + suffix, help_text, labels=["model_name"])
+                family.add_metric([self._model_name], float(count))
+                yield family
         spec = getattr(stats, "spec_decode", None)
         if spec is not None:
             yield from self._spec_decode(spec)

@@ -105,10 +105,15 @@ class ChoiceAccumulator:
 
 
 def usage_body(
-    prompt_tokens: int, completion_tokens: int, *, cached_tokens: int | None = None
+    prompt_tokens: int,
+    completion_tokens: int,
+    *,
+    cached_tokens: int | None = None,
+    kv_memory: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The `usage` object; with `cached_tokens` (prompt tokens served from the prefix cache)
-    also `prompt_tokens_details`, as vLLM adds it under --enable-prompt-tokens-details."""
+    also `prompt_tokens_details`, as vLLM adds it under --enable-prompt-tokens-details; with
+    `kv_memory` the engine_ref extension of that name (memory per request, docs/CONTRACTS.md)."""
     usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -116,6 +121,8 @@ def usage_body(
     }
     if cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if kv_memory is not None:
+        usage["kv_memory"] = kv_memory
     return usage
 
 

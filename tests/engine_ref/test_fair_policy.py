@@ -31,7 +31,6 @@ def add(engine: LLMEngine, names: str) -> None:
         engine.add_request(name, prompt, PARAMS, tenant=name[0].upper())
 
 
-
 @pytest.mark.parametrize(
     ("policy", "weights", "expected"),
     [

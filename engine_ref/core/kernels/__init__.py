@@ -25,10 +25,12 @@ speculative verify step cost much more than a decode step. `refkern::decode_laye
 or bfloat16 KV pool) for up to `SMALL_BATCH_ROWS` causal rows (`DENSE_SMALL_BATCH_ROWS` for
 float32 and bfloat16) in one call; `refkern::bf16_gemm` (bf16.cpp) is a bfloat16 head's,
 `refkern::q4_i8_gemm` and `q8_i8_gemm` (int8.cpp) W4A8's and W8A8's, and
-`refkern::paged_attention_decode` (paged_attention.cpp) attends decode rows above the bound. With them a SmolLM2 W4A16
-decode step went from 40.2 to 12.5 ms at 2 threads, its weight GEMMs from 13.1 to 8.5 ms and
-the rest from 27.1 to 4.0 ms (`benchmarks/quantization.py --modes float32,w4a16-torch,w4a16
---threads 2 --profile`). At SmolLM2's shapes with hot weights, torch's int4 kernel was faster
+`refkern::paged_attention_decode` (paged_attention.cpp) attends decode rows above the bound,
+and every decode row when the pool stores K/V in another format than the engine's dtype
+(`--kv-cache-dtype`, `engine_ref.core.kv_dtype`), which the fused layer does not read. With
+them a SmolLM2 W4A16 decode step went from 40.2 to 12.5 ms at 2 threads, its weight GEMMs
+from 13.1 to 8.5 ms and the rest from 27.1 to 4.0 ms (`benchmarks/quantization.py --modes
+float32,w4a16-torch,w4a16 --threads 2 --profile`). At SmolLM2's shapes with hot weights, torch's int4 kernel was faster
 from about 32 rows on (measured while writing these), so the int4 layers use these for at
 most `SMALL_BATCH_ROWS` rows.
 

@@ -3,19 +3,27 @@
 //
 // refkern::paged_attention_decode(q [T, h, hd], kv [T, 2 kvh, hd] or empty, kv_pool
 //   [2 kvh, num_blocks, block_size, hd], slots [T], block_tables [T, nb], context_lens [T],
-//   scale) -> out [T, h, hd] in q's dtype.
-//   q, kv and kv_pool are all float32 or all bfloat16; slots, block_tables and context_lens
-//   int64. The pool holds key heads then value heads, each head's blocks contiguous (the
-//   layout `kv_pool_shape` in attention.py names). When kv is given, row t's keys and values
-//   are first stored at slot slots[t] (block * block_size + offset) of every head; then row t's
-//   query head j attends to positions 0 .. context_lens[t] - 1 of kv head j / (h / kvh), where
-//   position p lives in block block_tables[t, p / block_size] at offset p % block_size.
+//   scale, kv_scales [2 kvh, num_blocks, block_size] or None) -> out [T, h, hd] in q's dtype.
+//   q and kv are float32 or bfloat16 (the same); slots, block_tables and context_lens int64.
+//   The pool holds q's dtype, or (the storage formats of kv_dtype.py) bfloat16, float16, or
+//   int8 or float8_e4m3fn with a float32 scale per row of hd values in kv_scales (value x
+//   scale is the stored number). The pool holds key heads then value heads, each head's
+//   blocks contiguous (the layout `kv_pool_shape` in attention.py names). When kv is given,
+//   row t's keys and values are first stored at slot slots[t] (block * block_size + offset) of
+//   every head, converted to the pool's dtype (int8 and fp8 rows quantised: scale = absmax /
+//   127 or / 448, the values rounded as torch rounds them); then row t's query head j attends
+//   to positions 0 .. context_lens[t] - 1 of kv head j / (h / kvh), where position p lives in
+//   block block_tables[t, p / block_size] at offset p % block_size.
 //
 // Work is split over (row, kv head): the h / kvh query heads that share a kv head read each
 // key and value row once, so GQA costs no extra memory traffic. Scores, softmax (two passes:
 // max, then exp and sum) and the weighted sum of values are float32 whatever the pool holds:
 // bfloat16 rows are widened in registers, or (AVX-512 BF16) bfloat16 keys meet the bfloat16
-// query in the bf16 dot-product instruction, whose products are exact and sums float32. A
+// query in the bf16 dot-product instruction, whose products are exact and sums float32.
+// float16, int8 and fp8 rows are widened in registers too (fp8 e4m3 bytes are moved into
+// float16 bit positions, which F16C widens exactly, subnormals included, then times 2^8); a
+// row's scale multiplies its key's dot product and its value's softmax weight, so no row of
+// the pool is dequantised in memory. A
 // block table scatters a sequence over the pool, so rows are prefetched ahead of use. Tasks
 // go to threads in contiguous runs of equal total context, so a batch of short and long
 // contexts keeps every thread busy.
@@ -57,6 +65,21 @@ inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec vload(const uint16_t* p) {  // bfloat16 -> float32: the bits move up 16 places
   const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+inline Vec vload(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline Vec vload(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+// fp8 e4m3 (s eeee mmm) as the float16 s 0eeee mmm0000000 is the same number times 2^-8,
+// normals and subnormals alike (both formats' subnormals have the exponent of their bias).
+inline Vec vload(const c10::Float8_e4m3fn* p) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+  const __m256i rest = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
+  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, rest)), _mm512_set1_ps(256.0f));
 }
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 
@@ -105,6 +128,19 @@ inline Vec vload(const uint16_t* p) {
   const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
 }
+inline Vec vload(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec vload(const int8_t* p) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+}
+inline Vec vload(const c10::Float8_e4m3fn* p) {  // as the AVX-512 version
+  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+  const __m128i rest = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7);
+  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, rest)), _mm256_set1_ps(256.0f));
+}
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 
 inline Vec vexp(Vec x) {  // as the AVX-512 version
@@ -132,9 +168,45 @@ inline float to_float(uint16_t bits) {
   std::memcpy(&x, &wide, sizeof(x));
   return x;
 }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
+inline float to_float(c10::Float8_e4m3fn x) { return static_cast<float>(x); }
 inline void from_float(float x, float* dst) { *dst = x; }
 inline void from_float(float x, uint16_t* dst) {  // round to nearest even, as torch does
   *dst = c10::BFloat16(x).x;
+}
+inline void from_float(float x, c10::Half* dst) { *dst = c10::Half(x); }
+
+// The storage formats with a float32 scale per row, and the magnitude a row's absmax maps to.
+template <typename S>
+constexpr bool kScaled = std::is_same<S, int8_t>::value ||
+                         std::is_same<S, c10::Float8_e4m3fn>::value;
+template <typename S>
+constexpr float kQMax = std::is_same<S, int8_t>::value ? 127.0f : 448.0f;
+
+inline void encode(float x, int8_t* dst) {  // half to even (the default rounding mode)
+  *dst = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x))));
+}
+inline void encode(float x, c10::Float8_e4m3fn* dst) {  // torch's own conversion
+  *dst = c10::Float8_e4m3fn(std::min(448.0f, std::max(-448.0f, x)));
+}
+
+// Store one row of hd values (q's dtype) in the pool's format, as kv_dtype.py's
+// `store_rows` does: converted, or quantised with its scale (0 for a zero row).
+template <typename Q, typename S>
+void store_row(const Q* src, int64_t hd, S* dst, float* scale) {
+  if constexpr (std::is_same<Q, S>::value) {
+    std::memcpy(dst, src, hd * sizeof(S));
+  } else if constexpr (kScaled<S>) {
+    float absmax = 0.0f;
+    for (int64_t i = 0; i < hd; ++i) absmax = std::max(absmax, std::fabs(to_float(src[i])));
+    const float s = absmax / kQMax<S>;
+    const float divisor = s > 0.0f ? s : 1.0f;
+    for (int64_t i = 0; i < hd; ++i) encode(to_float(src[i]) / divisor, dst + i);
+    *scale = s;
+  } else {
+    for (int64_t i = 0; i < hd; ++i) from_float(to_float(src[i]), dst + i);
+  }
 }
 
 // The kLanes sums of d[0 .. kLanes - 1], in order, in one vector: a transposing reduction
@@ -229,14 +301,15 @@ REFKERN_INLINE Vec chunk_dots_bf16(const uint16_t* q, const uint16_t* keys, cons
 }
 #endif
 
-// scores[g, p] = q[g] . key[p] for the g query heads (float32 in qf, or bfloat16 in q when
-// `bf16_dots`) and positions p < len, kLanes positions at a time, every head before the next
-// positions so each key row is read from memory once. Value rows are fetched into L2 on the
-// way, ready for the weighted sum.
+// scores[g, p] = q[g] . key[p] for the g query heads (float32 in qf, or bfloat16 in q_bf16
+// when that is given: bfloat16 keys) and positions p < len, kLanes positions at a time, every
+// head before the next positions so each key row is read from memory once; times kscale[p]
+// when given (kLanes floats readable past len). Value rows are fetched into L2 on the way,
+// ready for the weighted sum.
 template <typename S>
-void key_scores(int g, const float* qf, const S* q, bool bf16_dots, const S* keys,
-                const S* values, const int64_t* offsets, int64_t len, int64_t hd,
-                float* scores) {
+void key_scores(int g, const float* qf, const uint16_t* q_bf16, const S* keys,
+                const S* values, const int64_t* offsets, const float* kscale, int64_t len,
+                int64_t hd, float* scores) {
   for (int64_t p0 = 0; p0 < len; p0 += kLanes) {
     const int64_t n = std::min(kLanes, len - p0);
     const int64_t ahead = std::min(len, p0 + kPrefetchAhead);
@@ -246,16 +319,16 @@ void key_scores(int g, const float* qf, const S* q, bool bf16_dots, const S* key
     for (int j = 0; j < g; ++j) {
       Vec s;
 #if defined(__AVX512BF16__)
-      if (bf16_dots) {
-        s = chunk_dots_bf16(reinterpret_cast<const uint16_t*>(q) + j * hd,
-                            reinterpret_cast<const uint16_t*>(keys), offsets + p0, n, hd);
+      if (q_bf16 != nullptr) {
+        s = chunk_dots_bf16(q_bf16 + j * hd, reinterpret_cast<const uint16_t*>(keys),
+                            offsets + p0, n, hd);
       } else
 #endif
       {
-        (void)q;
-        (void)bf16_dots;
+        (void)q_bf16;
         s = chunk_dots<S>(qf + j * hd, keys, offsets + p0, n, hd);
       }
+      if (kscale != nullptr) s = vmul(s, vload(kscale + p0));
       float* out = scores + j * len + p0;
       if (n == kLanes) {
         vstore(out, s);
@@ -357,19 +430,22 @@ void weigh_values_group(int group, const float* weights, int64_t len, const S* v
   }
 }
 
-// One task in scalar code, for head sizes the vector passes do not take.
+// One task in scalar code, for head sizes the vector passes do not take; kscale and vscale
+// (null for unscaled pools) as in `key_scores` and `scale_weights`.
 template <typename S>
 void attend_scalar(int group, const float* q, const S* keys, const S* values,
-                   const int64_t* offsets, int64_t len, int64_t hd, float scale, float* scores,
-                   float* acc) {
+                   const int64_t* offsets, const float* kscale, const float* vscale,
+                   int64_t len, int64_t hd, float scale, float* scores, float* acc) {
   for (int g = 0; g < group; ++g) {
     float* row = scores + g * len;
     for (int64_t p = 0; p < len; ++p) {
       float s = 0.0f;
       for (int64_t i = 0; i < hd; ++i) s += q[g * hd + i] * to_float(keys[offsets[p] + i]);
-      row[p] = s;
+      row[p] = kscale != nullptr ? s * kscale[p] : s;
     }
     const float inv_sum = softmax_numerators(row, len, scale);
+    if (vscale != nullptr)
+      for (int64_t p = 0; p < len; ++p) row[p] *= vscale[p];
     for (int64_t i = 0; i < hd; ++i) {
       float sum = 0.0f;
       for (int64_t p = 0; p < len; ++p) sum += row[p] * to_float(values[offsets[p] + i]);
@@ -378,21 +454,34 @@ void attend_scalar(int group, const float* q, const S* keys, const S* values,
   }
 }
 
-template <typename S>
+// weights[g, p] *= vscale[p] for the g heads: a value row's scale folded into its weight.
+inline void scale_weights(int g, int64_t len, const float* vscale, float* weights) {
+  for (int j = 0; j < g; ++j) {
+    float* w = weights + j * len;
+    int64_t p = 0;
+    for (; p + kLanes <= len; p += kLanes) vstore(w + p, vmul(vload(w + p), vload(vscale + p)));
+    for (; p < len; ++p) w[p] *= vscale[p];
+  }
+}
+
+// Q: q's, kv's and out's element (float, or uint16_t for bfloat16); S: the pool's.
+template <typename Q, typename S>
 void decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& kv_pool,
-                      const int64_t* slots, const int64_t* tables, int64_t table_stride,
-                      const int64_t* lens, double scale, at::Tensor& out) {
+                      float* pool_scales, const int64_t* slots, const int64_t* tables,
+                      int64_t table_stride, const int64_t* lens, double scale, at::Tensor& out) {
   const int64_t T = q.size(0), heads = q.size(1), hd = q.size(2);
   const int64_t kvh = kv_pool.size(0) / 2, num_blocks = kv_pool.size(1);
   const int64_t block_size = kv_pool.size(2);
   S* pool = reinterpret_cast<S*>(kv_pool.data_ptr());
-  const int64_t head_stride = num_blocks * block_size * hd;  // one pool head
+  const int64_t num_slots = num_blocks * block_size;
+  const int64_t head_stride = num_slots * hd;  // one pool head
   if (kv.numel()) {  // store every row's keys and values before any row attends
-    const S* src = reinterpret_cast<const S*>(kv.data_ptr());
+    const Q* src = reinterpret_cast<const Q*>(kv.data_ptr());
     for (int64_t t = 0; t < T; ++t)
       for (int64_t head = 0; head < 2 * kvh; ++head)
-        std::memcpy(pool + head * head_stride + slots[t] * hd,
-                    src + t * kv.stride(0) + head * kv.stride(1), hd * sizeof(S));
+        store_row(src + t * kv.stride(0) + head * kv.stride(1), hd,
+                  pool + head * head_stride + slots[t] * hd,
+                  kScaled<S> ? pool_scales + head * num_slots + slots[t] : nullptr);
   }
   const int64_t group = heads / kvh;
   const int64_t parts = (group + kMaxGroup - 1) / kMaxGroup;
@@ -407,16 +496,20 @@ void decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tenso
   }
   const bool vector = hd % kLanes == 0;
 #if defined(__AVX512BF16__)
-  const bool bf16_dots = std::is_same<S, uint16_t>::value && hd % 32 == 0;
+  const bool bf16_dots =
+      std::is_same<S, uint16_t>::value && std::is_same<Q, uint16_t>::value && hd % 32 == 0;
 #else
   const bool bf16_dots = false;
 #endif
   const float sc = static_cast<float>(scale);
-  const S* qp = reinterpret_cast<const S*>(q.data_ptr());
-  S* op = reinterpret_cast<S*>(out.data_ptr());
+  const Q* qp = reinterpret_cast<const Q*>(q.data_ptr());
+  Q* op = reinterpret_cast<Q*>(out.data_ptr());
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
   at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
     std::vector<float> scores(kMaxGroup * longest), qf(kMaxGroup * hd), acc(kMaxGroup * hd);
+    // A scaled pool's row scales of the task's positions (keys, values), kLanes past len.
+    std::vector<float> kscale(kScaled<S> ? longest + kLanes : 0, 0.0f);
+    std::vector<float> vscale(kScaled<S> ? longest + kLanes : 0, 0.0f);
     // Row offsets of the task's sequence, and of the next task's when that is another one.
     std::vector<int64_t> offsets(longest), next_offsets(longest);
     for (int64_t worker = first; worker < last; ++worker) {
@@ -427,7 +520,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tenso
         const int64_t t = task / (kvh * parts), kh = task / parts % kvh, part = task % parts;
         const int64_t h0 = kh * group + part * kMaxGroup, len = lens[t];
         const int g = static_cast<int>(std::min<int64_t>(kMaxGroup, kh * group + group - h0));
-        const S* q_row = qp + t * q.stride(0) + h0 * hd;  // g heads of hd, contiguous
+        const Q* q_row = qp + t * q.stride(0) + h0 * hd;  // g heads of hd, contiguous
         const S* keys = pool + kh * head_stride;
         const S* values = pool + (kvh + kh) * head_stride;
         if (t == next_row) {
@@ -439,15 +532,30 @@ void decode_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tenso
         prefetch_rows<kToL1>(keys, offsets.data(), 0, std::min(len, kPrefetchAhead), hd);
         prefetch_rows<kToL2>(values, offsets.data(), 0, std::min(len, kPrefetchAhead), hd);
         for (int64_t i = 0; i < g * hd; ++i) qf[i] = to_float(q_row[i]);
+        const float* ks = nullptr;
+        const float* vs = nullptr;
+        if constexpr (kScaled<S>) {  // slot = offset / hd within a head
+          const float* k_head = pool_scales + kh * num_slots;
+          const float* v_head = pool_scales + (kvh + kh) * num_slots;
+          for (int64_t p = 0; p < len; ++p) {
+            kscale[p] = k_head[offsets[p] / hd];
+            vscale[p] = v_head[offsets[p] / hd];
+          }
+          ks = kscale.data();
+          vs = vscale.data();
+        }
         if (!vector) {
-          attend_scalar<S>(g, qf.data(), keys, values, offsets.data(), len, hd, sc,
+          attend_scalar<S>(g, qf.data(), keys, values, offsets.data(), ks, vs, len, hd, sc,
                            scores.data(), acc.data());
         } else {
-          key_scores<S>(g, qf.data(), q_row, bf16_dots, keys, values, offsets.data(), len, hd,
+          const uint16_t* q_bf16 =
+              bf16_dots ? reinterpret_cast<const uint16_t*>(q_row) : nullptr;
+          key_scores<S>(g, qf.data(), q_bf16, keys, values, offsets.data(), ks, len, hd,
                         scores.data());
           float inv_sum[kMaxGroup];
           for (int j = 0; j < g; ++j)
             inv_sum[j] = softmax_numerators(scores.data() + j * len, len, sc);
+          if (vs != nullptr) scale_weights(g, len, vs, scores.data());
           if (task + 1 < tasks && cost_end[task + 1] <= hi) {  // the next task's first rows
             const int64_t nt = (task + 1) / (kvh * parts), nkh = (task + 1) / parts % kvh;
             next_row = -1;
@@ -478,20 +586,48 @@ bool same_dtype(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type();
 }
 
+bool is_scaled(at::ScalarType t) { return t == at::kChar || t == at::kFloat8_e4m3fn; }
+
+// decode_attention<Q, S> for the pool's dtype S.
+template <typename Q>
+void dispatch_pool(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& kv_pool,
+                   float* scales, const int64_t* slot, const int64_t* tables,
+                   int64_t table_stride, const int64_t* lens, double scale, at::Tensor& out) {
+  switch (kv_pool.scalar_type()) {
+#define REFKERN_POOL(TYPE, S)                                                             \
+  case TYPE:                                                                              \
+    decode_attention<Q, S>(q, kv, kv_pool, scales, slot, tables, table_stride, lens, scale, \
+                           out);                                                          \
+    break;
+    REFKERN_POOL(at::kFloat, float)
+    REFKERN_POOL(at::kBFloat16, uint16_t)
+    REFKERN_POOL(at::kHalf, c10::Half)
+    REFKERN_POOL(at::kChar, int8_t)
+    REFKERN_POOL(at::kFloat8_e4m3fn, c10::Float8_e4m3fn)
+#undef REFKERN_POOL
+    default: TORCH_CHECK(false, "no decode path for a ", kv_pool.scalar_type(), " pool");
+  }
+}
+
 at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv,
                                   const at::Tensor& kv_pool, const at::Tensor& slots,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens,
-                                  double scale) {
+                                  double scale, const std::optional<at::Tensor>& kv_scales) {
   TORCH_CHECK(kv_pool.dim() == 4 && kv_pool.size(0) % 2 == 0 && kv_pool.size(0) > 0 &&
                   kv_pool.is_contiguous(),
               "kv_pool must be a contiguous [2 * kv_heads, num_blocks, block_size, head_dim] tensor");
-  TORCH_CHECK(kv_pool.scalar_type() == at::kFloat || kv_pool.scalar_type() == at::kBFloat16,
-              "kv_pool must be float32 or bfloat16, got ", kv_pool.scalar_type());
+  const at::ScalarType pool_type = kv_pool.scalar_type();
+  TORCH_CHECK(pool_type == at::kFloat || pool_type == at::kBFloat16 || pool_type == at::kHalf ||
+                  is_scaled(pool_type),
+              "kv_pool must be float32, bfloat16, float16, int8 or float8_e4m3fn, got ",
+              pool_type);
   const int64_t kvh = kv_pool.size(0) / 2, num_blocks = kv_pool.size(1);
   const int64_t block_size = kv_pool.size(2), hd = kv_pool.size(3);
   TORCH_CHECK(q.dim() == 3 && q.size(2) == hd && q.stride(2) == 1 && q.stride(1) == hd &&
-                  same_dtype(q, kv_pool),
-              "q must be [T, heads, head_dim] in the pool's dtype with contiguous heads");
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) &&
+                  (pool_type != at::kFloat || same_dtype(q, kv_pool)),
+              "q must be [T, heads, head_dim] with contiguous heads, float32 or bfloat16 (in the "
+              "pool's dtype when the pool is float32)");
   const int64_t T = q.size(0), heads = q.size(1);
   TORCH_CHECK(heads > 0 && heads % kvh == 0, "query heads (", heads,
               ") must be a multiple of the pool's kv heads (", kvh, ")");
@@ -502,11 +638,25 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv,
                   block_tables.size(0) == T && block_tables.stride(1) == 1,
               "block_tables must be an int64 [T, nb] tensor with contiguous rows");
   TORCH_CHECK(scale > 0, "scale must be positive, got ", scale);
+  float* scales = nullptr;
+  if (is_scaled(pool_type)) {
+    TORCH_CHECK(kv_scales.has_value() && kv_scales->scalar_type() == at::kFloat &&
+                    kv_scales->is_contiguous() && kv_scales->dim() == 3 &&
+                    kv_scales->size(0) == 2 * kvh && kv_scales->size(1) == num_blocks &&
+                    kv_scales->size(2) == block_size,
+                "an int8 or float8 pool needs kv_scales, a contiguous float32 [2 * kv_heads, "
+                "num_blocks, block_size] tensor");
+    scales = kv_scales->data_ptr<float>();
+  } else {
+    TORCH_CHECK(!kv_scales.has_value(), "kv_scales go with int8 and float8 pools only, not ",
+                pool_type);
+  }
   const bool store = kv.numel() > 0;
   if (store) {
     TORCH_CHECK(kv.dim() == 3 && kv.size(0) == T && kv.size(1) == 2 * kvh && kv.size(2) == hd &&
-                    kv.stride(2) == 1 && kv.stride(1) == hd && same_dtype(kv, kv_pool),
-                "kv must be [T, 2 * kv_heads, head_dim] in the pool's dtype with contiguous heads");
+                    kv.stride(2) == 1 && kv.stride(1) == hd && same_dtype(kv, q),
+                "kv must be [T, 2 * kv_heads, head_dim] in q's dtype (the pool's dtype) with "
+                "contiguous heads");
     TORCH_CHECK(slots.scalar_type() == at::kLong && slots.dim() == 1 && slots.size(0) == T &&
                     slots.is_contiguous(),
                 "slots must be a contiguous int64 [T] tensor when kv is given");
@@ -528,10 +678,10 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv,
   }
   at::Tensor out = at::empty({T, heads, hd}, q.options());
   if (T == 0) return out;
-  if (kv_pool.scalar_type() == at::kFloat) {
-    decode_attention<float>(q, kv, kv_pool, slot, tables, table_stride, lens, scale, out);
+  if (q.scalar_type() == at::kFloat) {
+    dispatch_pool<float>(q, kv, kv_pool, scales, slot, tables, table_stride, lens, scale, out);
   } else {
-    decode_attention<uint16_t>(q, kv, kv_pool, slot, tables, table_stride, lens, scale, out);
+    dispatch_pool<uint16_t>(q, kv, kv_pool, scales, slot, tables, table_stride, lens, scale, out);
   }
   return out;
 }
@@ -541,7 +691,8 @@ at::Tensor paged_attention_decode(const at::Tensor& q, const at::Tensor& kv,
 TORCH_LIBRARY_FRAGMENT(refkern, m) {
   m.def(
       "paged_attention_decode(Tensor q, Tensor kv, Tensor(a!) kv_pool, Tensor slots, "
-      "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
+      "Tensor block_tables, Tensor context_lens, float scale, Tensor(b!)? kv_scales=None) "
+      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(refkern, CPU, m) { m.impl("paged_attention_decode", paged_attention_decode); }
