@@ -16,12 +16,12 @@ from reports.card import (
     Environment,
     Failures,
     LatencyRow,
-    Memory,
     Series,
     Throughput,
 )
 from reports.checks_view import check_notes
 from reports.errors import ReportError
+from reports.memory_view import memory_card
 from reports.series import (
     cdf_points,
     choose_bin_s,
@@ -39,7 +39,6 @@ from slo.runrecord import (
     RunSummary,
     RunTables,
     TokenSource,
-    float_column,
     open_run,
 )
 from slo.runrecord import read_manifest as read_run_manifest
@@ -53,7 +52,6 @@ THROUGHPUT_LABELS = (
     ("output_tokens_per_s", "output tokens/s (ok requests)"),
     ("total_tokens_per_s", "total tokens/s (ok requests)"),
 )
-MEMORY_COLUMNS = ("peak_memory_bytes", "memory_bytes", "kv_cache_bytes")
 MIN_VALUES_FOR_CI = 10
 CI_RESAMPLES = 1000
 
@@ -256,19 +254,6 @@ def as_summary(summary: RunSummary | dict) -> RunSummary:
     return summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
 
 
-def _memory(tables: RunTables) -> Memory:
-    for column in MEMORY_COLUMNS:
-        if column in tables.requests.column_names:
-            values = float_column(tables.requests, column)
-            if np.any(~np.isnan(values)):
-                return Memory(
-                    available=True,
-                    source=f"requests.parquet:{column}",
-                    per_request_bytes=slo.metrics.distribution(values),
-                )
-    return Memory(available=False, reason="the target does not report memory per request")
-
-
 def _series(tables: RunTables, rm: RequestMetrics, sent_kinds: np.ndarray, run_dir: Path) -> Series:
     """Chart data over the requests that were sent: `rm` leaves `not_sent` rows out (they have
     no time to place them at), so `sent_kinds` is the outcome of each of `rm`'s rows."""
@@ -398,7 +383,7 @@ def build_card(
         latency=_latency_rows(summary, rm, rng, confidence),
         slices=slo_view.slices(summary),
         failures=failures,
-        memory=_memory(tables),
+        memory=memory_card(summary.memory),
         client_health=health,
         environment=env,
         series=_series(tables, rm, kinds[kinds != OutcomeKind.NOT_SENT.value], run_dir),
@@ -415,6 +400,7 @@ def build_card(
         chunking=summary.chunking,
         sessions=summary.sessions,
         overload=summary.overload,
+        bounds=summary.bounds,
         fairness=summary.fairness,
         deadlines=summary.deadlines,
     )

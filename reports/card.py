@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 
 from slo.runrecord import (
+    Bounds,
     Chunking,
     Conventions,
     Correctness,
@@ -143,13 +144,18 @@ class Failures:
 
 @dataclass(frozen=True)
 class Memory:
-    """Memory per request where the target exposes it (`source` names where it came from),
-    else `available` false with the reason."""
+    """Memory per request where the target reports or its gauges allow an estimate
+    (`reports.memory_view`: `source` says which), else `available` false with the reason.
+    `per_request_bytes` is the peak KV bytes' (or the estimate's) distribution; `rows` one
+    figure each (`label`, `unit` bytes or share, `n`, `p50`, `p99`, `max`); `note` what to read
+    them with."""
 
     available: bool
     source: str | None = None
     per_request_bytes: dict | None = None
     reason: str | None = None
+    rows: list[dict] = field(default_factory=list)
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -254,6 +260,7 @@ class Card:
     fairness: Fairness | None = None  # tenants' goodput against fair shares (None: no tenants)
     deadlines: Deadlines | None = None  # deadline misses (None: no request had a deadline)
     overload: Overload | None = None  # phases, shedding, recovery (None: no phases, none shed)
+    bounds: Bounds | None = None  # lower bounds, Little's law, cost and energy (`slo.bounds`)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from reports import slo_view
+from reports.bounds_view import bounds_renderable
 from reports.build import as_summary, build_card, latency_rows_from_summary, throughput_rows
 from reports.card import Card, LatencyRow, SLOVerdict, Throughput
 from reports.checks_view import checks_renderables
@@ -217,6 +218,9 @@ def card_renderable(card: Card) -> RenderableType:
     overload = overload_renderable(card.overload)
     if overload is not None:
         parts.append(overload)
+    bounds = bounds_renderable(card.bounds)
+    if bounds is not None:
+        parts.append(bounds)
     parts.append(Text(""))
     parts.append(_health_line(card))
     return _spaced(parts)

@@ -11,6 +11,14 @@ from importlib import resources
 import jinja2
 
 from reports import charts
+from reports.bounds_view import (
+    BOUND_COLUMNS,
+    BOUNDS_NOTE,
+    BOUNDS_TITLE,
+    bound_rows,
+    cost_sentence,
+    energy_sentence,
+)
 from reports.card import LATENCY_METRICS, Card, goodput_figures
 from reports.checks_view import correctness_sentence, rate_tables, server_metrics_rows
 from reports.classes_view import (
@@ -150,6 +158,12 @@ def card_environment() -> jinja2.Environment:
         rate_tables=rate_tables,
         goodput_figures=goodput_figures,
         recovery_text=recovery_text,
+        BOUND_COLUMNS=BOUND_COLUMNS,
+        BOUNDS_NOTE=BOUNDS_NOTE,
+        BOUNDS_TITLE=BOUNDS_TITLE,
+        bound_rows=bound_rows,
+        cost_sentence=cost_sentence,
+        energy_sentence=energy_sentence,
     )
     return env
 

@@ -5,6 +5,7 @@ The Content-Security-Policy forbids every fetch: the page is complete as written
 
 from __future__ import annotations
 
+from reports.bounds_view import BOUNDS_HTML
 from reports.checks_view import CHECKS_HTML
 from reports.classes_view import CLASSES_HTML
 from reports.overload_view import OVERLOAD_HTML
@@ -145,6 +146,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
     + SESSIONS_HTML
     + OVERLOAD_HTML
     + CLASSES_HTML
+    + BOUNDS_HTML
     + """
 <h2>Reliability</h2>
 {% if card.ledger %}<p class="{{ 'warning' if card.ledger.verdict == 'failed' else 'sub' }}">Ledger {{ card.ledger.verdict }}: {{ card.ledger.scheduled }} scheduled, lost = {{ card.ledger.lost }}, unexpected = {{ card.ledger.unexpected }}, leaked = {{ card.ledger.leaked }}{% if card.ledger.leak and card.ledger.leak.reasons %} ({{ card.ledger.leak.reasons | join("; ") }}){% elif card.ledger.leak and not card.ledger.leak.checked %} (the target has no /metrics to check for leaks){% endif %}.</p>{% else %}<p class="empty">No ledger in the summary.</p>{% endif %}
@@ -153,11 +155,11 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 </table>{% else %}<p class="sub">No faults were injected.</p>{% endif %}
 
 <h2>Memory per request</h2>
-{% if card.memory.available %}
-<table><tr><th>source</th><th>n</th><th>p50</th><th>p99</th><th>max</th></tr>
-<tr><td><code>{{ card.memory.source }}</code></td><td>{{ card.memory.per_request_bytes.n | fmt }}</td>
-<td>{{ card.memory.per_request_bytes.p50 | fmt_bytes }}</td><td>{{ card.memory.per_request_bytes.p99 | fmt_bytes }}</td>
-<td>{{ card.memory.per_request_bytes.max | fmt_bytes }}</td></tr></table>
+{% if card.memory.available %}<p class="sub">Source: {{ card.memory.source }}.</p>
+<table><tr><th>figure</th><th>n</th><th>p50</th><th>p99</th><th>max</th></tr>
+{% for r in card.memory.rows %}<tr><td>{{ r.label }}</td><td>{{ r.n | fmt }}</td>{% for k in ("p50", "p99", "max") %}<td>{{ (r[k] | fmt(3)) if r.unit == "share" else (r[k] | fmt_bytes) }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% if card.memory.note %}<p class="sub">{{ card.memory.note }}</p>{% endif %}
 {% else %}<p class="empty">Not available: {{ card.memory.reason }}.</p>{% endif %}
 
 <h2>Client health</h2>

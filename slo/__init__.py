@@ -29,6 +29,14 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
 - `overload`: None, or a run with load phases (staged arrivals) or shed requests cut into its
   phases: shedding, latency and Little's law per phase, and the recovery time after the peak;
   see `slo.overload` (phases: `slo.load_phases`; per phase: `slo.littles_law`).
+- `memory`: memory per request as the target reported it (`usage.kv_memory`: peak,
+  token-weighted mean, amortised over sharers, unused slots, temporaries; lossily evicted
+  requests counted) or estimated from its KV cache gauge and running count; see `slo.memory`.
+- `bounds`: the seed's lower bounds beside what the run measured, each with its formula, the
+  ratio measured / bound and why they can differ: KV bytes per request and of the peak
+  in-flight set, Little's law per load phase, the P/D transfer time (absent); with the cost per
+  million output tokens at the SLO (`--cost-per-hour`) and joules per output token; see
+  `slo.bounds` and `slo.cost`.
 - `slices`: `{input_tokens, output_tokens, in_flight[, time]}` lists, see `slo.slices.slices_summary`;
   `tenant` and `priority` when the requests have them (`slo.classes.class_slices`).
 - `fairness`, `deadlines`: None, or Jain's index over the tenants' goodput against max-min

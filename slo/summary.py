@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slo import metrics
+from slo.bounds import bounds_summary
 from slo.classes import ClassColumns, class_slices, deadlines_summary, fairness_summary
 from slo.consistency import littles_law
 from slo.conventions import conventions_summary
@@ -17,6 +18,7 @@ from slo.errors import SLOError
 from slo.frame import RequestMetrics, attempted_requests, not_sent_count
 from slo.goodput import goodput_summary
 from slo.ledger import ledger_summary
+from slo.memory import memory_summary
 from slo.overload import overload_summary
 from slo.prompt_tokens import prompt_token_check
 from slo.recovery import recovery_summary
@@ -297,6 +299,7 @@ def summarize_tables(
     workload = tables.manifest.workload if tables.manifest else None
     overload = overload_summary(rm, workload)
     summary["overload"] = overload.to_dict() if overload is not None else None
+    summary["memory"] = memory_summary(tables)
     fault_plan = (tables.manifest.fault_plan if tables.manifest else None) or {}
     summary["faults"] = (
         {
@@ -316,6 +319,7 @@ def summarize_tables(
         summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
     streamed = is_streamed(tables.manifest)
     summary["streamed"] = streamed
+    summary["bounds"] = bounds_summary(tables, rm, chunks, spec, streamed=streamed)
     summary["undefined_metrics"] = {} if streamed else dict(NON_STREAMING_UNDEFINED)
     if conventions == "all":
         target = tables.manifest.target if tables.manifest else {}

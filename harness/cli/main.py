@@ -184,6 +184,13 @@ def _drop_none(**kwargs) -> dict:
     help="Run the workers as Ray actors spread across a cluster's nodes (auto, local or "
     "host:port; pip install 'llm-bench-harness[ray]'); per-node clock offsets are recorded.",
 )
+@click.option(
+    "--cost-per-hour",
+    type=float,
+    metavar="USD",
+    help="What the target costs, US dollars an hour: the card adds the cost per million output "
+    "tokens at the SLO (good requests' tokens) and per million of all output tokens.",
+)
 @vllm_options
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
     """Drive a target with a workload, record every request and chunk, and summarise.

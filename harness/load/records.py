@@ -12,7 +12,7 @@ import numpy as np
 from harness.http.client import RawResult
 from harness.http.sse import ParsedStream, parse_body, parse_stream
 from harness.load.output_checks import CheckResult, OutputChecks
-from slo.runrecord import ErrorClass, RequestRecord, RequestStatus, TokenSource
+from slo.runrecord import ErrorClass, RequestColumn, RequestRecord, RequestStatus, TokenSource
 
 TokenCounter = Callable[[str], int]
 
@@ -45,6 +45,27 @@ class RecordContext:
 
 def _rel(t_ns: int | None, t0_ns: int) -> int | None:
     return None if t_ns is None else t_ns - t0_ns
+
+
+KV_MEMORY_FIELDS = (
+    RequestColumn.KV_PEAK_BYTES,
+    RequestColumn.KV_MEAN_BYTES,
+    RequestColumn.KV_AMORTISED_BYTES,
+    RequestColumn.KV_UNUSED_BYTES,
+    RequestColumn.TEMP_PEAK_BYTES,
+    RequestColumn.KV_EVICTED_TOKENS,
+)
+
+
+def _set_kv_memory(record: RequestRecord, kv_memory: object) -> None:
+    """The reference engine's memory per request (`usage.kv_memory`), field by field; a field
+    that is missing or not a non-negative integer stays null."""
+    if not isinstance(kv_memory, dict):
+        return
+    for column in KV_MEMORY_FIELDS:
+        value = kv_memory.get(str(column))
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62:
+            setattr(record, str(column), value)
 
 
 def _slot_freed(raw: RawResult, t0_ns: int) -> int | None:
@@ -201,6 +222,7 @@ def to_rows(
     )
     if request_class is not None:
         record.priority, record.deadline_ms, record.tenant = request_class
+    _set_kv_memory(record, usage.get("kv_memory"))
     if parsed is None:
         return record, ChunkRows(raw.request_id, _NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)
     chunks = ChunkRows(raw.request_id, parsed.t_ns - t0, parsed.n_tokens, parsed.n_chars)

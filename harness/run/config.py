@@ -116,6 +116,8 @@ class RecordingConfig:
     - `check_outputs`: greedy requests, each output compared with the reference engine's
       batch-1 output (`harness.run.oracle`); an output diverging before `diverge_before` tokens
       is `wrong output`.
+    - `cost_per_hour`: what the target costs, US dollars an hour (0 or more), for the cost per
+      million output tokens at the SLO (`slo.cost`); None: no cost figures.
     """
 
     out: Path | None = None
@@ -127,6 +129,7 @@ class RecordingConfig:
     slice_duration_s: float | None = None
     check_outputs: bool = False
     diverge_before: int = 32
+    cost_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("client_bound_ms", "slice_duration_s"):
@@ -136,6 +139,12 @@ class RecordingConfig:
         if self.diverge_before < 0:
             raise HarnessError(
                 f"--diverge-before must be zero or more, got {self.diverge_before!r}."
+            )
+        cost = self.cost_per_hour
+        number = isinstance(cost, int | float) and not isinstance(cost, bool)
+        if cost is not None and not (number and 0 <= cost < math.inf):
+            raise HarnessError(
+                f"--cost-per-hour must be a dollar amount of zero or more, got {cost!r}."
             )
 
 
@@ -185,7 +194,7 @@ MANIFEST_KEYS = (
     "startup_timeout_s", "max_error_rate", "max_consecutive_errors", "stop_on_saturation",
     "settle_s", "faults", "headers", "extra_body", "session_header", "slice_duration_s",
     "target", "engine_commands", "engine_pythons", "check_outputs", "diverge_before",
-    "workers", "ray_address", "on_worker_failure",
+    "workers", "ray_address", "on_worker_failure", "cost_per_hour",
 )  # fmt: skip
 
 

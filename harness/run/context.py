@@ -17,6 +17,7 @@ from harness.load.prompt_watch import PromptTokenWatch
 from harness.load.recorder import RunRecorder
 from harness.load.records import RecordContext
 from harness.run.config import RunConfig
+from harness.run.energy import EnergyMeter
 from harness.run.outcome import server_exit_sentence
 from harness.targets.process import ServerProcess, log_tail
 from harness.targets.scraper import MetricsScraper
@@ -67,6 +68,7 @@ class RunContext:
     console: Console | None = None
     quiet: bool = True
     recorder: RunRecorder | None = field(default=None, init=False)
+    energy: EnergyMeter = field(default_factory=EnergyMeter.open, init=False)
     early: list[RawResult] = field(default_factory=list, init=False)
     task: asyncio.Task | None = field(default=None, init=False)  # cancelled by a stop
     stop_reason: str | None = field(default=None, init=False)
@@ -93,6 +95,7 @@ class RunContext:
         self.task = task
 
     def start(self, t0_ns: int) -> None:
+        self.energy.begin()
         context = RecordContext(
             t0_ns=t0_ns,
             is_chat=self.options.is_chat,
@@ -202,9 +205,15 @@ class RunContext:
         if self.recorder is not None:
             self.recorder.writer.manifest = self.recorder.writer.manifest.evolve(**sections)
 
+    def end_energy(self) -> None:
+        """Read the energy counters at the end of the load into the manifest (the first call
+        counts: `close` calls it too, after the settle)."""
+        self.record_in_manifest(energy=self.energy.end().to_dict())
+
     def close(self, reason: str | None, server_state: dict | None = None) -> None:
         if self.recorder is None:  # stopped during warm-up: still leave a readable run
             self.start(time.perf_counter_ns())
+        self.end_energy()
         scraped = self.scraper.write(self.run_dir)
         self.recorder.close(
             complete=reason is None,

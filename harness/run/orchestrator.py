@@ -104,6 +104,7 @@ def run_against(
     split = worker_split(run, transport)
     try:
         driven = drive(run, split, transport=transport, layer=extensions.transport_layer)
+        run.end_energy()  # the load's end: the settle below is not the run's energy
         reason = driven.reason
         death = run.server_death() if reason is None else None
         if death is not None:  # it died after the watch's last look, before the load ended

@@ -109,6 +109,7 @@ def plan_run(inputs: RunInputs, started: Target) -> RunContext:
         kernels=info.get("kernels"),
         dtype_choice=info.get("dtype_choice"),
         engine_config=info.get("engine_config"),
+        kv_geometry=info.get("kv_geometry"),
         tokenizer=inputs.tokenizer_choice.to_dict() if inputs.tokenizer_choice else None,
         prompt_overhead_tokens=overhead,
     )

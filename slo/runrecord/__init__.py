@@ -6,6 +6,18 @@ the enums here, so no other module spells them. This package imports nothing els
 project. `docs/CONTRACTS.md` is checked against it by `tests/slo/test_runrecord.py`.
 """
 
+from slo.runrecord.bounds_sections import (
+    Bounds,
+    Cost,
+    Energy,
+    EnergyCounter,
+    EnergyRecord,
+    KVPeakBound,
+    KVRequestBound,
+    LittleBounds,
+    PhaseLittleBound,
+    TransferBound,
+)
 from slo.runrecord.documents import (
     MANIFEST_SCHEMA_VERSION,
     SUMMARY_SCHEMA_VERSION,
@@ -15,6 +27,7 @@ from slo.runrecord.documents import (
 )
 from slo.runrecord.enums import Endpoint, ErrorClass, OutputFlag, RequestStatus, TokenSource
 from slo.runrecord.errors import RunRecordError
+from slo.runrecord.memory_sections import Memory, MemoryEstimate
 from slo.runrecord.overload_sections import Overload, PhaseLittle, PhaseLoad
 from slo.runrecord.reader import (
     RunTables,
@@ -109,6 +122,18 @@ __all__ = [
     "Slices",
     "TenantShare",
     "ToolConvention",
+    "Bounds",
+    "Cost",
+    "Energy",
+    "EnergyCounter",
+    "EnergyRecord",
+    "KVPeakBound",
+    "KVRequestBound",
+    "LittleBounds",
+    "PhaseLittleBound",
+    "TransferBound",
+    "Memory",
+    "MemoryEstimate",
     "Overload",
     "PhaseLittle",
     "PhaseLoad",

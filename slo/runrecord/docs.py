@@ -76,6 +76,12 @@ MEANINGS = {
     RequestColumn.DEADLINE_MS: "the workload's deadline, sent as the `x-request-deadline-ms` header "
     "(milliseconds after the send); null: none",
     RequestColumn.TENANT: "the workload's tenant, sent as OpenAI's `user` field; null: none",
+    RequestColumn.KV_PEAK_BYTES: "`usage.kv_memory.kv_peak_bytes` (engine_ref extension): the most KV bytes the request held at once, whole blocks; null: the server does not report memory per request",
+    RequestColumn.KV_MEAN_BYTES: "`usage.kv_memory.kv_mean_bytes`: KV bytes held, mean over the request's steps weighted by the tokens it computed in each; null as above",
+    RequestColumn.KV_AMORTISED_BYTES: "`usage.kv_memory.kv_amortised_bytes`: as `kv_mean_bytes` with each shared block divided among the sequences referencing it (a prefix shared by three counts a third); null as above",
+    RequestColumn.KV_UNUSED_BYTES: "`usage.kv_memory.kv_unused_bytes`: bytes of allocated slots holding no token (fragmentation: the partly filled last block, lookahead slots), token-weighted mean; null as above",
+    RequestColumn.TEMP_PEAK_BYTES: "`usage.kv_memory.temp_peak_bytes`: the request's rows' share of a step's temporary buffers (activations, logits, gathered K/V), modelled from the model's shapes, peak over its steps; null as above",
+    RequestColumn.KV_EVICTED_TOKENS: "`usage.kv_memory.kv_evicted_tokens`: context tokens the server evicted lossily (sliding window, sinks); 0: exact context; null as above",
 }
 CHUNK_MEANINGS = {
     ChunkColumn.REQUEST_ID: "the request the event belongs to",

@@ -12,7 +12,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from slo.runrecord.bounds_sections import Bounds
 from slo.runrecord.errors import RunRecordError
+from slo.runrecord.memory_sections import Memory
 from slo.runrecord.overload_sections import Overload
 from slo.runrecord.section import nested, plain, read_fields
 from slo.runrecord.sections import (
@@ -96,6 +98,7 @@ class RunManifest:
     server_state: dict | None = None  # the target's idle gauges before and after the run
     outcome: dict | None = None  # how the run ended: exit code, reason, dominant error
     workers: dict | None = None  # `--workers`/`--ray`: count, why, clocks, per-worker facts
+    energy: dict | None = None  # this host's energy counters over the measured phase (EnergyRecord)
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "manifest.json") -> RunManifest:
@@ -163,6 +166,9 @@ class RunSummary:
     # engine_version, dtype, dtype_choice, quantization, kernels (the reference engine's `/info` says them).
     served_by: dict | None = None
     overload: Overload | None = nested(Overload)  # load phases and shedding (`slo.overload`)
+    memory: Memory | None = nested(Memory)  # memory per request (`slo.memory`)
+    # lower bounds against the run, Little's law per phase, cost and energy (`slo.bounds`)
+    bounds: Bounds | None = nested(Bounds)
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

@@ -59,6 +59,13 @@ class RequestColumn(StrEnum):
     PRIORITY = "priority"  # the workload's priority, sent in the body; null: none
     DEADLINE_MS = "deadline_ms"  # the deadline sent (ms after the send); null: none
     TENANT = "tenant"  # the workload's tenant, sent as OpenAI's `user`; null: none
+    # memory per request from the server's `usage.kv_memory` (engine_ref); null: not reported
+    KV_PEAK_BYTES = "kv_peak_bytes"
+    KV_MEAN_BYTES = "kv_mean_bytes"
+    KV_AMORTISED_BYTES = "kv_amortised_bytes"
+    KV_UNUSED_BYTES = "kv_unused_bytes"
+    TEMP_PEAK_BYTES = "temp_peak_bytes"
+    KV_EVICTED_TOKENS = "kv_evicted_tokens"
 
 
 class ChunkColumn(StrEnum):
@@ -130,6 +137,12 @@ _REQUEST_TYPES = {
     _C.PRIORITY: pa.int32(),
     _C.DEADLINE_MS: pa.int32(),
     _C.TENANT: pa.string(),
+    _C.KV_PEAK_BYTES: pa.int64(),
+    _C.KV_MEAN_BYTES: pa.int64(),
+    _C.KV_AMORTISED_BYTES: pa.int64(),
+    _C.KV_UNUSED_BYTES: pa.int64(),
+    _C.TEMP_PEAK_BYTES: pa.int64(),
+    _C.KV_EVICTED_TOKENS: pa.int32(),
 }
 REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
 
@@ -205,6 +218,12 @@ class RequestRecord:
     priority: int | None = None
     deadline_ms: int | None = None
     tenant: str | None = None
+    kv_peak_bytes: int | None = None
+    kv_mean_bytes: int | None = None
+    kv_amortised_bytes: int | None = None
+    kv_unused_bytes: int | None = None
+    temp_peak_bytes: int | None = None
+    kv_evicted_tokens: int | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""

@@ -44,6 +44,20 @@ def test_managed_reference_engine_run(tmp_path):
     assert req["output_tokens"] == [8] * 6 and set(req["output_tokens_source"]) == {"usage"}
     metrics = pq.read_table(tmp_path / "run" / "server_metrics.parquet").to_pydict()
     assert "vllm:num_requests_running" in set(metrics["name"])
+    assert "vllm:kv_memory_block_bytes" in set(metrics["name"])
+    # Memory per request: tiny-random's KV geometry (4 layers, 2 KV heads, head_dim 16) and
+    # each request's peak blocks, ceil((prompt + 7 written outputs) / block size); the 8th
+    # output is sampled and never written.
+    g = manifest["target"]["kv_geometry"]
+    assert (g["num_layers"], g["num_kv_heads"], g["head_dim"]) == (4, 2, 16)
+    assert g["kv_bytes_per_token"] == 2 * 4 * 2 * 16 * g["element_bytes"]
+    assert g["pool_bytes"] == g["kv_bytes_per_token"] * g["block_size"] * g["num_blocks"]
+    block_bytes = g["kv_bytes_per_token"] * g["block_size"]
+    expected = [-(-(p + 7) // g["block_size"]) * block_bytes for p in req["usage_prompt_tokens"]]
+    assert req["kv_peak_bytes"] == expected and req["kv_evicted_tokens"] == [0] * 6
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["memory"]["source"] == "reported"
+    assert summary["memory"]["kv_peak_bytes"]["max"] == max(expected)
 
 
 @pytest.mark.slow

@@ -79,6 +79,9 @@ class SyntheticRun:
     fault_windows: list | None = None
     capacity: list | None = None
     write_summary: bool = True
+    # ok request i reports usage.kv_memory: peak (i + 1) x 4 KiB, half of it mean, a quarter
+    # amortised, 100 bytes unused, 1,000 temporary; request 1 (when ok) had 16 tokens evicted.
+    kv_memory: bool = False
 
 
 # The fixed run behind the golden files: every failure kind, a fault window, a capacity curve.
@@ -206,6 +209,11 @@ def write_run(path: Path, spec: SyntheticRun) -> Path:
             row.output_chars = 4 * n_out
             row.output_sha256 = f"{i:064x}"
             row.num_chunks = n_out
+            if spec.kv_memory:
+                row.kv_peak_bytes = 4096 * (i + 1)
+                row.kv_mean_bytes, row.kv_amortised_bytes = 2048 * (i + 1), 1024 * (i + 1)
+                row.kv_unused_bytes, row.temp_peak_bytes = 100, 1000
+                row.kv_evicted_tokens = 16 if i == 1 else 0
             chunks.extend((rid, int(t), 1, 4) for t in token_times[:n_out])
 
     duration_s = max(r.t_done_ns for r in records) / NS_PER_S

@@ -18,6 +18,11 @@ import slo
 from reports.build import build_card, read_capacity
 from reports.card import CARD_SCHEMA_VERSION
 from reports.errors import ReportError
+from reports.html import render_html
+from reports.memory_view import ESTIMATED_SOURCE, REPORTED_SOURCE
+from slo.runrecord import write_server_metrics
+
+NS = 1_000_000_000
 
 GOLDEN = Path(__file__).parent / "golden" / "card.json"
 
@@ -124,20 +129,42 @@ def test_incomplete_run_without_slo_says_so(tmp_path):
 
 
 def test_memory_per_request_when_the_target_reports_it(tmp_path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """Rows written by the production writer with the usage.kv_memory fields: 20 ok requests,
+    peak (i + 1) x 4,096 bytes, so p50 = 10.5 x 4,096 and max 20 x 4,096; one had 16 tokens
+    evicted. Without the fields and without /metrics, the section says why it is empty."""
+    run = write_run(tmp_path / "r", SyntheticRun(n_requests=20, kv_memory=True))
+    memory = build_card(run).memory
+    assert memory.available and memory.source == REPORTED_SOURCE
+    assert memory.per_request_bytes["max"] == 20 * 4096.0
+    assert memory.per_request_bytes["p50"] == pytest.approx(10.5 * 4096.0)
+    rows = {r["label"]: r for r in memory.rows}
+    assert rows["KV amortised (shared blocks / sharers)"]["max"] == 20 * 1024.0
+    assert rows["KV slots unused (fragmentation)"]["p50"] == 100.0
+    assert memory.note.startswith("1 request(s) had context evicted lossily (16 tokens")
+    html = render_html(build_card(run))
+    assert "KV held, token-weighted mean" in html and "evicted lossily" in html
+    absent = build_card(write_run(tmp_path / "s", SyntheticRun(n_requests=20))).memory
+    assert not absent.available and "reports no memory per request" in absent.reason
 
-    run = write_run(tmp_path / "r", SyntheticRun(n_requests=20, write_summary=False))
-    table = pq.read_table(run / "requests.parquet")
-    values = [1024.0 * (i + 1) for i in range(table.num_rows)]
-    pq.write_table(
-        table.append_column("peak_memory_bytes", pa.array(values)), run / "requests.parquet"
+
+def test_memory_is_estimated_from_the_kv_gauge_and_said_to_be(tmp_path):
+    """A target that exports only kv_cache_usage_perc and num_requests_running: scrapes at
+    (usage 0.5, 2 running), (0.3, 3), (0.2, 0 running: skipped) give shares 0.25 and 0.1;
+    without the pool's bytes no byte row. Negative control: no running gauge, no estimate."""
+    run = write_run(tmp_path / "r", SyntheticRun(n_requests=10, write_summary=False))
+    samples = [(1, 0.5, 2), (2, 0.3, 3), (3, 0.2, 0)]
+    rows = [(t * NS, "vllm:kv_cache_usage_perc", "", u) for t, u, _ in samples]
+    write_server_metrics(
+        run, rows + [(t * NS, "vllm:num_requests_running", "", r) for t, _, r in samples]
     )
     memory = build_card(run).memory
-    assert memory.available and memory.source == "requests.parquet:peak_memory_bytes"
-    assert memory.per_request_bytes["max"] == 20 * 1024.0
-    assert memory.per_request_bytes["p50"] == pytest.approx(10.5 * 1024.0)
-    assert not build_card(write_run(tmp_path / "s", SyntheticRun(n_requests=20))).memory.available
+    assert memory.available and memory.source == ESTIMATED_SOURCE
+    (row,) = memory.rows
+    assert row["unit"] == "share" and row["n"] == 2 and row["max"] == pytest.approx(0.25)
+    assert row["p50"] == pytest.approx(0.175) and "An estimate from 2 scrapes" in memory.note
+    other = write_run(tmp_path / "s", SyntheticRun(n_requests=10, write_summary=False))
+    write_server_metrics(other, rows)
+    assert not build_card(other).memory.available
 
 
 def test_missing_run_directory_is_a_report_error(tmp_path):

@@ -38,6 +38,7 @@ WRITERS = {
     "slo/slices.py": "slices",
     "slo/verdicts.py": "slo",
     "slo/classes.py": "slices.tenant, slices.priority, fairness, deadlines",
+    "slo/memory.py": "memory",
 }
 
 SECTIONS = [
