@@ -27,6 +27,9 @@ from slo.runrecord import (
 )
 
 BOUND_COLUMNS = ("figure", "definition", "bound", "the run measured", "ratio", "why they differ")
+# The console keeps the figures in the table and gives each row's definition and reasons as a
+# wrapped line below it: a terminal cannot hold a paragraph in a column.
+CONSOLE_COLUMNS = ("figure", "bound", "the run measured", "ratio")
 BOUNDS_TITLE = "Bounds and cost"
 BOUNDS_NOTE = (
     "Lower bounds from the model's geometry are orders of magnitude, not predictions: page "
@@ -116,9 +119,17 @@ def little_rows(little: LittleBounds) -> list[BoundRow]:
         )
         measured = f"{_num(law.mean_in_flight, 2)} in flight (L; max {law.peak_in_flight})"
         why = little.why_differs or ""
+        ratio = _num(law.ratio)
+        w, length = law.mean_time_in_system_s, (p.end_s or 0.0) - (p.start_s or 0.0)
+        if w is not None and length < w:
+            ratio = NONE  # no steady state to judge: a burst, or a phase shorter than W
+            why = (
+                f"not judged: the phase ({_num(length, 2)} s) is shorter than the time in system "
+                f"W ({_num(w)} s), so it never reached a steady state (requests sent at once)"
+            )
         if law.unfinished:
             why += f"; {law.unfinished} request(s) never finished"
-        rows.append(BoundRow(figure, little.formula or NONE, bound, measured, _num(law.ratio), why))
+        rows.append(BoundRow(figure, little.formula or NONE, bound, measured, ratio, why))
     return rows
 
 
@@ -198,14 +209,18 @@ def bounds_renderable(bounds: Bounds | None):
     table = Table(
         box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, expand=False
     )
-    for name in BOUND_COLUMNS:
+    for name in CONSOLE_COLUMNS:
         table.add_column(name, justify="left", overflow="fold")
-    for row in bound_rows(bounds):
-        table.add_row(*row)
+    rows = bound_rows(bounds)
+    notes = []
+    for row in rows:
+        table.add_row(row.figure, row.bound, row.measured, row.ratio)
+        notes.append(Text(f"- {row.figure}: {row.definition}. {row.why}", style="dim"))
     return Group(
         Text(""),
         Text(BOUNDS_TITLE, style="bold"),
         table,
+        *notes,
         Text(cost_sentence(bounds.cost)),
         Text(energy_sentence(bounds.energy)),
         Text(BOUNDS_NOTE, style="dim"),

@@ -23,6 +23,7 @@ from reports.checks_view import checks_renderables
 from reports.classes_view import classes_renderable
 from reports.errors import ReportError
 from reports.faults_view import recovery_text
+from reports.memory_view import memory_renderable
 from reports.overload_view import overload_renderable
 from reports.sessions_view import sessions_renderable
 from reports.taxonomy import OUTCOME_KINDS
@@ -218,6 +219,9 @@ def card_renderable(card: Card) -> RenderableType:
     overload = overload_renderable(card.overload)
     if overload is not None:
         parts.append(overload)
+    memory = memory_renderable(card.memory)
+    if memory is not None:
+        parts.append(memory)
     bounds = bounds_renderable(card.bounds)
     if bounds is not None:
         parts.append(bounds)

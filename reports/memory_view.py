@@ -5,7 +5,13 @@ said to be an estimate; requests whose context was evicted lossily are counted."
 
 from __future__ import annotations
 
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
 from reports.card import Memory
+from reports.html import fmt_bytes
 from slo.runrecord import Distribution
 from slo.runrecord import Memory as MemoryBlock
 
@@ -48,6 +54,30 @@ def memory_card(block: MemoryBlock | None) -> Memory:
         )
         return Memory(True, ESTIMATED_SOURCE, _dist(est.bytes_per_request), rows=rows, note=note)
     return Memory(available=False, reason=block.reason or NO_BLOCK)
+
+
+def memory_renderable(memory: Memory) -> Group | None:
+    """The console card's memory part (the HTML card's rows), or None when not available."""
+    if not memory.available:
+        return None
+    table = Table(
+        title=f"Memory per request: {memory.source}", box=box.SIMPLE_HEAD, title_justify="left"
+    )
+    for name, justify in (
+        ("figure", "left"),
+        ("n", "right"),
+        ("p50", "right"),
+        ("p99", "right"),
+        ("max", "right"),
+    ):
+        table.add_column(name, justify=justify)
+    for r in memory.rows:
+        shown = [
+            f"{r[k]:.3f}" if r["unit"] == "share" and r[k] is not None else fmt_bytes(r[k])
+            for k in ("p50", "p99", "max")
+        ]
+        table.add_row(r["label"], str(r["n"]), *shown)
+    return Group(table, Text(memory.note or "", style="dim"))
 
 
 def _dist(d: Distribution | None) -> dict | None:
