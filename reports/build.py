@@ -179,7 +179,22 @@ def _environment(manifest: RunManifest) -> Environment:
         dtype=target.get("dtype"),
         quantization=target.get("quantization"),
         kernels=target.get("kernels"),
+        kv_cache=kv_cache_text(target.get("engine_config") or {}),
     )
+
+
+def kv_cache_text(engine_config: dict) -> str | None:
+    """How the reference engine stored and kept its KV when not exactly (`--kv-cache-dtype`,
+    `--kv-eviction`), from its config in the manifest; None when exact or not said."""
+    kv_dtype = engine_config.get("kv_cache_dtype") or "auto"
+    eviction = engine_config.get("kv_eviction") or "none"
+    if kv_dtype == "auto" and eviction == "none":
+        return None
+    text = f"KV {kv_dtype}" if kv_dtype != "auto" else "KV exact dtype"
+    if eviction != "none":
+        sinks = engine_config.get("kv_sink_tokens") if eviction == "sinks" else 0
+        text += f", eviction {eviction}: {sinks} sink + {engine_config.get('kv_window_tokens')} window tokens"
+    return text
 
 
 def _ok_values(rm: RequestMetrics, metric: str) -> np.ndarray:

@@ -198,11 +198,14 @@ class Environment:
     dtype: str | None = None
     quantization: str | None = None
     kernels: str | None = None
+    # A lossy KV cache ("KV int8", "KV bf16, eviction sinks: 4 sink + 1024 window tokens");
+    # None: exact (the engine's dtype, no eviction) or not said.
+    kv_cache: str | None = None
 
     def engine_line(self) -> str:
         """ "engine_ref 0.1.0 · bfloat16 · kernels: avx512-bf16", what is known of it."""
         parts = [f"{self.engine or 'unknown engine'} {self.engine_version or ''}".strip()]
-        parts += [p for p in (self.dtype, self.quantization) if p]
+        parts += [p for p in (self.dtype, self.quantization, self.kv_cache) if p]
         if self.kernels:
             parts.append(f"kernels: {self.kernels}")
         return " · ".join(parts)

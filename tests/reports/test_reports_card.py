@@ -15,7 +15,7 @@ import pytest
 from rundir_builder import GOLDEN_SPEC, SyntheticRun, write_run
 
 import slo
-from reports.build import build_card, read_capacity
+from reports.build import build_card, kv_cache_text, read_capacity
 from reports.card import CARD_SCHEMA_VERSION
 from reports.errors import ReportError
 from reports.html import render_html
@@ -233,3 +233,33 @@ def test_the_card_and_summary_name_the_kernel_level(golden_run):
     console = Console(width=200, record=True)
     console.print(card_renderable(card))
     assert line in console.export_text()
+
+
+@pytest.mark.parametrize(
+    ("config", "text"),
+    [
+        ({}, None),  # not said: an external engine
+        ({"kv_cache_dtype": "auto", "kv_eviction": "none"}, None),  # exact
+        ({"kv_cache_dtype": "int8", "kv_eviction": "none"}, "KV int8"),
+        (
+            {
+                "kv_cache_dtype": "auto",
+                "kv_eviction": "sinks",
+                "kv_sink_tokens": 4,
+                "kv_window_tokens": 1024,
+            },
+            "KV exact dtype, eviction sinks: 4 sink + 1024 window tokens",
+        ),
+        (
+            {
+                "kv_cache_dtype": "fp8_e4m3",
+                "kv_eviction": "sliding-window",
+                "kv_sink_tokens": 4,
+                "kv_window_tokens": 64,
+            },
+            "KV fp8_e4m3, eviction sliding-window: 0 sink + 64 window tokens",
+        ),
+    ],
+)
+def test_the_engine_line_names_a_lossy_kv_cache(config, text):
+    assert kv_cache_text(config) == text
