@@ -14,7 +14,9 @@ exact one (`exact`: KV in the engine's dtype, no eviction) is the baseline. Per 
   all admitted at once: the mean length of the identical prefix and the share of equal
   positions;
 - memory: the KV pool's bytes for the same number of blocks (`--num-blocks`), and the mean
-  per-request `kv_peak_bytes` of the agreement run (`RequestOutput.kv_memory`);
+  per-request `kv_peak_bytes` and `kv_mean_bytes` (token-weighted) of the agreement run
+  (`RequestOutput.kv_memory`; a prompt's prefill is not cut at an eviction window, so the
+  peak of a windowed request is its prompt's, the mean what the window saves);
 - speed: output tokens/s of the agreement run (wall clock, a median over `--repeats`).
 
     python benchmarks/kv_quality.py                        # every configuration
@@ -96,19 +98,21 @@ def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> di
     for i, prompt in enumerate(prompts):
         engine.add_request(f"g{i}", prompt, params)
     tokens: dict[str, list[int]] = {}
-    peaks, evicted = [], 0
+    peaks, means, evicted = [], [], 0
     start = time.perf_counter()
     while engine.has_unfinished():
         for out in engine.step():
             tokens.setdefault(out.request_id, []).extend(out.outputs[0].new_token_ids)
             if out.finished:
                 peaks.append(out.kv_memory["kv_peak_bytes"])
+                means.append(out.kv_memory["kv_mean_bytes"])
                 evicted += out.kv_evicted_tokens > 0
     elapsed = time.perf_counter() - start
     return {
         "tokens": [tokens[f"g{i}"] for i in range(len(prompts))],
         "tokens_per_s": len(prompts) * max_tokens / elapsed,
         "kv_peak_bytes_mean": statistics.fmean(peaks),
+        "kv_mean_bytes_mean": statistics.fmean(means),
         "requests_evicted": evicted,
     }
 
@@ -180,7 +184,8 @@ def main() -> None:
           f"{args.threads} threads; {args.num_blocks} blocks; {args.prompts} prompts x "
           f"{args.prompt_len} tokens -> {args.max_tokens}; perplexity over {args.ppl_tokens} tokens")  # fmt: skip
     header = ("config", "perplexity", "ppl/exact", "prefix", "agree", "pool MiB", "pool/exact",
-              "KV peak/req KiB", "evicted reqs", "tok/s", "tok/s/exact")  # fmt: skip
+              "KV peak/req KiB",
+        "KV mean/req KiB", "evicted reqs", "tok/s", "tok/s/exact")  # fmt: skip
     print(" | ".join(header))
     for n in names:
         r = rows[n]
@@ -188,6 +193,7 @@ def main() -> None:
             n, f"{r['perplexity']:.3f}", f"{r['perplexity'] / base['perplexity']:.4f}",
             f"{r['prefix_mean']:.1f}", f"{r['agreement']:.3f}", f"{r['pool_bytes'] / 2**20:.1f}",
             f"{r['pool_bytes'] / base['pool_bytes']:.3f}", f"{r['kv_peak_bytes_mean'] / 1024:.0f}",
+                    f"{r['kv_mean_bytes_mean'] / 1024:.0f}",
             str(r["requests_evicted"]), f"{r['tokens_per_s']:.1f}",
             f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}",
         ]))  # fmt: skip
