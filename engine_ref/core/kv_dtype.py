@@ -23,11 +23,14 @@ would buy 3% more tokens, but a row of absmax below 127 x 2^-14 (about 0.008) wo
 subnormal scale with fewer significant bits, and the decode kernel would pay a conversion per
 row; float32 keeps the scale exact for any row.
 
-The C decode kernel (`refkern::paged_attention_decode`) reads these bytes in place and
-dequantises in registers; the prefill and torch paths gather the batch's blocks and dequantise
-only those (`gather_blocks`). Nothing makes a float copy of a whole pool. The fused decoder
-layer (`refkern::decode_layer`, small batches) reads only a pool in the engine's dtype, so an
-engine with another storage runs its layers one by one, decode rows through the decode kernel.
+The C kernels read these bytes in place and dequantise in registers: the fused decoder layer
+(`refkern::decode_layer`, small batches, decode and prefill rows alike) and, when the layers run
+one by one, the decode kernel (`refkern::paged_attention_decode`); both store new rows as
+`store_rows` does, from the same C helpers (`kernels/kv_formats.h`). The prefill and torch
+paths gather the batch's blocks and dequantise only those (`gather_blocks`). Nothing makes a
+float copy of a whole pool. The fused layer quantises K/V from its float32 rows, where the
+layers run one by one in the engine's dtype: a bfloat16 engine's layer-by-layer path rounds
+each row to bfloat16 before quantising it.
 """
 
 from __future__ import annotations

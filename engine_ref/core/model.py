@@ -18,10 +18,14 @@ from engine_ref.core import kernels
 from engine_ref.core.attention import AttentionMetadata, paged_attention
 from engine_ref.core.config import ModelConfig
 from engine_ref.core.kernels import bf16
+from engine_ref.core.kv_dtype import QuantizedKVPool
 from engine_ref.core.quant import Int4Groups, Int4Linear, quantize_model
 
-# One layer's KV pool [num_blocks, block_size, 2 * kvh, hd]: keys in heads :kvh, values after.
-KVCache = torch.Tensor
+# One layer's KV pool [2 * kvh, num_blocks, block_size, hd]: keys in heads :kvh, values after;
+# a plain tensor, or int8 / fp8 values with row scales (`kv_dtype`).
+KVCache = torch.Tensor | QuantizedKVPool
+# The pools' storage dtypes `refkern::decode_layer` reads (int8 and fp8 with their scales).
+FUSED_KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.float8_e4m3fn)
 
 
 class RMSNorm(nn.Module):
@@ -243,20 +247,22 @@ class LlamaModel(nn.Module):
     def _can_fuse(self, x: torch.Tensor, meta: AttentionMetadata, kv_caches) -> bool:
         """At most `fused_max_rows` rows, each attending to every position up to its own
         (decode rows, prefill chunks, chain drafts), or to those before its token tree and its
-        ancestors in it (trees of up to TREE_BITS_MAX_NODES nodes)."""
+        ancestors in it (trees of up to TREE_BITS_MAX_NODES nodes), over pools in any
+        `kv_dtype` storage (the layer stores and reads each format in place)."""
         return (
             self.fused_decode is not None
             and 0 < x.shape[0] <= self.fused_max_rows
             and (not meta.has_tree_mask or meta.tree_bits is not None)
             and x.dtype in (torch.float32, torch.bfloat16)
-            and all(c.dtype == x.dtype for c in kv_caches)
+            and all(c.dtype in FUSED_KV_DTYPES for c in kv_caches)
         )
 
     def _fused_forward(self, x, positions, meta, kv_caches, num_layers) -> torch.Tensor:
         """The decoder stack as one `refkern::decode_layer` call per layer. Row r attends to
         positions 0 .. positions[r] of its sequence: its own K/V and those of the rows before
         it in the same chunk are in the pool before any row attends (the causal mask). The
-        residual stream stays float32 from layer to layer and returns in x's dtype."""
+        residual stream stays float32 from layer to layer and returns in x's dtype; the new
+        K/V rows are stored from float32, converted or quantised to the pool's storage."""
         dtype = x.dtype
         x = x.float()
         tables = [g.block_tables for g in meta.decode_groups]
@@ -280,12 +286,15 @@ class LlamaModel(nn.Module):
         eps = self.layers[0].input_layernorm.eps
         slots = meta.slot_mapping
         for weights, kv_cache in zip(self.fused_decode[:num_layers], kv_caches, strict=True):
+            values, scales = kv_cache, None
+            if isinstance(kv_cache, QuantizedKVPool):
+                values, scales = kv_cache.values, kv_cache.scales
             x = torch.ops.refkern.decode_layer(
                 x,
                 weights,
                 cos,
                 sin,
-                kv_cache,
+                values,
                 slots,
                 table,
                 lens,
@@ -294,6 +303,7 @@ class LlamaModel(nn.Module):
                 attn.num_heads,
                 eps,
                 attn.scale,
+                scales,
             )
         return x.to(dtype)
 

@@ -151,8 +151,9 @@ def test_decode_layer_stores_its_kv_rounded_to_nearest_even(pool_dtype):
 
 @needs_kernels
 def test_decode_layer_names_the_pool_dtypes_it_takes():
-    with pytest.raises(RuntimeError, match="kv_pool must be a contiguous float32 or bfloat16"):
-        _one_row_layer(torch.zeros(2, 1, 16, 16, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="kv_pool must be a contiguous float32, bfloat16, "
+                       "float16, int8 or float8_e4m3fn"):  # fmt: skip
+        _one_row_layer(torch.zeros(2, 1, 16, 16, dtype=torch.float64))
 
 
 # -- a bfloat16 engine through LLMEngine.step ----------------------------------------------------

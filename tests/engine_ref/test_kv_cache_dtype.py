@@ -1,7 +1,8 @@
 """`--kv-cache-dtype` (`engine_ref.core.kv_dtype`): rows quantised by hand (int8, fp8) on both
 store paths; the decode kernel over int8, fp8, float16 and bfloat16 pools and the prefill
 (SDPA) path against a float64 attention over the dequantised pool, at this CPU's level, at the
-lowest and best instruction-set levels, and on the scalar path; and through `LLMEngine.step`:
+lowest and best instruction-set levels (with the fused layer's checks of
+test_fused_lossy_kv.py), and on the scalar path; and through `LLMEngine.step`:
 every KV dtype generating, the agreement of each with a float32 pool, the decode kernel reading
 the pool in place, the pool bytes by the engine's own gauge and the blocks a memory budget
 buys, copy-on-write and speculative moves carrying the scales, prefix-cache keys bound to the
@@ -274,13 +275,15 @@ def test_an_unscaled_int8_pool_is_refused_in_one_sentence():
         )
 
 
-# The same checks in a process of their own at the lowest and the best instruction-set level
+# The same checks, and the fused layer's (test_fused_lossy_kv.py), in a process of their own
+# at the lowest and the best instruction-set level
 # (their libraries are the ones tests/engine_ref/test_isa_dispatch.py builds; a level between
 # costs CI a build of its own, about a minute: run it with BENCH_REF_ISA and this script).
 LEVEL_RUN = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import torch
+import test_fused_lossy_kv as f
 import test_kv_cache_dtype as t
 from engine_ref.core import kernels
 assert kernels.available(), kernels.unavailable_reason()
@@ -289,6 +292,9 @@ for storage in t.STORAGES.values():
         for shape in t.SHAPES.values():
             t._check_decode(storage, q_dtype, shape, seed=1)
         t._check_prefill(storage, q_dtype, decode_kernel=True)
+for storage in f.STORAGES.values():
+    for shape in f.SHAPES.values():
+        f.check_fused_layer(storage, shape, seed=1)
 print(kernels.active_isa())
 """
 
@@ -374,9 +380,11 @@ def test_a_bfloat16_engine_generates_with_each_kv_dtype(tiny_model, kv_cache_dty
 @needs_kernels
 @pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3", "fp16"])
 def test_a_decode_step_reads_the_pool_in_place(tiny_model, kv_cache_dtype, monkeypatch):
-    """Decode rows run the kernel once a layer: no block of the pool is gathered (and
-    widened), and no batched matmul of the torch path runs."""
+    """With the layers one by one (the fused layer, which reads the pool in place too, off:
+    test_fused_lossy_kv.py), decode rows run the kernel once a layer: no block of the pool is
+    gathered (and widened), and no batched matmul of the torch path runs."""
     engine = _engine(tiny_model, kv_cache_dtype)
+    engine.model.fused_decode = None
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     for i, ids in enumerate(PROMPTS[:4]):
         engine.add_request(str(i), ids, params)

@@ -21,13 +21,13 @@ float32 from float32 activations and split output rows over torch's intra-op thr
 `refkern::f32_gemm` does the same for float32 weights: each weight row is read once for up to
 8 activation rows, where torch's GEMM took 1.7x its one-row time for 5 rows, which made a
 speculative verify step cost much more than a decode step. `refkern::decode_layer`
-(layer.cpp) runs a whole decoder layer (int4, float32 or bfloat16 projections over a float32
-or bfloat16 KV pool) for up to `SMALL_BATCH_ROWS` causal rows (`DENSE_SMALL_BATCH_ROWS` for
-float32 and bfloat16) in one call; `refkern::bf16_gemm` (bf16.cpp) is a bfloat16 head's,
-`refkern::q4_i8_gemm` and `q8_i8_gemm` (int8.cpp) W4A8's and W8A8's, and
-`refkern::paged_attention_decode` (paged_attention.cpp) attends decode rows above the bound,
-and every decode row when the pool stores K/V in another format than the engine's dtype
-(`--kv-cache-dtype`, `engine_ref.core.kv_dtype`), which the fused layer does not read. With
+(layer.cpp) runs a whole decoder layer (int4, float32 or bfloat16 projections over a KV
+pool in any `--kv-cache-dtype` storage, `engine_ref.core.kv_dtype`) for up to
+`SMALL_BATCH_ROWS` causal rows (`DENSE_SMALL_BATCH_ROWS` for float32 and bfloat16) in one
+call; `refkern::bf16_gemm` (bf16.cpp) is a bfloat16 head's, `refkern::q4_i8_gemm` and
+`q8_i8_gemm` (int8.cpp) W4A8's and W8A8's, and `refkern::paged_attention_decode`
+(paged_attention.cpp) attends decode rows above the bound. The two attention kernels store
+and read the KV formats through one header (kv_formats.h). With
 them a SmolLM2 W4A16 decode step went from 40.2 to 12.5 ms at 2 threads, its weight GEMMs
 from 13.1 to 8.5 ms and the rest from 27.1 to 4.0 ms (`benchmarks/quantization.py --modes
 float32,w4a16-torch,w4a16 --threads 2 --profile`). At SmolLM2's shapes with hot weights, torch's int4 kernel was faster

@@ -2,33 +2,55 @@
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
+#include "kv_formats.h"
 #include "simd.h"
 
 namespace refkern {
 namespace {
 
-// The KV pool holds float32 or bfloat16 (what the engine's dtype makes it); rows store into
-// it and attend over it through these, in float32.
-inline float kv_dot(const float* q, const float* k, int64_t n) { return dot(q, k, n); }
-inline float kv_dot(const float* q, const uint16_t* k, int64_t n) { return dot_bf16(q, k, n); }
-inline float kv_value(float v) { return v; }
-inline float kv_value(uint16_t v) { return bf16_to_f32(v); }
-inline void kv_store(const float* src, int64_t n, float* dst) { std::copy(src, src + n, dst); }
-inline void kv_store(const float* src, int64_t n, uint16_t* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+// The KV pool holds float32, bfloat16, float16, or int8 or fp8 e4m3 values with a float32
+// scale per row (kv_formats.h). Rows store into it quantised as `kv_dtype.store_rows` stores
+// them, and attention reads them in place, widened in registers: a scaled row's scale
+// multiplies its key's dot product and its value's softmax weight, as in the paged decode
+// kernel.
+
+// Sum of q[i] * k[i], 8 lanes at a time (for float32 the same sums as simd.h's `dot`); the
+// tail one by one.
+template <typename S>
+inline float kv_dot(const float* q, const S* k, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), widen8(k + i), acc);
+  float total = hsum(acc);
+  for (; i < n; ++i) total += q[i] * to_float(k[i]);
+  return total;
 }
 
-// Stores each row's new keys and values (`qkv` [M, qkv_n], after RoPE) at its slot, then
-// attends: attn [M, num_heads * hd] from the queries in `qkv` over the pool.
-template <typename T>
-void store_and_attend(T* pool, const float* qkv, int64_t qkv_n, float* attn, int64_t M,
-                      int64_t num_heads, int64_t kvh, int64_t hd, int64_t bs, int64_t nb,
-                      int64_t slots_per_head, const int64_t* st, const int64_t* cl,
+// o[i] += weight * v[i] for i < n.
+template <typename S>
+inline void kv_axpy(float weight, const S* v, float* o, int64_t n) {
+  const __m256 w = _mm256_set1_ps(weight);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, widen8(v + i), _mm256_loadu_ps(o + i)));
+  for (; i < n; ++i) o[i] += weight * to_float(v[i]);
+}
+
+// Stores each row's new keys and values (`qkv` [M, qkv_n], after RoPE, float32) at its slot,
+// then attends: attn [M, num_heads * hd] from the queries in `qkv` over the pool. `scales`
+// [2 kvh, slots_per_head] is the pool's row scales for int8 and fp8 (S scaled), else null.
+template <typename S>
+void store_and_attend(S* pool, float* scales, const float* qkv, int64_t qkv_n, float* attn,
+                      int64_t M, int64_t num_heads, int64_t kvh, int64_t hd, int64_t bs,
+                      int64_t nb, int64_t slots_per_head, const int64_t* st, const int64_t* cl,
                       const int64_t* bt, const int64_t* tsp, const int64_t* tbp, float sc) {
   for (int64_t m = 0; m < M; ++m) {
     const float* row = qkv + m * qkv_n;
-    for (int64_t head = 0; head < 2 * kvh; ++head)  // keys then values into the pool
-      kv_store(row + (num_heads + head) * hd, hd, pool + (head * slots_per_head + st[m]) * hd);
+    for (int64_t head = 0; head < 2 * kvh; ++head) {  // keys then values into the pool
+      const int64_t r = head * slots_per_head + st[m];  // the row (head, slot)
+      store_row(row + (num_heads + head) * hd, hd, pool + r * hd,
+                kScaled<S> ? scales + r : nullptr);
+    }
   }
   int64_t longest = 0;
   for (int64_t m = 0; m < M; ++m) longest = std::max(longest, cl[m]);
@@ -38,8 +60,10 @@ void store_and_attend(T* pool, const float* qkv, int64_t qkv_n, float* attn, int
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t m = t / num_heads, qh = t % num_heads, kh = qh / g, len = cl[m];
       const float* q = qkv + m * qkv_n + qh * hd;
-      const T* keys = pool + kh * slots_per_head * hd;
-      const T* values = pool + (kvh + kh) * slots_per_head * hd;
+      const S* keys = pool + kh * slots_per_head * hd;
+      const S* values = pool + (kvh + kh) * slots_per_head * hd;
+      const float* kscale = kScaled<S> ? scales + kh * slots_per_head : nullptr;
+      const float* vscale = kScaled<S> ? scales + (kvh + kh) * slots_per_head : nullptr;
       const int64_t ts = tsp ? tsp[m] : len;
       const uint64_t bits = tsp ? static_cast<uint64_t>(tbp[m]) : 0;
       float top = -INFINITY;
@@ -48,17 +72,21 @@ void store_and_attend(T* pool, const float* qkv, int64_t qkv_n, float* attn, int
           p[pos] = -INFINITY;
           continue;
         }
-        const T* k = keys + (bt[m * nb + pos / bs] * bs + pos % bs) * hd;
-        p[pos] = kv_dot(q, k, hd) * sc;
+        const int64_t slot = bt[m * nb + pos / bs] * bs + pos % bs;
+        float dot = kv_dot(q, keys + slot * hd, hd);
+        if constexpr (kScaled<S>) dot *= kscale[slot];
+        p[pos] = dot * sc;
         top = std::max(top, p[pos]);
       }
       const float total = exp_shifted(p.data(), len, top);
       float* o = attn + (m * num_heads + qh) * hd;
       std::fill(o, o + hd, 0.f);
       for (int64_t pos = 0; pos < len; ++pos) {
-        const T* v = values + (bt[m * nb + pos / bs] * bs + pos % bs) * hd;
-        const float weight = p[pos] / total;
-        for (int64_t i = 0; i < hd; ++i) o[i] += weight * kv_value(v[i]);
+        if (p[pos] == 0.f) continue;  // masked (or underflowed): adds nothing
+        const int64_t slot = bt[m * nb + pos / bs] * bs + pos % bs;
+        float weight = p[pos] / total;
+        if constexpr (kScaled<S>) weight *= vscale[slot];
+        kv_axpy(weight, values + slot * hd, o, hd);
       }
     }
   });
@@ -81,12 +109,14 @@ Proj kind_of(const at::Tensor& weight) {
 // K/V stored at `slots`, attention of each row over its `context_lens` positions through its
 // block table, o_proj and the residual, RMSNorm, gate_up, silu(gate) * up, down_proj and the
 // residual. Returns the new residual stream (float32); writes the KV pool. Activations stay
-// float32 throughout; only the pool's stored K/V are rounded to its dtype.
+// float32 throughout; only the pool's stored K/V are rounded to its format.
 //
 // weights: ln1 [D] float32, qkv (packed, scale, minimum), o (3), ln2 [D] float32, gate_up
 // (3), down (3); a float32 or bfloat16 projection is (weight [N, K], then two unused
 // tensors) and runs f32_gemm or bf16_gemm.
-// kv_pool [2 kvh, blocks, block_size, hd] float32 or bfloat16; block_tables [M, nb] int64;
+// kv_pool [2 kvh, blocks, block_size, hd] float32, bfloat16, float16, int8 or float8_e4m3fn,
+// with kv_scales [2 kvh, blocks, block_size] float32 for int8 and fp8 (value x scale is the
+// stored number; absent for the others); block_tables [M, nb] int64;
 // slots, context_lens [M] int64; cos, sin [M, hd] float32. Token trees: tree_start and
 // tree_bits [M] int64 (both empty without trees); row m then attends to position p <
 // context_lens[m] only if p < tree_start[m] or bit p - tree_start[m] of tree_bits[m] is set.
@@ -95,7 +125,7 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
                         const at::Tensor& slots, const at::Tensor& block_tables,
                         const at::Tensor& context_lens, const at::Tensor& tree_start,
                         const at::Tensor& tree_bits, int64_t num_heads, double eps,
-                        double attn_scale) {
+                        double attn_scale, const std::optional<at::Tensor>& kv_scales) {
   TORCH_CHECK(w.size() == 14, "decode_layer takes 14 weight tensors, got ", w.size());
   const int64_t M = x.size(0), D = x.size(1);
   check_x(x, D, 16);
@@ -117,10 +147,25 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
   TORCH_CHECK(in_features(1) == D && in_features(8) == D, "qkv and gate_up take D columns");
   TORCH_CHECK(in_features(4) == num_heads * hd && w[4].size(0) == D, "o_proj shape");
   TORCH_CHECK(in_features(11) == inter && w[11].size(0) == D, "down_proj shape");
-  const bool bf16_pool = kv_pool.scalar_type() == at::kBFloat16;
-  TORCH_CHECK((bf16_pool || kv_pool.scalar_type() == at::kFloat) && kv_pool.is_contiguous() &&
-                  kv_pool.dim() == 4,
-              "kv_pool must be a contiguous float32 or bfloat16 [2 kvh, blocks, block_size, hd]");
+  const at::ScalarType pool_type = kv_pool.scalar_type();
+  const bool scaled = pool_type == at::kChar || pool_type == at::kFloat8_e4m3fn;
+  TORCH_CHECK((scaled || pool_type == at::kFloat || pool_type == at::kBFloat16 ||
+               pool_type == at::kHalf) &&
+                  kv_pool.is_contiguous() && kv_pool.dim() == 4,
+              "kv_pool must be a contiguous float32, bfloat16, float16, int8 or float8_e4m3fn "
+              "[2 kvh, blocks, block_size, hd]");
+  float* scales = nullptr;
+  if (scaled) {
+    TORCH_CHECK(kv_scales.has_value() && kv_scales->scalar_type() == at::kFloat &&
+                    kv_scales->is_contiguous() &&
+                    kv_scales->sizes() == kv_pool.sizes().slice(0, 3),
+                "an int8 or float8 pool needs kv_scales, a contiguous float32 [2 kvh, blocks, "
+                "block_size] tensor");
+    scales = kv_scales->data_ptr<float>();
+  } else {
+    TORCH_CHECK(!kv_scales.has_value(), "kv_scales go with int8 and float8 pools only, not ",
+                pool_type);
+  }
   TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && cos.size(0) == M &&
                   cos.size(1) == hd && sin.sizes() == cos.sizes() && sin.is_contiguous(),
               "cos, sin must be float32 [M, hd]");
@@ -201,13 +246,17 @@ at::Tensor decode_layer(const at::Tensor& x, at::TensorList w, const at::Tensor&
     }
   }
   const float sc = static_cast<float>(attn_scale);
-  if (bf16_pool) {
-    uint16_t* pool = reinterpret_cast<uint16_t*>(kv_pool.data_ptr<at::BFloat16>());
-    store_and_attend(pool, big.data(), qkv_n, attn.data(), M, num_heads, kvh, hd, bs, nb,
+  auto attend = [&](auto* pool) {
+    store_and_attend(pool, scales, big.data(), qkv_n, attn.data(), M, num_heads, kvh, hd, bs, nb,
                      slots_per_head, st, cl, bt, tsp, tbp, sc);
-  } else {
-    store_and_attend(kv_pool.data_ptr<float>(), big.data(), qkv_n, attn.data(), M, num_heads,
-                     kvh, hd, bs, nb, slots_per_head, st, cl, bt, tsp, tbp, sc);
+  };
+  void* pool = kv_pool.data_ptr();
+  switch (pool_type) {
+    case at::kFloat: attend(static_cast<float*>(pool)); break;
+    case at::kBFloat16: attend(static_cast<uint16_t*>(pool)); break;
+    case at::kHalf: attend(static_cast<c10::Half*>(pool)); break;
+    case at::kChar: attend(static_cast<int8_t*>(pool)); break;
+    default: attend(static_cast<c10::Float8_e4m3fn*>(pool)); break;
   }
   gemm(attn.data(), 4, big.data());
   for (int64_t i = 0; i < M * D; ++i) xr[i] += big[i];
@@ -231,7 +280,8 @@ TORCH_LIBRARY_FRAGMENT(refkern, m) {
   m.def(
       "decode_layer(Tensor x, Tensor[] weights, Tensor cos, Tensor sin, Tensor(a!) kv_pool, "
       "Tensor slots, Tensor block_tables, Tensor context_lens, Tensor tree_start, "
-      "Tensor tree_bits, int num_heads, float eps, float attn_scale) -> Tensor");
+      "Tensor tree_bits, int num_heads, float eps, float attn_scale, "
+      "Tensor(b!)? kv_scales=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(refkern, CPU, m) { m.impl("decode_layer", refkern::decode_layer); }

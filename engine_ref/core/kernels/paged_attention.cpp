@@ -40,7 +40,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "kv_formats.h"
+
 namespace {
+
+// The storage formats' reading and writing (to_float, widen8, store_row, ...).
+using namespace refkern;
 
 // Query heads of one kv head handled together (a group larger than this is split: each
 // part reads the kv head's rows again).
@@ -61,26 +66,9 @@ inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
 inline float vtop(Vec v) { return _mm512_reduce_max_ps(v); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec vload(const uint16_t* p) {  // bfloat16 -> float32: the bits move up 16 places
-  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-}
-inline Vec vload(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline Vec vload(const int8_t* p) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-}
-// fp8 e4m3 (s eeee mmm) as the float16 s 0eeee mmm0000000 is the same number times 2^-8,
-// normals and subnormals alike (both formats' subnormals have the exponent of their bias).
-inline Vec vload(const c10::Float8_e4m3fn* p) {
-  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
-  const __m256i rest = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
-  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sign, rest)), _mm512_set1_ps(256.0f));
-}
+// Any storage format's kLanes values (kv_formats.h), or float32 ones, widened.
+template <typename S>
+inline Vec vload(const S* p) { return widen16(p); }
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 
 // e^x per lane, within about 2 ulp of expf for x in [-87, 88]; 0 below -87 (and for -inf).
@@ -123,24 +111,8 @@ inline float vtop(Vec v) {
   s = _mm_max_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec vload(const uint16_t* p) {
-  const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-}
-inline Vec vload(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline Vec vload(const int8_t* p) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-}
-inline Vec vload(const c10::Float8_e4m3fn* p) {  // as the AVX-512 version
-  const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-  const __m128i rest = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7);
-  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, rest)), _mm256_set1_ps(256.0f));
-}
+template <typename S>
+inline Vec vload(const S* p) { return widen8(p); }
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 
 inline Vec vexp(Vec x) {  // as the AVX-512 version
@@ -160,54 +132,6 @@ inline Vec vexp(Vec x) {  // as the AVX-512 version
   return _mm256_and_ps(_mm256_mul_ps(poly, _mm256_castsi256_ps(two_n)), live);
 }
 #endif
-
-inline float to_float(float x) { return x; }
-inline float to_float(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float x;
-  std::memcpy(&x, &wide, sizeof(x));
-  return x;
-}
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-inline float to_float(int8_t x) { return static_cast<float>(x); }
-inline float to_float(c10::Float8_e4m3fn x) { return static_cast<float>(x); }
-inline void from_float(float x, float* dst) { *dst = x; }
-inline void from_float(float x, uint16_t* dst) {  // round to nearest even, as torch does
-  *dst = c10::BFloat16(x).x;
-}
-inline void from_float(float x, c10::Half* dst) { *dst = c10::Half(x); }
-
-// The storage formats with a float32 scale per row, and the magnitude a row's absmax maps to.
-template <typename S>
-constexpr bool kScaled = std::is_same<S, int8_t>::value ||
-                         std::is_same<S, c10::Float8_e4m3fn>::value;
-template <typename S>
-constexpr float kQMax = std::is_same<S, int8_t>::value ? 127.0f : 448.0f;
-
-inline void encode(float x, int8_t* dst) {  // half to even (the default rounding mode)
-  *dst = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x))));
-}
-inline void encode(float x, c10::Float8_e4m3fn* dst) {  // torch's own conversion
-  *dst = c10::Float8_e4m3fn(std::min(448.0f, std::max(-448.0f, x)));
-}
-
-// Store one row of hd values (q's dtype) in the pool's format, as kv_dtype.py's
-// `store_rows` does: converted, or quantised with its scale (0 for a zero row).
-template <typename Q, typename S>
-void store_row(const Q* src, int64_t hd, S* dst, float* scale) {
-  if constexpr (std::is_same<Q, S>::value) {
-    std::memcpy(dst, src, hd * sizeof(S));
-  } else if constexpr (kScaled<S>) {
-    float absmax = 0.0f;
-    for (int64_t i = 0; i < hd; ++i) absmax = std::max(absmax, std::fabs(to_float(src[i])));
-    const float s = absmax / kQMax<S>;
-    const float divisor = s > 0.0f ? s : 1.0f;
-    for (int64_t i = 0; i < hd; ++i) encode(to_float(src[i]) / divisor, dst + i);
-    *scale = s;
-  } else {
-    for (int64_t i = 0; i < hd; ++i) from_float(to_float(src[i]), dst + i);
-  }
-}
 
 // The kLanes sums of d[0 .. kLanes - 1], in order, in one vector: a transposing reduction
 // (about 3 operations a sum where a horizontal sum of each takes 8).

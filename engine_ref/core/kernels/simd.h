@@ -161,22 +161,6 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// 8 bfloat16 widened to float32.
-inline __m256 widen_bf16(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-// Sum of a[i] * bf16(b[i]).
-inline float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), widen_bf16(b + i), acc);
-  float total = hsum(acc);
-  for (; i < n; ++i) total += a[i] * bf16_to_f32(b[i]);
-  return total;
-}
-
 void check_x(const at::Tensor& x, int64_t K, int64_t multiple);
 void check_q4(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& minimum);
 void check_f32(const at::Tensor& weight);
