@@ -17,7 +17,7 @@ FORMATS = ("vllm", "llmd", "csv", "otlp-json")
 @click.argument("run", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="vllm: `vllm bench serve --save-result` JSON; llmd: llm-d Benchmark Report "
-              "v0.2 (JSON); csv: one row per request; otlp-json: OpenTelemetry traces (OTLP/JSON), "
+              "v0.2.1 (JSON); csv: one row per request; otlp-json: OpenTelemetry traces (OTLP/JSON), "
               "one span per request.")  # fmt: skip
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write here (default: standard output).")  # fmt: skip

@@ -330,10 +330,11 @@ def _convention(source: str, percentiles: str, entries: dict[str, tuple[dict, st
 def vllm_peaks(vllm: VllmMetrics, sent_ns: np.ndarray) -> tuple[float, int]:
     """(max_output_tokens_per_s, max_concurrent_requests) as `vllm bench serve` computes them.
 
-    Over the ok requests (`sent_ns` aligned with `vllm.request_id`): one-second buckets from
-    the first send; each timed chunk counts one token in its bucket, and a request counts as
-    in flight in every bucket from its send to its end (E2EL), both ends included. (0.0, 0)
-    with no ok request."""
+    Over the ok requests (`sent_ns` aligned with `vllm.request_id`). Tokens: one-second
+    buckets from the first send; each timed chunk counts one token in its bucket, and the
+    fullest bucket is the figure. Concurrency: the most requests in flight at any instant,
+    each in flight over [send, send + E2EL) (a request ending when another starts does not
+    overlap it), as vLLM's sweep over start and end events. (0.0, 0) with no ok request."""
     sent_ns = np.asarray(sent_ns, float)
     keep = ~np.isnan(sent_ns) & ~np.isnan(vllm.e2el_ms)
     if not keep.any():
@@ -342,7 +343,6 @@ def vllm_peaks(vllm: VllmMetrics, sent_ns: np.ndarray) -> tuple[float, int]:
     end_s = (sent_ns[keep] - start_ns) / metrics.NS_PER_S + vllm.e2el_ms[keep] / 1e3
     n_buckets = int(np.ceil(end_s.max())) + 1
     tokens = np.zeros(n_buckets)
-    in_flight = np.zeros(n_buckets + 1)
     for i in np.flatnonzero(keep):
         first_s = (vllm.chunks.first_ns[i] - start_ns) / metrics.NS_PER_S
         if not np.isnan(first_s):
@@ -350,8 +350,8 @@ def vllm_peaks(vllm: VllmMetrics, sent_ns: np.ndarray) -> tuple[float, int]:
             times_s = first_s + np.concatenate(([0.0], np.cumsum(gaps_s)))
             buckets = times_s.astype(int)
             np.add.at(tokens, buckets[(buckets >= 0) & (buckets < n_buckets)], 1)
-        begin = int((sent_ns[i] - start_ns) / metrics.NS_PER_S)
-        end = int((sent_ns[i] - start_ns) / metrics.NS_PER_S + vllm.e2el_ms[i] / 1e3)
-        in_flight[begin] += 1
-        in_flight[min(end, n_buckets - 1) + 1] -= 1
-    return float(tokens.max()), int(np.cumsum(in_flight)[:n_buckets].max())
+    begin_ns = sent_ns[keep]
+    times = np.concatenate((begin_ns, begin_ns + vllm.e2el_ms[keep] * metrics.NS_PER_MS))
+    deltas = np.concatenate((np.ones(begin_ns.size), -np.ones(begin_ns.size)))
+    order = np.lexsort((deltas, times))  # by time; at a tie the end (-1) before the start
+    return float(tokens.max()), int(np.cumsum(deltas[order]).max())

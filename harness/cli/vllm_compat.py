@@ -27,8 +27,15 @@ CHAT_BACKEND = "openai-chat"
 VLLM_DATASETS = ("random", "sharegpt")  # vLLM dataset names that are built-in workloads here
 VLLM_DEFAULT_HOST = "127.0.0.1"
 VLLM_DEFAULT_PORT = 8000
-PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
-GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}  # vLLM key -> SLO field
+# the last two only with --max-concurrency, as in vLLM (reports.exports.vllm.VLLM_METRICS)
+PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el", "client_queue_time",
+                      "e2el_including_client_queue")  # fmt: skip
+VLLM_GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}  # -> SLO field
+# AIPerf's `--goodput` metric tags with the same meanings (ms): its inter_token_latency is
+# per request (request_latency - time_to_first_token) / (output tokens - 1), vLLM's TPOT
+AIPERF_GOODPUT_KEYS = {"time_to_first_token": "ttft_ms", "inter_token_latency": "tpot_ms",
+                       "request_latency": "e2e_ms"}  # fmt: skip
+GOODPUT_KEYS = {**VLLM_GOODPUT_KEYS, **AIPERF_GOODPUT_KEYS}
 NARGS_PLUS = ("--goodput", "--metadata")  # vLLM takes several space-separated values here
 # A sampling flag of vLLM's and the request field it sets.
 SAMPLING_FLAGS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -48,7 +55,8 @@ _ALIASES = (
     click.option("--random-output-len", type=int, help="vLLM: same as --output-len."),
     click.option("--random-range-ratio", type=float, help="vLLM: same as --range-ratio."),
     click.option("--num-warmups", type=int, help="vLLM: same as --warmup."),
-    click.option("--goodput", help="vLLM: per-request goodput limits in ms, e.g. 'ttft:500 tpot:50 e2el:5000'."),
+    click.option("--goodput", help="vLLM: per-request goodput limits in ms, e.g. 'ttft:500 tpot:50 e2el:5000' "
+                 "(AIPerf's names too: 'time_to_first_token:500 inter_token_latency:50 request_latency:5000')."),
     click.option("--percentile-metrics",
                  help="vLLM: metrics in the --save-result file (default ttft,tpot,itl; also e2el)."),
     click.option("--metric-percentiles", help="vLLM: percentiles in the --save-result file (default 99)."),
@@ -143,13 +151,19 @@ def _same(kwargs: dict, ours: str, value, flag: str, our_flag: str) -> None:
 
 
 def parse_goodput(text: str) -> dict:
-    """vLLM's `--goodput 'ttft:500 tpot:50 e2el:5000'` (ms) as an SLO spec dict (per request)."""
-    limits = {}
+    """vLLM's `--goodput 'ttft:500 tpot:50 e2el:5000'` (ms) as an SLO spec dict (per request).
+
+    AIPerf's names for the same limits (`time_to_first_token`, `inter_token_latency`,
+    `request_latency`, ms) are accepted beside vLLM's and may be mixed with them; one limit
+    given twice under its two names must agree."""
+    limits, given = {}, {}
     for item in text.replace(",", " ").split():
         key, sep, value = item.partition(":")
         if not sep or key not in GOODPUT_KEYS:
             raise HarnessError(
-                f"--goodput takes KEY:MS pairs with KEY one of {', '.join(GOODPUT_KEYS)}; got {item!r}."
+                f"--goodput takes KEY:MS pairs with KEY one of vLLM's "
+                f"{', '.join(VLLM_GOODPUT_KEYS)} or AIPerf's {', '.join(AIPERF_GOODPUT_KEYS)}; "
+                f"got {item!r}."
             )
         try:
             ms = float(value)
@@ -157,10 +171,16 @@ def parse_goodput(text: str) -> dict:
             raise HarnessError(f"--goodput {key} must be a number of ms, got {value!r}.") from None
         if not ms > 0 or math.isinf(ms):
             raise HarnessError(f"--goodput {key} must be a positive number of ms, got {value!r}.")
-        limits[GOODPUT_KEYS[key]] = ms
+        field_name = GOODPUT_KEYS[key]
+        if limits.get(field_name, ms) != ms:
+            raise HarnessError(
+                f"--goodput gives one limit twice, {given[field_name]!r} and {item!r}; "
+                "give it once."
+            )
+        limits[field_name], given[field_name] = ms, item
     if not limits:
         raise HarnessError("--goodput needs at least one KEY:MS pair, e.g. 'ttft:500'.")
-    return {"name": "goodput", "source": f"vllm bench serve --goodput {text}",
+    return {"name": "goodput", "source": f"--goodput {text}",
             "description": "per-request limits from --goodput (vLLM's request goodput)",
             "per_request": limits}  # fmt: skip
 

@@ -1,12 +1,16 @@
-"""The llm-d Benchmark Report (schema v0.2) for a run directory.
+"""The llm-d Benchmark Report (schema v0.2.1) for a run directory.
 
-The report (llm-d/llm-d-benchmark, `benchmark_report/br_v0_2_json_schema.json`) has three
-parts: `run` (ids and times), `scenario` (the stack under test and the load) and `results`
-(`request_performance.aggregate`: request counts, latency and throughput statistics with
-their units). Latencies come from `slo.summarize` under this harness's definitions (TTFT send
-to first token, TPOT excluding the first token, ITL pooled chunk gaps, E2E send to done);
-throughputs are one figure per run, so their `mean` is the run's rate. Statistics that are
-undefined (no ok request, a non-streaming run's TTFT) are left out, as the schema allows.
+The report (llm-d/llm-d-benchmark, `llmdbenchmark/analysis/benchmark_report/`; the tests
+validate against its published JSON Schema, kept beside the clone in `../shared/data`) has
+three parts: `run` (ids and times), `scenario` (the stack under test and the load) and
+`results`: `request_performance.aggregate` (request counts, latency and throughput
+statistics with their units) and, for a multi-turn run, `session_performance.sessions`.
+v0.2.1 only adds optional fields to v0.2 (multi-modal payloads, engine time series,
+sessions), so a v0.2 reader takes the report too. Latencies come from `slo.summarize` under
+this harness's definitions (TTFT send to first token, TPOT excluding the first token, ITL
+pooled chunk gaps, E2E send to done); throughputs are one figure per run, so their `mean` is
+the run's rate. Statistics that are undefined (no ok request, a non-streaming run's TTFT)
+are left out, as the schema allows.
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ import numpy as np
 
 from reports.exports import read_run
 from slo.frame import RequestMetrics
-from slo.runrecord import RequestStatus, RunManifest, RunSummary
+from slo.runrecord import Distribution, RequestStatus, RunManifest, RunSummary, Sessions
 from slo.summary import summarize_tables
 
-LLMD_REPORT_VERSION = "0.2"
+LLMD_REPORT_VERSION = "0.2.1"
 DISTRIBUTION = "llm-bench-harness"  # the harness's package, for its version
 # Statistics key -> percentile, as the schema spells them (p0p1 = 0.1th percentile).
 _PERCENTILES = {"p0p1": 0.1, "p1": 1, "p5": 5, "p10": 10, "p25": 25, "p50": 50, "p75": 75,
@@ -150,7 +154,7 @@ def _sequence(values) -> dict:
 
 
 def llmd_report(run_dir: Path | str) -> dict:
-    """The llm-d Benchmark Report v0.2 dict for `run_dir`. Raises ReportError for an
+    """The llm-d Benchmark Report v0.2.1 dict for `run_dir`. Raises ReportError for an
     unreadable run directory."""
     tables, rm = read_run(run_dir)
     manifest = tables.manifest
@@ -194,16 +198,49 @@ def llmd_report(run_dir: Path | str) -> dict:
         "description": "llm-bench run" + ("" if summary.run_complete else " (incomplete)"),
         "keywords": ["llm-bench"],
     }
+    results: dict = {"request_performance": {"aggregate": {
+        "requests": _drop_none(requests),
+        "latency": _drop_none(latency),
+        "throughput": _drop_none(rates),
+    }}}  # fmt: skip
+    if summary.sessions is not None:
+        results["session_performance"] = {"sessions": _sessions(summary.sessions)}
     return {
         "version": LLMD_REPORT_VERSION,
         "run": {k: v for k, v in run.items() if v is not None},
         "scenario": {"stack": _stack(manifest), "load": _load(manifest, rm)},
-        "results": {"request_performance": {"aggregate": {
-            "requests": _drop_none(requests),
-            "latency": _drop_none(latency),
-            "throughput": _drop_none(rates),
-        }}},
-    }  # fmt: skip
+        "results": results,
+    }
+
+
+def _from_distribution(dist: Distribution | None, units: str) -> dict | None:
+    """A schema `Statistics` from a summary `Distribution` (mean, p50..p99, max); None when
+    it holds no value."""
+    if dist is None or dist.mean is None:
+        return None
+    out = {"units": units, "mean": float(dist.mean)}
+    for key in ("p50", "p90", "p95", "p99", "max"):
+        if getattr(dist, key) is not None:
+            out[key] = float(getattr(dist, key))
+    return out
+
+
+def _sessions(sessions: Sessions) -> dict:
+    """`SessionRequests` from the summary's `sessions` block (`slo.sessions`): a session
+    succeeded when every one of its turns ended ok; any other (a turn failed or left unsent)
+    counts as failed. Events are turns."""
+    total, complete = int(sessions.sessions or 0), int(sessions.complete or 0)
+    by_turn = sessions.by_turn or []
+    out = {
+        "total": total,
+        "succeeded": complete,
+        "failed": total - complete,
+        "total_events": sum(int(t.n or 0) for t in by_turn),
+        "total_events_completed": sum(int(t.ok or 0) for t in by_turn),
+        "session_duration": _from_distribution(sessions.duration_s, "s"),
+        "events_per_session": _from_distribution(sessions.turns, "count"),
+    }
+    return _drop_none(out)
 
 
 def _drop_none(d: dict) -> dict:

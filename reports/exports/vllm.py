@@ -1,13 +1,21 @@
 """The result JSON `vllm bench serve --save-result` writes, from a run directory.
 
-Keys and units as vLLM's `benchmarks/serve.py` writes them: `duration` in s, throughputs per
-s, `mean_/median_/std_/pNN_<metric>_ms` in ms over the metrics of `--percentile-metrics`
-(ttft, tpot, itl, e2el) under vLLM's own definitions (`slo.conventions.vllm_metrics`), and,
-with `detailed`, per-request `input_lens`, `output_lens`, `ttfts` and `itls` (seconds, as
-vLLM) and `errors`. Where this harness differs, it says so in the file rather than guessing:
-a value that is undefined (a failed request's TTFT) is `null`, not vLLM's 0.0; the generated
-texts are not kept by the harness (only their sha256), so `generated_texts` is absent;
-`request_goodput` uses the run's SLO per-request limits under this harness's definitions.
+Keys and units as vLLM's `vllm/benchmarks/serve.py` writes them today: `duration` in s,
+throughputs per s, `mean_/median_/std_/pNN_<metric>_ms` in ms over the metrics of
+`--percentile-metrics` under vLLM's own definitions (`slo.conventions.vllm_metrics`);
+`max_output_tokens_per_s` (the fullest one-second bucket of output tokens) and
+`max_concurrent_requests` (the most requests in flight at once) as `slo.conventions.vllm_peaks`;
+`request_goodput`, the good requests per second under the run's per-request limits (`--goodput`
+or the SLO's `per_request`), null when the run has none, as vLLM writes None without
+`--goodput`. Per request, in the run's request order and in seconds as vLLM: `latencies` and
+`queue_times` always (vLLM keeps them without `--save-detailed` too), and with `detailed`
+`input_lens`, `output_lens`, `ttfts`, `itls`, `start_times`, `generated_texts` and `errors`.
+
+Where this harness differs it says so in the file rather than guessing: a value that is
+undefined (a failed request's TTFT or latency) is null, not vLLM's 0.0; `start_times` count
+from the run's start (vLLM's are `perf_counter` readings, whose origin is arbitrary too); the
+harness keeps only a sha256 of each output, so each `generated_texts` entry is null; and the
+goodput judges each request by this harness's definitions (`slo.goodput`).
 """
 
 from __future__ import annotations
@@ -22,10 +30,20 @@ from reports.errors import ReportError
 from reports.exports import read_run
 from slo.conventions import vllm_metrics, vllm_peaks
 from slo.frame import RequestMetrics
-from slo.runrecord import Endpoint, Goodput, RunSummary
+from slo.runrecord import Endpoint, Goodput, RunManifest, RunSummary
+from slo.spec import as_spec
 from slo.summary import summarize_tables
 
-VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
+# vLLM's --percentile-metrics names; the last two only with --max-concurrency, as in vLLM
+VLLM_METRICS = ("ttft", "tpot", "itl", "e2el", "client_queue_time", "e2el_including_client_queue")
+# kept in the file only with --save-detailed (vLLM drops these without it)
+DETAILED_KEYS = ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts",
+                 "errors")  # fmt: skip
+NOTES = (
+    "written by llm-bench from its run directory: undefined values are null (vLLM writes "
+    "0.0), start_times count from the run's start, generated_texts are not kept (null), "
+    "request_goodput judges requests by the harness's definitions against the run's limits"
+)
 
 
 def _percentile_key(p: float) -> str:
@@ -50,6 +68,28 @@ def _stats(name: str, values_ms: np.ndarray, percentiles: tuple[float, ...]) -> 
 def _endpoint(manifest) -> Endpoint:
     recorded = str((manifest.target or {}).get("endpoint") or "")
     return Endpoint.CHAT if Endpoint.CHAT.value in recorded else Endpoint.COMPLETIONS
+
+
+def _has_request_limits(manifest: RunManifest) -> bool:
+    """Whether the run's SLO sets a per-request limit (what makes a request good or not)."""
+    if not isinstance(manifest.slo, dict):
+        return False
+    spec = as_spec(manifest.slo)
+    objectives = [spec.per_request, *(override.per_request for override in spec.slices)]
+    return any(v is not None for o in objectives for v in vars(o).values())
+
+
+def _seconds(values_ms: np.ndarray) -> list[float | None]:
+    return [None if math.isnan(v) else float(v) / 1e3 for v in np.asarray(values_ms, float)]
+
+
+def _rate(manifest: RunManifest):
+    config = manifest.config or {}
+    rate = config.get("request_rate")
+    if rate is None:  # the workload's own arrival rate
+        spec = ((manifest.workload or {}).get("parameters") or {}).get("spec") or {}
+        rate = (spec.get("arrivals") or {}).get("rate")
+    return "inf" if rate == "inf" or rate == math.inf else rate
 
 
 def vllm_result(
@@ -81,20 +121,17 @@ def vllm_result(
     goodput = summary.goodput or Goodput.empty()
     config = manifest.config or {}
     target = manifest.target or {}
-    rate = config.get("request_rate")
-    if rate is None:  # the workload's own arrival rate
-        spec = ((manifest.workload or {}).get("parameters") or {}).get("spec") or {}
-        rate = (spec.get("arrivals") or {}).get("rate")
-    model_id = target.get("model") or ""
+    rate = _rate(manifest)
+    arrays = _per_request(rm, vllm, output_lens)
     result = {
         "date": time.strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": backend,
         "backend": backend,
         "label": label or backend,
-        "model_id": model_id,
+        "model_id": target.get("model") or "",
         "tokenizer_id": config.get("tokenizer") or (manifest.workload or {}).get("tokenizer"),
         "num_prompts": len(rm),
-        "request_rate": "inf" if rate == "inf" or rate == math.inf else rate,
+        "request_rate": rate,
         "burstiness": config.get("burstiness") or 1.0,
         "max_concurrency": config.get("concurrency"),
         **(metadata or {}),
@@ -104,38 +141,54 @@ def vllm_result(
         "total_input_tokens": int(total_input),
         "total_output_tokens": total_output,
         "request_throughput": per_s(float(ok.sum())),
-        "request_goodput": goodput.request_per_s,
+        "request_goodput": goodput.request_per_s if _has_request_limits(manifest) else None,
         "output_throughput": per_s(float(total_output)),
         "total_token_throughput": per_s(total_input + total_output),
+        **{k: v for k, v in arrays.items() if detailed or k not in DETAILED_KEYS},
         "max_output_tokens_per_s": max_tokens_per_s,
         "max_concurrent_requests": max_concurrent,
+        "rtfx": 0.0,  # audio seconds per second: text runs have none, as vLLM writes for them
     }
+    queue_ms = (rm.t_sent_ns - rm.t_scheduled_ns)[ok] / 1e6
     values = {"ttft": vllm.ttft_ms, "tpot": vllm.tpot_ms, "itl": vllm.chunks.gaps_ms,
               "e2el": vllm.e2el_ms}  # fmt: skip
+    if result["max_concurrency"] is not None:  # vLLM's client-side queue metrics
+        values["client_queue_time"] = queue_ms
+        if isinstance(rate, int | float) and math.isfinite(rate):  # vLLM: not at rate inf
+            values["e2el_including_client_queue"] = vllm.e2el_ms + queue_ms
     for name in percentile_metrics:
-        result.update(_stats(name, values[name], metric_percentiles))
-    if detailed:
-        result.update(_detailed(rm, vllm, output_lens))
-    result["harness_notes"] = (
-        "written by llm-bench from its run directory: undefined values are null (vLLM "
-        "writes 0.0), generated_texts are not kept, request_goodput uses the run's SLO"
-    )
+        if name in values:
+            result.update(_stats(name, values[name], metric_percentiles))
+    result["harness_notes"] = NOTES
     return result
 
 
-def _detailed(rm: RequestMetrics, vllm, output_lens: np.ndarray) -> dict:
-    ok_index = {rid: i for i, rid in enumerate(vllm.request_id)}
-    ttfts, itls, errors = [], [], []
-    for rid, message, status in zip(rm.request_id, rm.error_message, rm.status, strict=True):
-        i = ok_index.get(rid)
-        ttft_ms = vllm.ttft_ms[i] if i is not None else math.nan
-        ttfts.append(None if math.isnan(ttft_ms) else float(ttft_ms) / 1e3)
-        gaps = vllm.chunks.gaps_by_request.get(rid) if i is not None else None
-        itls.append([] if gaps is None else [float(g) / 1e3 for g in gaps])
-        errors.append("" if i is not None else (message or str(status)))
-    inputs = [None if math.isnan(x) else int(x) for x in rm.input_tokens]
-    return {"input_lens": inputs, "output_lens": [int(x) for x in output_lens],
-            "ttfts": ttfts, "itls": itls, "errors": errors}  # fmt: skip
+def _per_request(rm: RequestMetrics, vllm, output_lens: np.ndarray) -> dict:
+    """vLLM's per-request arrays over every sent request, in table order (seconds)."""
+    ok = rm.is_ok
+    n = len(rm)
+    ttft_ms, e2el_ms = np.full(n, np.nan), np.full(n, np.nan)
+    ttft_ms[ok], e2el_ms[ok] = vllm.ttft_ms, vllm.e2el_ms
+    gaps = vllm.chunks.gaps_by_request
+    itls = [
+        [float(g) / 1e3 for g in gaps.get(rid, ())] if is_ok else []
+        for rid, is_ok in zip(rm.request_id, ok, strict=True)
+    ]
+    errors = [
+        "" if is_ok else (message or str(status))
+        for message, status, is_ok in zip(rm.error_message, rm.status, ok, strict=True)
+    ]
+    return {
+        "input_lens": [None if math.isnan(x) else int(x) for x in rm.input_tokens],
+        "output_lens": [int(x) for x in output_lens],
+        "ttfts": _seconds(ttft_ms),
+        "itls": itls,
+        "latencies": _seconds(e2el_ms),
+        "start_times": _seconds(rm.t_sent_ns / 1e6),
+        "queue_times": _seconds((rm.t_sent_ns - rm.t_scheduled_ns) / 1e6),
+        "generated_texts": [None] * n,
+        "errors": errors,
+    }
 
 
 def vllm_result_filename(result: dict) -> str:

@@ -1,23 +1,24 @@
 """`bench export --format vllm|llmd|csv`: vLLM's result keys and units, the llm-d Benchmark
-Report validated against its published v0.2 JSON Schema, and one CSV row per request."""
+Report validated against its published v0.2.1 JSON Schema (fetched data beside the clone:
+`llmd_schemas`), and one CSV row per request. tests/reports/test_exports_current.py
+checks the newer fields by hand."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from llmd_schemas import llmd_schema
 from rundir_builder import SyntheticRun, write_run
 
 from reports.cli_export import export
 from slo.conventions import ChunkView, VllmMetrics, vllm_peaks
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra")
-SCHEMA = json.loads((Path(__file__).parent / "data" / "llmd_br_v0_2_json_schema.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +33,11 @@ def _export(run, *args) -> str:
     return result.output
 
 
-def test_llmd_report_validates_against_the_published_v0_2_schema(run):
+def test_llmd_report_validates_against_the_published_v0_2_1_schema(run):
     report = json.loads(_export(run, "--format", "llmd"))
-    jsonschema.Draft202012Validator(SCHEMA).validate(report)
+    jsonschema.Draft202012Validator(llmd_schema()).validate(report)
     aggregate = report["results"]["request_performance"]["aggregate"]
-    assert report["version"] == "0.2"
+    assert report["version"] == "0.2.1"
     assert aggregate["requests"]["total"] == 60 and aggregate["requests"]["failures"] == 3
     assert aggregate["latency"]["time_to_first_token"]["units"] == "ms"
     assert aggregate["throughput"]["output_token_rate"]["units"] == "tokens/s"
@@ -45,7 +46,7 @@ def test_llmd_report_validates_against_the_published_v0_2_schema(run):
 def test_llmd_report_of_a_run_with_no_ok_request_still_validates(tmp_path):
     spec = SyntheticRun(n_requests=4, failures={"rejected": 4}, slo=None)
     report = json.loads(_export(write_run(tmp_path / "r", spec), "--format", "llmd"))
-    jsonschema.Draft202012Validator(SCHEMA).validate(report)
+    jsonschema.Draft202012Validator(llmd_schema()).validate(report)
     assert (
         "time_to_first_token"
         not in report["results"]["request_performance"]["aggregate"]["latency"]
@@ -57,7 +58,7 @@ def test_a_broken_report_fails_the_schema(run):
     report = json.loads(_export(run, "--format", "llmd"))
     del report["results"]["request_performance"]["aggregate"]["latency"]["request_latency"]["units"]
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.Draft202012Validator(SCHEMA).validate(report)
+        jsonschema.Draft202012Validator(llmd_schema()).validate(report)
 
 
 def test_vllm_export_keys_and_units(run):
@@ -89,7 +90,7 @@ def test_csv_has_one_row_per_request_with_derived_latencies(run):
 def test_export_to_a_file_and_bad_inputs(run, tmp_path):
     out = tmp_path / "r.json"
     result = CliRunner().invoke(export, [str(run), "--format", "llmd", "-o", str(out)])
-    assert result.exit_code == 0 and json.loads(out.read_text())["version"] == "0.2"
+    assert result.exit_code == 0 and json.loads(out.read_text())["version"] == "0.2.1"
     empty = tmp_path / "empty"
     empty.mkdir()
     result = CliRunner().invoke(export, [str(empty), "--format", "csv"])
@@ -98,21 +99,29 @@ def test_export_to_a_file_and_bad_inputs(run, tmp_path):
     assert result.exit_code == 2
 
 
-def test_vllm_peaks_by_hand():
-    """Two requests sent at 0 s and 1.5 s. A: chunks at 0.2, 0.4, 1.2 s, E2EL 1.3 s (active in
-    seconds 0-1); B: chunks at 1.7, 1.9 s, E2EL 0.5 s (active in second 1). Tokens per second:
-    [2, 3]; in flight: [1, 2]."""
+@pytest.mark.parametrize(
+    ("b_sent_s", "in_flight"),
+    [(1.5, 1), (1.3, 1), (1.299, 2)],
+    ids=["after-a-ends", "as-a-ends", "before-a-ends"],
+)
+def test_vllm_peaks_by_hand(b_sent_s, in_flight):
+    """Two requests. A: sent at 0 s, chunks at 0.2, 0.4, 1.2 s, E2EL 1.3 s, in flight over
+    [0, 1.3). B: chunks 0.2 and 0.4 s after its send, E2EL 0.5 s. Tokens per second from the
+    first send: [2, 3] whichever B (its chunks fall in second 1). In flight at once: 1 when B
+    starts after A ends or just as it ends (half-open intervals), 2 when B starts just before."""
     ms = 1e3
+    b_sent_ns = b_sent_s * 1e9
     vllm = VllmMetrics(
         request_id=np.array(["a", "b"]),
         ttft_ms=np.array([200.0, 200.0]),
         tpot_ms=np.array([np.nan, np.nan]),
         e2el_ms=np.array([1300.0, 500.0]),
         chunks=ChunkView(
-            first_ns=np.array([0.2e9, 1.7e9]), last_ns=np.array([1.2e9, 1.9e9]),
+            first_ns=np.array([0.2e9, b_sent_ns + 0.2e9]),
+            last_ns=np.array([1.2e9, b_sent_ns + 0.4e9]),
             gaps_ms=np.array([]), gaps_by_request={"a": np.array([0.2, 0.8]) * ms,
                                                    "b": np.array([0.2]) * ms},
         ),
     )  # fmt: skip
-    assert vllm_peaks(vllm, np.array([0.0, 1.5e9])) == (3.0, 2)
+    assert vllm_peaks(vllm, np.array([0.0, b_sent_ns])) == (3.0, in_flight)
     assert vllm_peaks(vllm, np.array([np.nan, np.nan])) == (0.0, 0)
