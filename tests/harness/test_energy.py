@@ -9,11 +9,8 @@ import json
 import math
 import sys
 
-import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from harness.cli.main import bench
 from harness.run.energy import EnergyMeter, counted
 from reports.build import build_card
 from reports.html import render_html
@@ -124,40 +121,34 @@ def test_a_phase_that_never_started(tmp_path):
     assert record.unavailable == "the measured phase never started"
 
 
-@pytest.mark.slow  # starts the managed tiny-random engine (a few seconds)
-def test_bench_run_with_a_cost_records_bounds_cost_and_energy(tmp_path):
-    run_dir, spec = tmp_path / "run", tmp_path / "slo.yaml"
-    spec.write_text("name: patient\nper_request: {ttft_ms: 60000}\n")  # every answer meets it
-    args = ["run", "--model", "tiny-random", "--workload", "random", "--input-len", "16",
-            "--output-len", "8", "--ignore-eos", "--num-requests", "4", "--request-rate", "inf",
-            "--slo", str(spec), "--cost-per-hour", "3.6", "--out", str(run_dir), "--quiet"]  # fmt: skip
-    result = CliRunner().invoke(bench, args)
-    assert result.exit_code == 0, result.output
-    summary = json.loads((run_dir / "summary.json").read_text())
+def check_bounds_cost_and_energy(run_dir, summary: dict, req: dict) -> None:
+    """The bounds, cost and energy blocks of a managed tiny-random run of 6 ok requests of 16
+    prompt tokens and 8 outputs, `--cost-per-hour 3.6` and an SLO every answer meets
+    (tests/harness/test_managed_and_scrape.py runs it: one engine start for both)."""
     bounds = RunSummary.from_dict(summary).bounds
-    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    rows = [dict(zip(req, values, strict=True)) for values in zip(*req.values(), strict=True)]
     assert [(r["status"], r["usage_prompt_tokens"], r["output_tokens"]) for r in rows] == [
         ("ok", 16, 8)
-    ] * 4
+    ] * 6
 
     # tiny-random: 4 layers, 2 KV heads, head_dim 64 / 4 = 16; bf16 (2 bytes) or float32 (4)
     geometry = json.loads((run_dir / "manifest.json").read_text())["target"]["kv_geometry"]
     kv = bounds.kv_request
     assert kv.bytes_per_token == 2 * 4 * 2 * 16 * geometry["element_bytes"]
     # each request held 16 + 8 - 1 = 23 tokens at its peak, in 2 blocks of 16 slots
-    assert kv.n == 4 and kv.bound_bytes == 4 * 23 * kv.bytes_per_token
-    assert kv.measured_bytes == sum(r["kv_peak_bytes"] for r in rows) == 4 * 32 * kv.bytes_per_token
+    assert kv.n == 6 and kv.bound_bytes == 6 * 23 * kv.bytes_per_token
+    assert kv.measured_bytes == sum(r["kv_peak_bytes"] for r in rows) == 6 * 32 * kv.bytes_per_token
     assert kv.ratio == pytest.approx(32 / 23) and kv.explained_ratio.max == pytest.approx(32 / 23)
     assert bounds.kv_peak.tokens_held is not None and bounds.little_law.phases
     assert "not a prefill/decode cluster" in bounds.transfer.absent
 
     cost = bounds.cost  # 3.6 USD an hour is 0.001 USD a second of the window
     tokens = sum(r["output_tokens"] for r in rows)
-    assert cost.cost_per_hour_usd == 3.6 and cost.all_output_tokens == tokens == 32
+    assert cost.cost_per_hour_usd == 3.6 and cost.all_output_tokens == tokens == 48
     assert cost.usd_per_million_output_tokens == pytest.approx(
         0.001 * summary["window_s"] / tokens * 1e6
     )
-    assert cost.good_output_tokens == 32 and cost.good_absent is None
+    assert cost.good_output_tokens == 48 and cost.good_absent is None
     assert cost.usd_per_million_good_tokens == cost.usd_per_million_output_tokens
 
     record = EnergyRecord.from_dict(json.loads((run_dir / "manifest.json").read_text())["energy"])
@@ -170,4 +161,4 @@ def test_bench_run_with_a_cost_records_bounds_cost_and_energy(tmp_path):
     assert math.isfinite(record.duration_s)
 
     html = render_html(build_card(run_dir))
-    assert "Bounds and cost" in html and "per million of all 32 output tokens" in html
+    assert "Bounds and cost" in html and "per million of all 48 output tokens" in html

@@ -6,6 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from test_energy import check_bounds_cost_and_energy
 
 from harness.errors import HarnessError
 from harness.run.config import RunConfig
@@ -32,7 +33,8 @@ def test_parse_metrics_keeps_every_sample_with_its_labels():
 def test_managed_reference_engine_run(tmp_path):
     config = RunConfig(model="tiny-random", workload="random", input_len=16, output_len=8, num_requests=6,
                        request_rate=float("inf"), out=tmp_path / "run", scrape_interval_s=0.2,
-                       startup_timeout_s=120)  # fmt: skip
+                       startup_timeout_s=120, slo={"name": "patient", "per_request": {"ttft_ms": 60000}},
+                       cost_per_hour=3.6)  # fmt: skip
     outcome = run_benchmark(config)
     assert outcome.complete
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -58,6 +60,7 @@ def test_managed_reference_engine_run(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["memory"]["source"] == "reported"
     assert summary["memory"]["kv_peak_bytes"]["max"] == max(expected)
+    check_bounds_cost_and_energy(tmp_path / "run", summary, req)
 
 
 @pytest.mark.slow
