@@ -204,7 +204,7 @@ def llmd_report(run_dir: Path | str) -> dict:
         "throughput": _drop_none(rates),
     }}}  # fmt: skip
     if summary.sessions is not None:
-        results["session_performance"] = {"sessions": _sessions(summary.sessions)}
+        results["session_performance"] = dict(sessions=_sessions(summary.sessions))  # llm-d field
     return {
         "version": LLMD_REPORT_VERSION,
         "run": {k: v for k, v in run.items() if v is not None},
