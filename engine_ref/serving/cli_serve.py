@@ -24,7 +24,12 @@ import click
 
 from engine_ref.loading.model_files import ModelFileError
 from engine_ref.serving.engine_loop import ENGINE_LOOP_MODES, EngineLoopError
-from engine_ref.serving.interface import EngineConfig, EngineConfigError, isa_env_problem
+from engine_ref.serving.interface import (
+    ENGINE_CHOICES,
+    EngineConfig,
+    EngineConfigError,
+    isa_env_problem,
+)
 from engine_ref.serving.server import ServerConfig, ServerError
 from engine_ref.serving.server import serve as run_server
 
@@ -147,6 +152,10 @@ def _engine_options(command: Any) -> Any:
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
         flag = f.name.replace("_", "-")
         help_text = f"EngineConfig.{f.name} (default: {f.default})"
+        if f.name in ENGINE_CHOICES:
+            help_text = (
+                f"EngineConfig.{f.name}: {', '.join(ENGINE_CHOICES[f.name])} (default: {f.default})"
+            )
         if base is bool and f.name.startswith("enable_"):
             rest = flag[len("enable-") :]
             decls = [f"--enable-{rest}/--disable-{rest}", f.name]

@@ -36,9 +36,22 @@ from engine_ref.core.engine_config import (
 from engine_ref.core.grammar import GrammarError, GuidedDecoding, check_guided
 from engine_ref.core.kernels import describe as kernel_level
 from engine_ref.core.kernels import isa_env_problem
+from engine_ref.core.kv_dtype import KV_CACHE_DTYPES
+from engine_ref.core.kv_eviction import KV_EVICTION_MODES
 from engine_ref.core.overload import SHED_REASONS, DeadlineInfeasibleError
+from engine_ref.core.policy import SCHEDULING_POLICIES
+from engine_ref.core.quant import QUANTIZATION_MODES
+
+# The values an EngineConfig field takes, where it takes few: `bench serve --help` lists them.
+ENGINE_CHOICES = {
+    "kv_cache_dtype": KV_CACHE_DTYPES,
+    "kv_eviction": KV_EVICTION_MODES,
+    "scheduling_policy": SCHEDULING_POLICIES,
+    "quantization": QUANTIZATION_MODES,
+}
 
 __all__ = [
+    "ENGINE_CHOICES",
     "CompletionOutput",
     "DeadlineInfeasibleError",
     "EngineConfig",

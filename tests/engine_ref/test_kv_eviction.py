@@ -384,7 +384,8 @@ def test_bad_settings_are_one_sentence(options, message):
 def test_serve_cli_options():
     help_text = " ".join(CliRunner().invoke(serve, ["--help"]).output.split())
     for text in ("--kv-eviction", "--kv-window-tokens", "--kv-sink-tokens",
-                 "EngineConfig.kv_eviction (default: none)"):  # fmt: skip
+                 "EngineConfig.kv_eviction: none, sliding- window, sinks (default: none)",
+                 "EngineConfig.kv_cache_dtype: auto, bf16, fp16, int8, fp8_e4m3 (default: auto)"):  # fmt: skip
         assert text in help_text
     result = CliRunner().invoke(serve, ["--model", "tiny-random", "--kv-eviction", "window"])
     assert result.exit_code == 2
