@@ -160,3 +160,23 @@ def test_a_typo_in_bench_ref_isa_stops_the_server_with_one_sentence():
         "avx512-bf16, amx." in result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+def test_a_built_library_is_loaded_as_it_is_without_asking_ninja(monkeypatch):
+    """The cache directory's name hashes the sources, headers and flags, so a library found
+    there is loaded directly. torch's `load` (ninja) would rebuild it whenever the checkout
+    moved (its build file names the sources by absolute path): about 30 s in the middle of a
+    server's start. Negative control: with `_load` going through `load` again, this fails."""
+    if kernels.missing_prerequisite() is not None or not kernels.available():
+        pytest.skip(f"the kernels cannot run here: {kernels.unavailable_reason()}")
+    import torch.utils.cpp_extension
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("torch's load (a ninja build) was called for a built library")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_build)
+    monkeypatch.setattr(kernels, "_state", {})  # as a fresh process finds it
+    kernels._load()
+    assert (
+        kernels._state["reason"] is None and kernels._state["isa"] == kernels.select_isa()[0].name
+    )

@@ -200,20 +200,28 @@ def _load() -> None:
     level = None
     if reason is None:
         level, _ = select_isa()
+        library = _build_dir(level) / f"{_library_name(level)}.so"
         try:
             from torch.utils.cpp_extension import load
 
-            load(
-                name=_library_name(level),
-                sources=[str(path) for path in SOURCES],
-                # -fopenmp: at::parallel_for is inline OpenMP; libgomp.so.1 resolves to the
-                # copy torch already loaded, so both share one thread pool.
-                extra_cflags=["-O3", *level.cflags, "-fopenmp"],
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(_build_dir(level)),
-                is_python_module=False,
-                verbose=False,
-            )
+            if _is_built(library):
+                # Built from these very sources and flags (the directory's name hashes them):
+                # load it as it is. torch's `load` would ask ninja, whose build file names the
+                # sources by absolute path, so a checkout at another path (a CI clone, a
+                # reinstall) rebuilt it for some 30 s in the middle of a server's start.
+                torch.ops.load_library(str(library))
+            else:
+                load(
+                    name=_library_name(level),
+                    sources=[str(path) for path in SOURCES],
+                    # -fopenmp: at::parallel_for is inline OpenMP; libgomp.so.1 resolves to
+                    # the copy torch already loaded, so both share one thread pool.
+                    extra_cflags=["-O3", *level.cflags, "-fopenmp"],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(library.parent),
+                    is_python_module=False,
+                    verbose=False,
+                )
             torch.ops.refkern.q4_gemm  # noqa: B018 - raises if the library did not register
         except Exception as exc:  # a failed build must leave torch's kernels in charge
             reason = f"the {level.name} kernel build failed: {_first_error(exc)}"
@@ -233,8 +241,11 @@ def _first_error(exc: Exception) -> str:
 def _built() -> bool:
     """The library is in the cache and no build of it is under way (torch's build lock)."""
     level, _ = select_isa()
-    path = _build_dir(level)
-    return (path / f"{_library_name(level)}.so").is_file() and not (path / "lock").exists()
+    return _is_built(_build_dir(level) / f"{_library_name(level)}.so")
+
+
+def _is_built(library: Path) -> bool:
+    return library.is_file() and not (library.parent / "lock").exists()
 
 
 def _build_in_background() -> None:
