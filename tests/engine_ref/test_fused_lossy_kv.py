@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from greedy_util import greedy_tokens_and_logprobs
 
-from engine_ref import EngineConfig, LLMEngine, SamplingParams
+from engine_ref import EngineConfig, LLMEngine
 from engine_ref.core import kernels, kv_dtype
 from engine_ref.core.kv_dtype import KVFormat, QuantizedKVPool
 from engine_ref.core.model import LlamaModel, rope_tables
@@ -254,19 +255,9 @@ def _engine(tiny_model, kv_cache_dtype, dtype="float32", fused=True) -> LLMEngin
 
 
 def _greedy(engine, max_tokens=8):
-    """Each prompt's greedy tokens and their logprobs, all admitted at once."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
-    for i, ids in enumerate(PROMPTS):
-        engine.add_request(str(i), ids, params)
-    tokens = {str(i): [] for i in range(len(PROMPTS))}
-    logprobs = {str(i): [] for i in range(len(PROMPTS))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            new = out.outputs[0].new_token_ids
-            tokens[out.request_id] += new
-            recent = out.outputs[0].logprobs[-len(new) :]
-            logprobs[out.request_id] += [d[t] for d, t in zip(recent, new, strict=True)]
-    return list(tokens.values()), [lp for k in tokens for lp in logprobs[k]]
+    """Each prompt's greedy tokens, and their logprobs in one list, all admitted at once."""
+    tokens, logprobs = greedy_tokens_and_logprobs(engine, PROMPTS, max_tokens)
+    return tokens, [lp for per_prompt in logprobs for lp in per_prompt]
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from click.testing import CliRunner
+from greedy_util import greedy_tokens_and_logprobs
 from torch.profiler import ProfilerActivity, profile
 
 from engine_ref import EngineConfig, EngineConfigError, LLMEngine, SamplingParams
@@ -331,19 +332,7 @@ def _engine(tiny_model, kv_cache_dtype: str, dtype: str = "float32", **overrides
 
 def _greedy(engine: LLMEngine, prompts=PROMPTS, max_tokens: int = 10):
     """Each prompt's greedy tokens and their logprobs."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
-    for i, ids in enumerate(prompts):
-        engine.add_request(str(i), ids, params)
-    tokens = {str(i): [] for i in range(len(prompts))}
-    logprobs = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            assert out.error is None
-            new = out.outputs[0].new_token_ids
-            tokens[out.request_id] += new
-            recent = out.outputs[0].logprobs[-len(new) :]
-            logprobs[out.request_id] += [d[t] for d, t in zip(recent, new, strict=True)]
-    return [tokens[str(i)] for i in range(len(prompts))], [logprobs[str(i)] for i in tokens]
+    return greedy_tokens_and_logprobs(engine, prompts, max_tokens)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from greedy_util import greedy_tokens
+from greedy_util import greedy_tokens, greedy_tokens_and_logprobs
 from torch.profiler import ProfilerActivity, profile
 
 from engine_ref import EngineConfig, LLMEngine, SamplingParams, build_engine
@@ -288,18 +288,7 @@ def test_float32_greedy_tokens_equal_the_torch_paths(tiny_model, torch_path):
 
 def _greedy_logprobs(engine: LLMEngine, prompts: list[list[int]], max_tokens: int):
     """Each prompt's greedy tokens and their logprobs."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
-    for i, ids in enumerate(prompts):
-        engine.add_request(str(i), ids, params)
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    logprobs: dict[str, list[float]] = {str(i): [] for i in range(len(prompts))}
-    while engine.has_unfinished():
-        for out in engine.step():
-            new = out.outputs[0].new_token_ids
-            tokens[out.request_id] += new
-            recent = out.outputs[0].logprobs[-len(new) :]
-            logprobs[out.request_id] += [d[t] for d, t in zip(recent, new, strict=True)]
-    return [(tokens[str(i)], logprobs[str(i)]) for i in range(len(prompts))]
+    return list(zip(*greedy_tokens_and_logprobs(engine, prompts, max_tokens), strict=True))
 
 
 @needs_kernels
