@@ -27,6 +27,7 @@ what they held until then.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -119,19 +120,24 @@ class KVAccounting:
         step_temp = step_unused = 0
         shared: set[int] = set()
         for request_id, pairs in by_request.items():
-            refs: dict[int, int] = {}
             weight = unused = temp = 0
             for seq, n in pairs:
-                for block in seq.block_table:
-                    refs[block] = refs.get(block, 0) + 1
-                held = seq.num_computed_tokens + n - getattr(seq, "kv_evicted_tokens", 0)
+                held = seq.num_computed_tokens + n - seq.kv_evicted_tokens
                 unused += len(seq.block_table) * bs - held
                 weight += n
                 temp += n * row_bytes + LOGIT_BYTES * g.vocab_size * _sampling_rows(seq, n)
                 if n > 1:  # a prefill chunk or a verification run: the SDPA path
                     temp += g.prefill_gather_bytes(n, held)
-            amortised = sum(count / max(ref_counts[b], 1) for b, count in refs.items())
-            shared.update(b for b in refs if ref_counts[b] > 1)
+            # The request's references to each block it holds (beams share blocks). A block
+            # no other sequence holds counts whole, so only shared ones need their share:
+            # amortised = blocks - sum over shared blocks of (1 - references / ref count).
+            own = None if len(pairs) == 1 else Counter(b for s, _ in pairs for b in s.block_table)
+            refs = pairs[0][0].block_table if own is None else own  # distinct blocks
+            held_shared = [b for b in refs if ref_counts[b] > 1]
+            amortised = len(refs) - sum(
+                1 - (own[b] if own else 1) / ref_counts[b] for b in held_shared
+            )
+            shared.update(held_shared)
             acc = self.requests.setdefault(request_id, RequestKV())
             acc.steps += 1
             acc.weight += weight

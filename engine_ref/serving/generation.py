@@ -289,7 +289,7 @@ def add_kv_memory(total: dict[str, int] | None, item: RequestOutput) -> dict[str
     record = item.kv_memory
     if record is None:
         return total
-    record = {**record, "kv_evicted_tokens": int(getattr(item, "kv_evicted_tokens", 0) or 0)}
+    record = {**record, "kv_evicted_tokens": item.kv_evicted_tokens}
     if total is None:
         return record
     kept = ("block_size", "block_bytes")

@@ -148,3 +148,15 @@ def test_lossy_eviction_lowers_what_a_request_holds_and_is_flagged(tiny_model):
     assert record["peak_blocks"] == 5 and record["steps"] == 4
     assert record["kv_mean_bytes"] == round((20 * 5 + 3 * 3) / 23 * BLOCK)
     assert record["kv_unused_bytes"] == round((3 + 2 + 1) / 23 * TOKEN)
+
+
+def test_sequences_of_one_request_count_the_blocks_they_share_once(tiny_model):
+    """n = 2, prompt 8 (2 full blocks), 2 outputs each. Step 1 prefills 8 rows on one sequence
+    (2 blocks); the fork then shares both, and in step 2 each sequence writes its first output
+    into a block of its own: 4 distinct blocks, the shared two referenced only by this request,
+    so they count whole. Token-weighted (8, 1 + 1): (8 x 2 + 2 x 4) / 10 = 2.4 blocks."""
+    engine = make(tiny_model)
+    engine.add_request("n2", list(range(30, 38)), SamplingParams(n=2, max_tokens=2, seed=1))
+    record = run_steps(engine)["n2"]
+    assert record["peak_blocks"] == 4
+    assert record["kv_mean_bytes"] == record["kv_amortised_bytes"] == round(2.4 * BLOCK)
