@@ -48,6 +48,7 @@ class ServerSampler:
         self.every_s = every_s
         self.samples: list[tuple[float, dict[int, tuple[str, int]]]] = []
         self.trackers: set[int] = set()
+        self.cmdlines: dict[int, bytes] = {}
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -61,6 +62,7 @@ class ServerSampler:
                     continue
                 if b"engine_ref.serving" in cmdline or b"multiprocessing" in cmdline:
                     serving[pid] = stat
+                    self.cmdlines.setdefault(pid, cmdline.replace(b"\0", b" "))
                 if TRACKER in cmdline:
                     self.trackers.add(pid)
             if serving:
@@ -93,4 +95,8 @@ class ServerSampler:
             pid for tree in after for pid, (_, ticks) in tree.items()
             if pid in paused and ticks > paused[pid][1]
         }  # fmt: skip
-        assert ran_again == set(paused) - self.trackers, "a process did not run after the pause"
+        idle = {
+            pid: (self.cmdlines.get(pid, b"?")[:120], paused[pid], [tree.get(pid) for tree in after])
+            for pid in set(paused) - self.trackers - ran_again
+        }  # named, so a failure says which process and what it did (a CI run once failed here)
+        assert not idle, f"a process did not run after the pause: {idle}"
