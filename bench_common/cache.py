@@ -9,8 +9,11 @@ Every artefact the project keeps between runs lives in one named area under it:
     kernels/    the compiled C++ kernels, one folder per source and torch version
     native/     the compiled SSE scanner, one file per source
     dtype/      the reference engine's measured `dtype=auto` choices (engine_ref.loading.auto_dtype)
+    history/    the run history database (reports.history; `bench history`)
 
-Deleting the root, or an area of it, costs a rebuild or a fetch, never a result.
+Deleting the root, or an area of it, costs a rebuild or a fetch, never a result, except
+history/: the only area that holds results (point `bench history --history` elsewhere to keep
+it apart).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class CacheArea(StrEnum):
     KERNELS = "kernels"
     NATIVE = "native"
     DTYPE = "dtype"
+    HISTORY = "history"
 
 
 def cache_root() -> Path:
