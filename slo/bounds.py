@@ -255,7 +255,7 @@ def kv_peak_bound(
     *,
     rm: RequestMetrics,
     prompt_tokens: np.ndarray,
-    chunks: ChunkOrder,
+    chunks: ChunkOrder | None,
     server_metrics: pa.Table,
     streamed: bool,
 ) -> KVPeakBound:
@@ -269,6 +269,11 @@ def kv_peak_bound(
     if not streamed:
         return block(
             absent="the run was not streamed, so when each request held its tokens is unknown"
+        )
+    if chunks is None:
+        return block(
+            absent="the run's token-bearing chunks are over its memory budget "
+            "(--memory-budget-mb), so the in-flight timeline was not held"
         )
     held = TokensHeld.of(rm.request_id, prompt_tokens, rm.t_done_ns, chunks)
     if held is None:
@@ -340,7 +345,7 @@ def usage_or(primary: np.ndarray, fallback: np.ndarray) -> np.ndarray:
 def bounds_summary(
     tables: RunTables,
     rm: RequestMetrics,
-    chunks: ChunkOrder,
+    chunks: ChunkOrder | None,
     spec: SLOSpec | None,
     *,
     streamed: bool,

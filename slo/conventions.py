@@ -47,8 +47,10 @@ import numpy as np
 import pyarrow as pa
 
 from slo import metrics
+from slo.chunk_digest import ANY, CONTENT, THROUGH_LAST_TOKEN, ChunkDigest, digest_chunks
 from slo.frame import RequestMetrics
 from slo.runrecord import Endpoint
+from slo.sketch import Pooled
 
 
 def nearest_rank_percentile(values: np.ndarray, q: float) -> float | None:
@@ -112,12 +114,13 @@ class ChunkView:
 
     first_ns: np.ndarray
     last_ns: np.ndarray
-    gaps_ms: np.ndarray
+    gaps_ms: np.ndarray  # empty when `pooled` is a sketch
     gaps_by_request: dict  # request_id -> its gaps (ms), as `metrics.itl_ms_by_request`
+    pooled: Pooled | None = None  # the gaps pooled: exact, or a sketch over the memory budget
 
 
 def chunk_view(
-    chunks: pa.Table | metrics.ChunkOrder,
+    chunks: pa.Table | metrics.ChunkOrder | ChunkDigest,
     request_ids: np.ndarray,
     kind: str,
     *,
@@ -128,9 +131,13 @@ def chunk_view(
     one: a chat stream's leading role chunk in, a trailing usage-only chunk out). Pass a
     `metrics.ChunkOrder` to reuse one ordering for several kinds. `with_gaps=False` leaves
     the gaps out (empty), for a caller that needs only the first and last times: on a run of
-    millions of chunks the gaps are most of the view's memory."""
+    millions of chunks the gaps are most of the view's memory. A `ChunkDigest` (`summarize`
+    reads one within the memory budget) gives the times and the pooled gaps it holds: a
+    sketch's view has `pooled` and no gap arrays."""
     if kind not in CHUNK_KINDS:
         raise ValueError(f"kind must be one of {CHUNK_KINDS}")
+    if isinstance(chunks, ChunkDigest):
+        return _digest_view(chunks, request_ids, kind, with_gaps)
     n_ids = len(request_ids)
     order = metrics.ChunkOrder.of(chunks)
     if len(order) == 0:
@@ -168,6 +175,18 @@ def chunk_view(
     return ChunkView(first, last, gaps, by_request)
 
 
+def _digest_view(digest: ChunkDigest, request_ids, kind: str, with_gaps: bool) -> ChunkView:
+    first, last = digest.times(kind, request_ids)
+    if not with_gaps or kind == ANY:
+        return ChunkView(first, last, np.empty(0), {})
+    if kind not in digest.pools:  # not kept by this digest's pass
+        raise ValueError(f"the chunks' digest keeps no {kind} gaps")
+    pooled = digest.pooled(kind, request_ids)
+    if not pooled.is_exact:
+        return ChunkView(first, last, np.empty(0), {}, pooled)
+    return ChunkView(first, last, pooled.values, digest.by_request(kind), pooled)
+
+
 @dataclass(frozen=True, eq=False)
 class VllmMetrics:
     """vLLM's per-request TTFT, TPOT and E2EL (ms, aligned with the ok requests of the
@@ -194,7 +213,8 @@ def vllm_metrics(
     ids = rm.request_id[ok]
     sent = rm.t_sent_ns[ok]
     n_out = rm.output_tokens[ok]
-    chunks = metrics.ChunkOrder.of(chunks)
+    if not isinstance(chunks, ChunkDigest):  # one pass over the chunks, exact
+        chunks = digest_chunks(chunks, kinds=(CONTENT, THROUGH_LAST_TOKEN))
     if endpoint == Endpoint.CHAT:
         view = chunk_view(chunks, ids, "through_last_token")
         last_any = chunk_view(chunks, ids, "any", with_gaps=False).last_ns
@@ -224,18 +244,20 @@ def conventions_summary(
     last_token = rm.t_last_token_ns[ok]
     sent = rm.t_sent_ns[ok]
     done = rm.t_done_ns[ok]
-    chunks = metrics.ChunkOrder.of(chunks)  # one ordering for every kind of chunk below
+    if not isinstance(chunks, ChunkDigest):  # one pass over the chunks for every kind below
+        kinds = (CONTENT, THROUGH_LAST_TOKEN) if endpoint == Endpoint.CHAT else (CONTENT,)
+        chunks = digest_chunks(chunks, kinds=kinds)
     any_chunk = chunk_view(chunks, ids, "any", with_gaps=False)
     last_chunk = np.where(np.isnan(any_chunk.last_ns), done, any_chunk.last_ns)
     multi = np.where(n_out >= 2, n_out - 1, np.nan)
     ttft = (first - sent) / metrics.NS_PER_MS
-    # The pooled gap arrays hold a float per chunk each: reduce each to its distribution as
-    # soon as it exists, so a run of millions of chunks holds one such array at a time.
-    itl = _dist(rm.pooled_itl_ms(ok), _linear)
+    # The pooled gaps (exact: a float per chunk) are reduced to their distribution as soon as
+    # they are taken, so a run of millions of chunks holds one such array at a time.
+    itl = metrics.pooled_distribution(rm.pooled_itl(ok))
     vllm = vllm_metrics(rm, chunks, endpoint)
-    vllm_itl = _dist(vllm.chunks.gaps_ms, _linear)
+    vllm_itl = metrics.pooled_distribution(vllm.chunks.pooled)
     vllm = dataclasses.replace(vllm, chunks=None)
-    inter_chunk = _dist(chunk_view(chunks, ids, "content").gaps_ms, _linear)
+    inter_chunk = metrics.pooled_distribution(chunks.pooled(CONTENT, ids))
     aiperf_tpot = (last_chunk - first) / metrics.NS_PER_MS / multi
     guidellm_tpot = (last_token - sent) / metrics.NS_PER_MS / np.where(n_out >= 1, n_out, np.nan)
     guidellm_itl = (last_token - first) / metrics.NS_PER_MS / multi

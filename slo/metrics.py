@@ -293,6 +293,45 @@ def distribution(values: np.ndarray) -> dict:
     return out
 
 
+def pooled_distribution(pooled) -> dict:
+    """`distribution` of a pool of gaps (`slo.sketch.Pooled`), with `quantiles`: `exact`, or
+    `sketch` when the percentiles come from a sketch, and `relative_error`: the bound on
+    their relative error (0 exact). The mean, max and n are exact either way."""
+    mean, values, largest = pooled.summary(PERCENTILES)
+    out: dict = {"mean": mean}
+    out.update({f"p{q}": v for q, v in zip(PERCENTILES, values, strict=True)})
+    out.update({"max": largest, "n": pooled.n})
+    out["quantiles"] = pooled.method
+    out["relative_error"] = pooled.relative_error
+    return out
+
+
+def counts_distribution(counts: np.ndarray) -> dict:
+    """`distribution` of the integers k = 0, 1, ... each seen `counts[k]` times, exactly (the
+    order statistics are read from the cumulative counts, as `distribution` of the values)."""
+    counts = np.asarray(counts, np.int64)
+    n = int(counts.sum())
+    out: dict = {"mean": None}
+    out.update({f"p{q}": None for q in PERCENTILES})
+    out.update({"max": None, "n": n})
+    if n:
+        ends = np.cumsum(counts)
+        h = (n - 1) * np.asarray(PERCENTILES, float) / 100
+        j = np.floor(h).astype(np.int64)
+        low = np.searchsorted(ends, j, side="right").astype(float)
+        high = np.searchsorted(ends, np.minimum(j + 1, n - 1), side="right").astype(float)
+        keys = np.arange(counts.size, dtype=float)
+        out["mean"] = float((keys * counts).sum() / n)
+        out.update(
+            {
+                f"p{q}": float(v)
+                for q, v in zip(PERCENTILES, low + (h - j) * (high - low), strict=True)
+            }
+        )
+        out["max"] = float(np.flatnonzero(counts)[-1])
+    return out
+
+
 def measured_window_s(t_sent_ns: np.ndarray, t_done_ns: np.ndarray) -> float | None:
     """The measured window in seconds: first send to last done, over all requests.
 

@@ -117,7 +117,7 @@ def slice_summary(
         "latency_ms": {
             "ttft": metrics.distribution(sub.ttft_ms[ok]),
             "tpot": metrics.distribution(sub.tpot_ms[ok]),
-            "itl": metrics.distribution(sub.pooled_itl_ms(ok)),
+            "itl": metrics.pooled_distribution(sub.pooled_itl(ok)),
             "e2e": metrics.distribution(sub.e2e_ms[ok]),
         },
     }

@@ -85,13 +85,31 @@ def bootstrap_quantile_ci(
             n_resamples=n_resamples,
         )
     ordered = np.sort(values)
+    return bootstrap_rank_ci(
+        n, percentile, ordered.__getitem__, rng=rng, confidence=confidence, n_resamples=n_resamples
+    )
+
+
+def bootstrap_rank_ci(
+    n: int,
+    percentile: float,
+    at_ranks: Callable[[np.ndarray], np.ndarray],
+    *,
+    rng: np.random.Generator,
+    confidence: float = 0.95,
+    n_resamples: int = 1000,
+) -> tuple[float, float]:
+    """`bootstrap_quantile_ci` drawn from order statistics, for n values known only through
+    `at_ranks` (0-based ranks -> their values): a sorted array, or a sketch's readback
+    (`slo.sketch`), whose interval is then within the sketch's relative error of the exact
+    one."""
     h = (n - 1) * percentile / 100
     j = int(np.floor(h))  # 0-based rank of the lower order statistic
     frac = h - j
     u_low = rng.beta(j + 1, n - j, size=n_resamples)
     u_high = u_low + (1 - u_low) * rng.beta(1, max(n - j - 1, 1), size=n_resamples)
-    low = ordered[np.minimum((n * u_low).astype(np.int64), n - 1)]
-    high = ordered[np.minimum((n * u_high).astype(np.int64), n - 1)]
+    low = at_ranks(np.minimum((n * u_low).astype(np.int64), n - 1))
+    high = at_ranks(np.minimum((n * u_high).astype(np.int64), n - 1))
     estimates = low + frac * (high - low)
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(estimates, [alpha, 1 - alpha])

@@ -75,21 +75,32 @@ def percentile_verdict(
     rm: RequestMetrics, objective: PercentileObjective, spec: SLOSpec, rng: np.random.Generator
 ) -> dict:
     """Judge one percentile objective; see the module docstring."""
-    values = metric_values_ms(rm, objective.metric)
-    n = int(values.size)
-    n_over = int((values > objective.max_ms).sum())
+    if objective.metric == "itl_ms":  # pooled gaps: exact, or a sketch over the budget
+        pooled = rm.pooled_itl(rm.is_ok)
+        n, n_over = pooled.n, pooled.count_over(objective.max_ms)
+        measured = pooled.percentile(objective.percentile)
+        ci = pooled.interval(objective.percentile, rng=rng, confidence=spec.confidence, at_least=1)
+        estimate = {"quantiles": pooled.method, "relative_error": pooled.relative_error}
+    else:
+        values = metric_values_ms(rm, objective.metric)
+        n = int(values.size)
+        n_over = int((values > objective.max_ms).sum())
+        measured = metrics.percentile(values, objective.percentile)
+        ci = bootstrap_quantile_ci(
+            values, objective.percentile, rng=rng, confidence=spec.confidence
+        )
+        estimate = {}
     allowed = 1 - objective.percentile / 100
     verdict = binomial_verdict(n_over, n, allowed, spec.early_stopping_confidence)
     verdict, reason = _gate_min_samples(verdict, n, spec)
     needed = _to_decide(verdict, n_over, n, allowed, spec)
-    ci = bootstrap_quantile_ci(values, objective.percentile, rng=rng, confidence=spec.confidence)
     return {
         "name": objective.name,
         "kind": "percentile",
         "metric": objective.metric,
         "percentile": objective.percentile,
         "threshold": objective.max_ms,
-        "measured": metrics.percentile(values, objective.percentile),
+        "measured": measured,
         "ci": _ci(ci),
         "n": n,
         "n_bad": n_over,
@@ -101,6 +112,7 @@ def percentile_verdict(
             needed,
             n,
         ),
+        **estimate,
     }
 
 

@@ -20,7 +20,13 @@ from harness.run.drive import drive, worker_split
 from harness.run.extensions import RunExtensions
 from harness.run.finish import finish
 from harness.run.outcome import RunOutcome
-from harness.run.plan import RunInputs, materialise_workload, metrics_url, plan_run
+from harness.run.plan import (
+    RunInputs,
+    materialise_workload,
+    metrics_url,
+    plan_run,
+    release_free_memory,
+)
 from harness.targets.server_state import read_gauges, settle
 from harness.targets.target import Target, launch_plan_for, target_for
 from harness.targets.tokenizer_choice import choose_for_run, load_chosen
@@ -118,16 +124,22 @@ def run_against(
         raise
     finally:
         run.close(reason, server_state)
+    stopped_by_errors = run.stop_reason is not None and reason == run.stop_reason
+    options, workers = run.options, driven.workers
+    # the plan (a request body each, about 1 KB a request) is done with: the summary's memory
+    # should not grow with it (issue "Runs that last")
+    del run, driven
+    release_free_memory()
     return finish(
         inputs.run_dir,
         reason=reason,
-        stopped_by_errors=run.stop_reason is not None and reason == run.stop_reason,
+        stopped_by_errors=stopped_by_errors,
         slo_spec=inputs.slo_spec,
         client_bound_ms=config.recording.client_bound_ms,
         check_outputs=config.recording.check_outputs,
-        options=run.options,
+        options=options,
         split=split,
-        workers=driven.workers,
+        workers=workers,
     )
 
 

@@ -26,6 +26,11 @@ class Distribution(Section):
     p99: float | None = None
     max: float | None = None
     n: int | None = None
+    # pooled chunk gaps only (ITL, the conventions that pool gaps): `quantiles` is `exact`, or
+    # `sketch` when the percentiles come from a quantile sketch (`slo.sketch`: the gaps were
+    # over the run's memory budget); `relative_error` bounds each percentile's (0 when exact)
+    quantiles: str | None = None
+    relative_error: float | None = None
     ci: dict | None = None
 
     def interval(self, percentile: int) -> list[float] | None:
