@@ -6,7 +6,8 @@ Before the first case the probe records a reference answer: a short greedy compl
 that the server is healthy (`GET /health` 200, or `GET /v1/models` 200 for servers without
 /health) and still gives the reference answer. Meanwhile `num_streams` background streams ask
 the same request streamed, over and over, and each must end with the reference text
-(`probe_streams`).
+(`probe_streams`). A route the server does not serve (`probe_routes`: the Responses or
+Messages API answering a well-formed request 404) has its cases reported as not served.
 
 Requests go over raw asyncio sockets (`raw_http`: a body of invalid UTF-8, a 100 KiB header or
 a chunked 64 MiB body are beyond a polite HTTP client), one `Connection: close` exchange per
@@ -28,6 +29,7 @@ from urllib.parse import urlsplit
 from faults.probe_cases import build_cases
 from faults.probe_cases.case import COMPLETIONS, MODELS, Category, Expect, ProbeCase
 from faults.probe_report import CaseResult, HealthAfter, ProbeReport, Verdict
+from faults.probe_routes import unserved_routes
 from faults.probe_streams import stream_until, streams_result
 from faults.raw_http import HttpAnswer, Outcome, RawServer, no_answer_reason
 from harness.http.sse import parse_body
@@ -266,9 +268,15 @@ async def _run_cases(
 ) -> list[CaseResult]:
     results: list[CaseResult] = []
     down_after: str | None = None
+    paths = {case.path for case in cases}
+    unserved = await unserved_routes(target.server, target.model, paths, timeout_s=target.timeout_s)
+    # the check requests went out too: the server must be well after them
+    health_after, problem = await _check_after(target) if unserved else (HealthAfter.OK, "")
     for case in cases:
         if down_after is not None:
             result = _not_run(case, down_after)
+        elif case.path in unserved:
+            result = _not_served(case, unserved[case.path], health_after, problem)
         else:
             start_ns = time.monotonic_ns()
             result = await _run_case(target, case)
@@ -305,6 +313,23 @@ async def _run_case(target: _Target, case: ProbeCase) -> CaseResult:
         reason=reason,
         health_after=health,
         latency_ms=round(answer.elapsed_ms, 3),
+    )
+
+
+def _not_served(case: ProbeCase, reason: str, health: HealthAfter, problem: str) -> CaseResult:
+    verdict = Verdict.NOT_SERVED
+    if health is not HealthAfter.OK:
+        verdict, reason = Verdict.FAIL, f"{reason[:-1]}, but afterwards {problem}."
+    return CaseResult(
+        name=case.name,
+        category=case.category,
+        request=describe(case),
+        status=None,
+        body_excerpt="",
+        verdict=verdict,
+        reason=reason,
+        health_after=health,
+        latency_ms=None,
     )
 
 

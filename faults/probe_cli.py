@@ -123,7 +123,7 @@ def render_report(report: ProbeReport, *, all_cases: bool = False) -> Renderable
         tables.append(_case_table(title, report.results, with_category=True))
     else:
         tables.append(_category_table(title, report))
-        failed_cases = [r for r in report.results if r.verdict != Verdict.PASS]
+        failed_cases = [r for r in report.results if r.verdict is Verdict.FAIL]
         if failed_cases:
             tables.append(_case_table("failed cases", failed_cases, with_category=False))
     streams = report.streams
@@ -140,7 +140,14 @@ def render_report(report: ProbeReport, *, all_cases: bool = False) -> Renderable
         for f in streams.failures
     ]
     failed = report.failed
-    if report.passed:
+    unserved = len(report.not_served)
+    if report.passed and unserved:
+        served = len(report.results) - unserved
+        sentence = (
+            f"all {served} cases served passed; {unserved} not served (their route is not there)."
+        )
+        lines.append(Text(sentence, style="bold green"))
+    elif report.passed:
         lines.append(Text(f"all {len(report.results)} cases passed.", style="bold green"))
     else:
         names = ", ".join(r.name for r in failed)
@@ -158,11 +165,14 @@ def _category_table(title: str, report: ProbeReport) -> Table:
         table.add_column(name, justify=justify, no_wrap=True)
     by_category: dict[str, list[int]] = {}
     for r in report.results:
-        counts = by_category.setdefault(r.category.value, [0, 0])
-        counts[0 if r.verdict == Verdict.PASS else 1] += 1
-    for category, (passed, failed) in by_category.items():
+        counts = by_category.setdefault(r.category.value, [0, 0, 0])
+        counts[(Verdict.PASS, Verdict.FAIL, Verdict.NOT_SERVED).index(r.verdict)] += 1
+    for category, (passed, failed, unserved) in by_category.items():
         style = "bold red" if failed else ""
-        table.add_row(category, str(passed + failed), str(passed), Text(str(failed), style=style))
+        name = f"{category} ({unserved} not served)" if unserved else category
+        table.add_row(
+            name, str(passed + failed + unserved), str(passed), Text(str(failed), style=style)
+        )
     return table
 
 

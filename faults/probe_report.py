@@ -14,6 +14,7 @@ from faults.probe_cases.case import Category
 class Verdict(StrEnum):
     PASS = "pass"
     FAIL = "fail"
+    NOT_SERVED = "not-served"  # the server does not serve the case's route: neither
 
 
 class HealthAfter(StrEnum):
@@ -76,6 +77,10 @@ class ProbeReport:
         return tuple(r for r in self.results if r.verdict is Verdict.FAIL)
 
     @property
+    def not_served(self) -> tuple[CaseResult, ...]:
+        return tuple(r for r in self.results if r.verdict is Verdict.NOT_SERVED)
+
+    @property
     def passed(self) -> bool:
         return not self.failed and self.streams.passed
 
@@ -88,6 +93,7 @@ class ProbeReport:
             "passed": self.passed,
             "num_cases": len(self.results),
             "num_failed": len(self.failed),
+            "num_not_served": len(self.not_served),
             "cases": [asdict(r) for r in self.results],
             "streams": {**asdict(self.streams), "passed": self.streams.passed},
         }

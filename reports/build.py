@@ -20,17 +20,20 @@ from reports.card import (
     Throughput,
 )
 from reports.checks_view import check_notes
+from reports.dense_view import OUTPUT_RATES
 from reports.errors import ReportError
 from reports.memory_view import memory_card
+from reports.pooled_view import sketch_notes
 from reports.series import (
+    CDF_POINTS,
     cdf_points,
     choose_bin_s,
     outcomes_over_time,
     percentiles_over_time,
 )
 from reports.taxonomy import OutcomeKind, classify_outcomes, count_outcomes
+from slo.chunk_digest import read_digest
 from slo.frame import RequestMetrics
-from slo.metrics import ChunkOrder
 from slo.runrecord import (
     Distribution,
     LeakCheck,
@@ -43,7 +46,7 @@ from slo.runrecord import (
 )
 from slo.runrecord import read_manifest as read_run_manifest
 from slo.stats import bootstrap_quantile_ci
-from slo.summary import DEFAULT_CLIENT_BOUND_MS
+from slo.summary import DEFAULT_CLIENT_BOUND_MS, memory_budget_bytes
 
 THROUGHPUT_LABELS = (
     ("request_per_s", "requests/s (finished ok)"),
@@ -199,8 +202,9 @@ def kv_cache_text(engine_config: dict) -> str | None:
 
 def _ok_values(rm: RequestMetrics, metric: str) -> np.ndarray:
     ok = rm.is_ok
-    if metric == "itl":
-        return rm.pooled_itl_ms(ok)
+    if metric == "itl":  # a sketch has no values: the summary's interval stands
+        pooled = rm.pooled_itl(ok)
+        return pooled.values if pooled.is_exact else np.empty(0)
     return getattr(rm, f"{metric}_ms")[ok]
 
 
@@ -273,6 +277,7 @@ def _series(tables: RunTables, rm: RequestMetrics, sent_kinds: np.ndarray, run_d
     """Chart data over the requests that were sent: `rm` leaves `not_sent` rows out (they have
     no time to place them at), so `sent_kinds` is the outcome of each of `rm`'s rows."""
     ok = rm.is_ok
+    itl = rm.pooled_itl(ok)
     ends = np.where(np.isnan(rm.t_done_ns), rm.t_sent_ns, rm.t_done_ns)
     span_s = float(np.nanmax(ends)) / 1e9 if np.any(~np.isnan(ends)) else None
     bin_s = choose_bin_s(span_s)
@@ -286,7 +291,7 @@ def _series(tables: RunTables, rm: RequestMetrics, sent_kinds: np.ndarray, run_d
         cdf_ms={
             "ttft": cdf_points(rm.ttft_ms[ok]),
             "tpot": cdf_points(rm.tpot_ms[ok]),
-            "itl": cdf_points(rm.pooled_itl_ms(ok)),
+            "itl": cdf_points(itl.values) if itl.is_exact else itl.cdf_points(CDF_POINTS),
             "e2e": cdf_points(rm.e2e_ms[ok]),
         },
         over_time={
@@ -363,7 +368,8 @@ def build_card(
                 run_dir, spec, client_bound_ms=client_bound_ms(manifest), conventions="all"
             )
         summary = as_summary(summary)
-        chunks = ChunkOrder.read(run_dir)
+        # the chunks a row batch at a time, gaps exact within the run's memory budget
+        chunks = read_digest(run_dir, budget_bytes=memory_budget_bytes(None, manifest))
     except (slo.SLOError, RunRecordError) as exc:
         raise ReportError(str(exc)) from exc
     rm = RequestMetrics.from_tables(tables.requests, chunks)
@@ -394,8 +400,12 @@ def build_card(
         slo_name=slo_view.slo_name(summary, spec),
         slo_verdicts=verdicts,
         goodput=summary.goodput,
-        throughput=throughput_rows(summary),
-        latency=_latency_rows(summary, rm, rng, confidence),
+        throughput=[t for t in throughput_rows(summary) if not _is_output_rate(summary, t)],
+        latency=[  # a latency with no value (not streamed, no tokens) gets a sentence, no row
+            row
+            for row in _latency_rows(summary, rm, rng, confidence)
+            if row.metric not in (summary.undefined_metrics or {})
+        ],
         slices=slo_view.slices(summary),
         failures=failures,
         memory=memory_card(summary.memory),
@@ -404,7 +414,11 @@ def build_card(
         series=_series(tables, rm, kinds[kinds != OutcomeKind.NOT_SENT.value], run_dir),
         window_s=summary.window_s,
         output_tokens_source=summary.output_tokens_source,
-        notes=[*check_notes(summary, manifest), *_notes(env, health, summary, failures)],
+        notes=[
+            *check_notes(summary, manifest),
+            *_notes(env, health, summary, failures),
+            *sketch_notes(summary),
+        ],
         ledger=summary.ledger,
         faults=list((summary.faults.windows if summary.faults is not None else None) or []),
         conventions=summary.conventions,
@@ -416,6 +430,13 @@ def build_card(
         sessions=summary.sessions,
         overload=summary.overload,
         bounds=summary.bounds,
+        reasoning=summary.reasoning,
         fairness=summary.fairness,
         deadlines=summary.deadlines,
+        dense=summary.dense,
     )
+
+
+def _is_output_rate(summary: RunSummary, rate: Throughput) -> bool:
+    """An output-token rate of a run that generates no tokens (embeddings, rerank)."""
+    return summary.dense is not None and rate.name in OUTPUT_RATES

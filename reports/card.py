@@ -18,12 +18,14 @@ from slo.runrecord import (
     Conventions,
     Correctness,
     Deadlines,
+    Dense,
     Distribution,
     Fairness,
     FaultWindow,
     Goodput,
     Ledger,
     Overload,
+    Reasoning,
     Saturation,
     Section,
     ServerMetrics,
@@ -32,6 +34,7 @@ from slo.runrecord import (
 )
 
 CARD_SCHEMA_VERSION = 1
+_OMIT_WHEN_NONE = "omit_when_none"  # field metadata: no JSON key when the value is None
 VERDICTS = ("pass", "fail", "inconclusive")
 HEADLINES = ("pass", "fail", "inconclusive", "no_slo")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -264,6 +267,9 @@ class Card:
     deadlines: Deadlines | None = None  # deadline misses (None: no request had a deadline)
     overload: Overload | None = None  # phases, shedding, recovery (None: no phases, none shed)
     bounds: Bounds | None = None  # lower bounds, Little's law, cost and energy (`slo.bounds`)
+    # reasoning models' split (`slo.reasoning`); None: no reasoning, and then no JSON key
+    reasoning: Reasoning | None = field(default=None, metadata={_OMIT_WHEN_NONE: True})
+    dense: Dense | None = None  # embeddings and rerank runs (`slo.dense`)
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -275,6 +281,9 @@ class Card:
         infinities as None."""
         data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
         data["goodput"] = goodput_figures(self.goodput)
+        for f in fields(self):  # blocks a run without them leaves out, as before they existed
+            if f.metadata.get(_OMIT_WHEN_NONE) and data[f.name] is None:
+                del data[f.name]
         head = {"schema_version": data.pop("schema_version"), "kind": "run"}
         return round_floats({**head, **data}, decimals)
 

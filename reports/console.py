@@ -18,13 +18,15 @@ from rich.text import Text
 from reports import slo_view
 from reports.bounds_view import bounds_renderable
 from reports.build import as_summary, build_card, latency_rows_from_summary, throughput_rows
-from reports.card import Card, LatencyRow, SLOVerdict, Throughput
+from reports.card import LATENCY_METRICS, Card, LatencyRow, SLOVerdict, Throughput
 from reports.checks_view import checks_renderables
 from reports.classes_view import classes_renderable
+from reports.dense_view import dense_renderable, undefined_sentence
 from reports.errors import ReportError
 from reports.faults_view import recovery_text
 from reports.memory_view import memory_renderable
 from reports.overload_view import overload_renderable
+from reports.reasoning_view import reasoning_renderable
 from reports.sessions_view import sessions_renderable
 from reports.taxonomy import OUTCOME_KINDS
 from slo.runrecord import FaultWindow, Goodput, LeakCheck, Ledger, RunSummary
@@ -199,6 +201,12 @@ def card_renderable(card: Card) -> RenderableType:
         parts.append(slo_table(card.slo_verdicts, card.slo_name))
     parts.append(throughput_table(card.throughput, card.goodput))
     parts.append(latency_table(card.latency))
+    undefined = undefined_sentence(card.undefined_metrics, LATENCY_METRICS)
+    if undefined:
+        parts.append(Text(undefined, style="dim"))
+    dense = dense_renderable(card.dense)
+    if dense is not None:
+        parts.append(dense)
     if card.chunking_sentence():
         parts.append(Text(card.chunking_sentence(), style="dim"))
     counts = {kind: getattr(card.failures, kind) for kind in OUTCOME_KINDS}
@@ -222,6 +230,9 @@ def card_renderable(card: Card) -> RenderableType:
     memory = memory_renderable(card.memory)
     if memory is not None:
         parts.append(memory)
+    reasoning = reasoning_renderable(card.reasoning)
+    if reasoning is not None:
+        parts.append(reasoning)
     bounds = bounds_renderable(card.bounds)
     if bounds is not None:
         parts.append(bounds)

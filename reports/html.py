@@ -28,6 +28,7 @@ from reports.classes_view import (
     tenant_rows,
 )
 from reports.conventions_view import convention_rows, conventions_sources
+from reports.dense_view import DENSE_COLUMNS, dense_rows, dense_sentence
 from reports.faults_view import recovery_text
 from reports.overload_view import (
     LITTLE_COLUMNS,
@@ -39,6 +40,12 @@ from reports.overload_view import (
     phase_rows,
     recovery_sentence,
     shedding_sentence,
+)
+from reports.reasoning_view import (
+    REASONING_COLUMNS,
+    REASONING_TITLE,
+    reasoning_rows,
+    reasoning_sentence,
 )
 from reports.sessions_view import SESSION_COLUMNS, session_rows, sessions_sentence
 from reports.taxonomy import OUTCOME_KINDS
@@ -140,6 +147,9 @@ def card_environment() -> jinja2.Environment:
         server_metrics_rows=server_metrics_rows,
         correctness_sentence=correctness_sentence,
         sessions_sentence=sessions_sentence,
+        dense_sentence=dense_sentence,
+        dense_rows=dense_rows,
+        DENSE_COLUMNS=DENSE_COLUMNS,
         session_rows=session_rows,
         SESSION_COLUMNS=SESSION_COLUMNS,
         fairness_sentence=fairness_sentence,
@@ -164,6 +174,10 @@ def card_environment() -> jinja2.Environment:
         bound_rows=bound_rows,
         cost_sentence=cost_sentence,
         energy_sentence=energy_sentence,
+        REASONING_COLUMNS=REASONING_COLUMNS,
+        REASONING_TITLE=REASONING_TITLE,
+        reasoning_rows=reasoning_rows,
+        reasoning_sentence=reasoning_sentence,
     )
     return env
 

@@ -27,7 +27,7 @@ def verdicts(summary: RunSummary) -> list[SLOVerdict]:
         kind = objective.kind or "percentile"
         out.append(
             SLOVerdict(
-                objective="?" if objective.name is None else str(objective.name),
+                objective=_objective_name(objective),
                 metric=str(objective.metric or kind),
                 unit="ms" if kind == "percentile" else "fraction",
                 observed=objective.measured,
@@ -40,6 +40,12 @@ def verdicts(summary: RunSummary) -> list[SLOVerdict]:
             )
         )
     return out
+
+
+def _objective_name(objective) -> str:
+    """The objective's name, with the TTFT it judged where the summary says (`slo.reasoning`)."""
+    name = "?" if objective.name is None else str(objective.name)
+    return f"{name} (TTFT to {objective.ttft.replace('_', ' ')})" if objective.ttft else name
 
 
 def headline(summary: RunSummary, slo_verdicts: list[SLOVerdict], *, has_slo: bool) -> str:

@@ -8,7 +8,9 @@ Every request falls in exactly one kind, decided in this order:
 - `unknown`: status `unknown` or missing (the outcome is not known: e.g. a reset mid-stream);
 - `error`: any other status that is not `ok`;
 - `wrong_output`: status `ok` but the output is unusable: the run table marks it
-  (`output_valid` false, where a verifier wrote that column) or no output token came back;
+  (`output_valid` false, where a verifier wrote that column) or no output token came back
+  (from a generation request: an embeddings or rerank request, with its `num_texts`, generates
+  none);
 - `ok`: everything else.
 """
 
@@ -61,13 +63,15 @@ def classify_outcomes(requests: pa.Table) -> np.ndarray:
     http = float_column(requests, RequestColumn.HTTP_STATUS)
     output_tokens = float_column(requests, RequestColumn.OUTPUT_TOKENS)
     valid = _bool_column(requests, RequestColumn.OUTPUT_VALID)
+    generates = np.isnan(float_column(requests, RequestColumn.NUM_TEXTS))
     kinds = np.empty(requests.num_rows, dtype=object)
     for i in range(requests.num_rows):
         s, cls, msg = status[i], error_class[i], message[i]
         if s == RequestStatus.NOT_SENT:
             kinds[i] = OutcomeKind.NOT_SENT.value
         elif s == RequestStatus.OK:
-            unusable = (valid is not None and not valid[i]) or not output_tokens[i] > 0
+            silent = generates[i] and not output_tokens[i] > 0
+            unusable = (valid is not None and not valid[i]) or silent
             kinds[i] = (OutcomeKind.WRONG_OUTPUT if unusable else OutcomeKind.OK).value
         elif _OOM_PATTERN.search(f"{msg or ''} {cls or ''}"):
             kinds[i] = OutcomeKind.OOM.value

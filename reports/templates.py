@@ -8,7 +8,9 @@ from __future__ import annotations
 from reports.bounds_view import BOUNDS_HTML
 from reports.checks_view import CHECKS_HTML
 from reports.classes_view import CLASSES_HTML
+from reports.dense_view import DENSE_HTML
 from reports.overload_view import OVERLOAD_HTML
+from reports.reasoning_view import REASONING_HTML
 from reports.sessions_view import SESSIONS_HTML
 
 # Every card page starts with these: the head (the `title` the page sets, the inline CSS) and
@@ -65,7 +67,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 {% for t in card.throughput if t.name in ("request_per_s", "output_tokens_per_s") %}
 <div class="kpi"><div class="k">{{ t.label }}</div><div class="v">{{ t.value | fmt }}</div></div>
 {% endfor %}
-{% for m in ("ttft", "tpot") %}{% set row = card.latency_row(m) %}
+{% for m in (("ttft", "tpot") if card.latency_row("ttft") else ("e2e",)) %}{% set row = card.latency_row(m) %}
 <div class="kpi"><div class="k">p99 {{ m | upper }} (ms)</div><div class="v">{{ row.p99_ms | fmt(1) }}</div></div>
 {% endfor %}
 <div class="kpi"><div class="k">failed requests</div><div class="v">{{ card.failures.failed | fmt }} / {{ card.failures.total | fmt }}</div></div>
@@ -143,7 +145,9 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
 
 """
     + CHECKS_HTML
+    + DENSE_HTML
     + SESSIONS_HTML
+    + REASONING_HTML
     + OVERLOAD_HTML
     + CLASSES_HTML
     + BOUNDS_HTML

@@ -16,7 +16,9 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
   `itl_max` (longest stall per request), each `{mean, p50, p90, p95, p99, max, n}` over
   ok requests (linear-interpolated percentiles); ttft, tpot, itl and e2e add
   `ci: {p50, p90, p99}` -> [low, high] seeded bootstrap intervals (None under two values)
-  at `ci_confidence` (0.95).
+  at `ci_confidence` (0.95). `itl` (and every pooled figure of chunk gaps: slices, the
+  conventions, an `itl_ms` objective) adds `quantiles` (`exact`, or `sketch` beyond the
+  run's memory budget: `slo.sketch`) and `relative_error` (0, or the sketch's 0.01).
 - `dispatch_lag_ms`: `{p50, p99, max, n}`; `client_bound` (p99 lag > bound) and
   `client_bound_threshold_ms`.
 - `output_tokens_source` (a `slo.runrecord.TokenSource` value: `usage`, `token_ids`,
@@ -41,7 +43,12 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
   `tenant` and `priority` when the requests have them (`slo.classes.class_slices`).
 - `fairness`, `deadlines`: None, or Jain's index over the tenants' goodput against max-min
   fair shares, and the deadline misses by kind; see `slo.classes`.
-- `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`).
+- `reasoning`: None without reasoning tokens, else the time to the first reasoning and to the
+  first answer token, TPOT and tokens of each part, and which TTFT the SLO judged; see
+  `slo.reasoning`.
+- `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`); `ttft` on the block
+  and on each objective that reads TTFT when the run had reasoning or the spec asks for the
+  first answer token (`slo.reasoning.mark_ttft`).
 - `goodput`: None, or see `slo.goodput.goodput_summary`.
 - `conventions` (only with `conventions="all"`): see `slo.conventions`.
 - `sessions`: None, or per-session metrics of a multi-turn run (duration, TTFT by turn index,

@@ -16,7 +16,12 @@ from slo.runrecord import OutputFlag, RequestColumn, float_column, string_column
 
 # The flags that make an ok request's output wrong (`output_valid` false).
 WRONG_FLAGS = frozenset(
-    {OutputFlag.DIVERGED, OutputFlag.SHORT_IGNORE_EOS, OutputFlag.CONSTRAINT_VIOLATED}
+    {
+        OutputFlag.DIVERGED,
+        OutputFlag.SHORT_IGNORE_EOS,
+        OutputFlag.CONSTRAINT_VIOLATED,
+        OutputFlag.TOOL_CALL_INVALID,
+    }
 )
 # In-flight requests at send time (this one included), as bucket upper bounds.
 LOAD_EDGES = (1, 2, 4, 8, 16, 32, 64)

@@ -17,6 +17,8 @@ YAML fields (all optional except `name`):
     min_samples: 100                  # fewer samples than this: inconclusive
     confidence: 0.95                  # bootstrap confidence interval level
     early_stopping_confidence: 0.99   # binomial (MLPerf early-stopping) confidence
+    ttft: first_token                 # which TTFT the objectives judge: first_token (of
+                                      #   reasoning or answer, as vLLM) or first_answer_token
     slices:                           # per-slice overrides of per_request objectives
       - name: long_prompts
         input_tokens: [2048, null]    # [low, high): null = unbounded
@@ -35,9 +37,13 @@ from bench_common.yaml_spec import Where
 from slo.errors import SLOError
 
 PERCENTILE_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "max_itl_ms", "e2e_ms")
+# Which token TTFT ends at: the first of any kind (reasoning or answer; vLLM's), or the first
+# answer token (after a reasoning model's thinking; `slo.reasoning`).
+FIRST_TOKEN, FIRST_ANSWER_TOKEN = "first_token", "first_answer_token"
+TTFT_CHOICES = (FIRST_TOKEN, FIRST_ANSWER_TOKEN)
 _TOP_LEVEL = (
     "name", "description", "source", "per_request", "percentiles", "attainment_min",
-    "error_rate_max", "min_samples", "confidence", "early_stopping_confidence", "slices",
+    "error_rate_max", "min_samples", "confidence", "early_stopping_confidence", "slices", "ttft",
 )  # fmt: skip
 
 
@@ -174,9 +180,11 @@ class SLOSpec:
     confidence: float = 0.95
     early_stopping_confidence: float = 0.99
     slices: tuple[SliceOverride, ...] = ()
+    ttft: str = FIRST_TOKEN
 
     def __post_init__(self) -> None:
         ys.string(self.name, _at("name"), nonempty=True)
+        ys.enum_member(self.ttft, _at("ttft"), TTFT_CHOICES)
         for key in ("description", "source"):
             ys.string(getattr(self, key), _at(key))
         if not isinstance(self.per_request, PerRequestObjectives):
@@ -237,10 +245,13 @@ class SLOSpec:
                 slices=tuple(
                     SliceOverride.from_dict(s, root / "slices" / i) for i, s in enumerate(slices)
                 ),
+                ttft=data.get("ttft", FIRST_TOKEN),
             )
 
     def to_dict(self) -> dict:
-        """A plain, JSON- and YAML-serialisable dict that `from_dict` reads back."""
+        """A plain, JSON- and YAML-serialisable dict that `from_dict` reads back (`ttft` only
+        when it is not the default, so a spec without it reads as it always did)."""
+        extra = {} if self.ttft == FIRST_TOKEN else {"ttft": self.ttft}
         return {
             "name": self.name,
             "description": self.description,
@@ -261,6 +272,7 @@ class SLOSpec:
                 }
                 for s in self.slices
             ],
+            **extra,
         }
 
 

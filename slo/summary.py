@@ -9,11 +9,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from slo import metrics
-from slo.bounds import bounds_summary
+from slo.bounds import KVGeometry, bounds_summary
+from slo.chunk_digest import CONTENT, THROUGH_LAST_TOKEN, ChunkDigest, digest_chunks, read_digest
 from slo.classes import ClassColumns, class_slices, deadlines_summary, fairness_summary
 from slo.consistency import littles_law
 from slo.conventions import conventions_summary
 from slo.correctness import correctness_summary
+from slo.dense import DENSE_UNDEFINED, dense_endpoint, dense_summary
 from slo.errors import SLOError
 from slo.frame import RequestMetrics, attempted_requests, not_sent_count
 from slo.goodput import goodput_summary
@@ -21,11 +23,13 @@ from slo.ledger import ledger_summary
 from slo.memory import memory_summary
 from slo.overload import overload_summary
 from slo.prompt_tokens import prompt_token_check
+from slo.reasoning import mark_ttft, reasoning_summary, slo_request_metrics
 from slo.recovery import recovery_summary
 from slo.runrecord import (
     SUMMARY_SCHEMA_VERSION,
     Endpoint,
     RequestColumn,
+    RequestStatus,
     RunManifest,
     RunRecordError,
     RunTables,
@@ -41,6 +45,9 @@ from slo.stats import bootstrap_quantile_ci
 from slo.verdicts import evaluate
 
 DEFAULT_CLIENT_BOUND_MS = 10.0
+# What the summary and the card of a run may hold of its chunks (`slo.sketch`): pooled gaps
+# are exact while they fit, a sketch beyond; `bench run --memory-budget-mb` records another.
+DEFAULT_MEMORY_BUDGET_MB = 512.0
 DEFAULT_CI_CONFIDENCE = 0.95
 
 DEFINITIONS = {
@@ -91,19 +98,29 @@ def latency_summary(
     values).
     """
     ok = rm.is_ok
+    itl = rm.pooled_itl(ok)  # exact, or a sketch beyond the memory budget
     values = {
         "ttft": rm.ttft_ms[ok],
         "tpot": rm.tpot_ms[ok],
-        "itl": rm.pooled_itl_ms(ok),
+        "itl": itl,
         "e2e": rm.e2e_ms[ok],
         "itl_request_mean": rm.itl_mean_ms[ok],
         "itl_max": rm.itl_max_ms[ok],
         "queue": metrics.dispatch_lag_ms(rm.t_scheduled_ns, rm.t_sent_ns),
         "ttft_from_scheduled": metrics.ttft_ms(rm.t_scheduled_ns[ok], rm.t_first_token_ns[ok]),
     }
-    out = {name: metrics.distribution(v) for name, v in values.items()}
+    out = {
+        name: metrics.pooled_distribution(v) if v is itl else metrics.distribution(v)
+        for name, v in values.items()
+    }
     if rng is not None:
         for name in CI_METRICS:
+            if name == "itl":
+                out[name]["ci"] = {
+                    f"p{q}": itl.interval(q, rng=rng, confidence=ci_confidence)
+                    for q in CI_PERCENTILES
+                }
+                continue
             defined = values[name][~np.isnan(values[name])]
             out[name]["ci"] = {
                 f"p{q}": _interval(defined, q, rng, ci_confidence) for q in CI_PERCENTILES
@@ -212,19 +229,15 @@ def core_summary(
 
 
 def chunking_summary(
-    requests: pa.Table, chunks: pa.Table | metrics.ChunkOrder, rm: RequestMetrics
+    requests: pa.Table, chunks: pa.Table | metrics.ChunkOrder | ChunkDigest, rm: RequestMetrics
 ) -> dict:
     """`{tokens_per_chunk: distribution, source, source_counts}` over the token-bearing chunks
     of ok requests: how many tokens each streamed chunk carried (1.0 everywhere without
     speculative decoding or batched writes), and what counted them (`TokenSource` values per
     request; `mixed` when they differ, None when no request had a token-bearing chunk)."""
     ok_ids = pa.array(np.asarray(rm.request_id, dtype=object)[rm.is_ok].tolist(), pa.string())
-    n_tokens = np.empty(0)
-    order = metrics.ChunkOrder.of(chunks)
-    if len(order) and len(ok_ids):
-        ok_set = set(ok_ids.to_pylist())
-        ok_code = np.array([name in ok_set for name in order.names], bool)
-        n_tokens = order.n_tokens[ok_code[order.codes] & (order.n_tokens > 0)].astype(float)
+    if not isinstance(chunks, ChunkDigest) or chunks.ok_tokens is None:
+        chunks = digest_chunks(chunks, ok_ids=set(ok_ids.to_pylist()))
     counts: dict[str, int] = {}
     if RequestColumn.CHUNK_TOKENS_SOURCE.value in requests.column_names:  # older runs lack it
         ok_rows = requests.filter(pc.is_in(requests[RequestColumn.REQUEST_ID], value_set=ok_ids))
@@ -233,7 +246,7 @@ def chunking_summary(
                 counts[source] = counts.get(source, 0) + 1
     label = (next(iter(counts)) if len(counts) == 1 else "mixed") if counts else None
     return {
-        "tokens_per_chunk": metrics.distribution(n_tokens),
+        "tokens_per_chunk": metrics.counts_distribution(chunks.ok_tokens),
         "source": label,
         "source_counts": dict(sorted(counts.items())),
     }
@@ -257,14 +270,18 @@ def summarize_tables(
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
     slice_duration_s: float | None = None,
     chunk_order: metrics.ChunkOrder | None = None,
+    digest: ChunkDigest | None = None,
 ) -> dict:
-    """`summarize` over tables already in memory; same arguments and result. `chunk_order`,
-    when given, stands for `tables.chunks` (already ordered)."""
+    """`summarize` over tables already in memory; same arguments and result (every pooled
+    figure exact). `chunk_order`, when given, stands for `tables.chunks` (already ordered);
+    `digest` (`summarize` reads one a batch at a time) for both."""
     if conventions not in (None, "all"):
         raise SLOError(f"conventions must be 'all' or omitted, not {conventions!r}.")
     spec = _resolve_spec(slo_spec, tables.manifest)
-    # one ordering of the chunks for every block
-    chunks = chunk_order if chunk_order is not None else metrics.ChunkOrder.of(tables.chunks)
+    if digest is None:  # one pass over the chunks for every block
+        order = chunk_order if chunk_order is not None else tables.chunks
+        digest = digest_chunks(order, **digest_options(tables, spec, conventions))
+    chunks = digest
     rm = RequestMetrics.from_tables(tables.requests, chunks)
     summary = {"schema_version": SUMMARY_SCHEMA_VERSION, "definitions": DEFINITIONS}
     ci_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
@@ -314,13 +331,19 @@ def summarize_tables(
     summary["chunking"] = chunking_summary(tables.requests, chunks, rm)
     summary["slo"] = None
     summary["goodput"] = None
+    reasoning = reasoning_summary(tables.requests, spec)
+    summary["reasoning"] = reasoning
     if spec is not None:
-        summary["slo"] = evaluate(rm, spec, rng=slo_rng)
-        summary["goodput"] = goodput_summary(rm, spec, summary["window_s"])
+        slo_rm = slo_request_metrics(rm, tables.requests, spec)  # the TTFT the spec names
+        summary["slo"] = evaluate(slo_rm, spec, rng=slo_rng)
+        mark_ttft(summary["slo"], spec, reasoning=reasoning is not None)
+        summary["goodput"] = goodput_summary(slo_rm, spec, summary["window_s"])
     streamed = is_streamed(tables.manifest)
     summary["streamed"] = streamed
-    summary["bounds"] = bounds_summary(tables, rm, chunks, spec, streamed=streamed)
-    summary["undefined_metrics"] = {} if streamed else dict(NON_STREAMING_UNDEFINED)
+    summary["bounds"] = bounds_summary(tables, rm, chunks.token_rows, spec, streamed=streamed)
+    summary["dense"] = dense_summary(attempted_requests(tables.requests), rm, tables.manifest)
+    undefined = NON_STREAMING_UNDEFINED if summary["dense"] is None else DENSE_UNDEFINED
+    summary["undefined_metrics"] = {} if streamed else dict(undefined)
     if conventions == "all":
         target = tables.manifest.target if tables.manifest else {}
         chat = Endpoint.CHAT.value in str(target.get("endpoint") or "")
@@ -354,9 +377,9 @@ def engine_path(manifest: RunManifest | None) -> dict | None:
 
 def is_streamed(manifest: RunManifest | None) -> bool:
     """Whether the run asked for streamed responses (`config.stream`; runs that predate the
-    field were streamed)."""
+    field were streamed); embeddings and rerank runs never are."""
     config = (manifest.config if manifest is not None else None) or {}
-    return bool(config.get("stream", True))
+    return bool(config.get("stream", True)) and dense_endpoint(manifest) is None
 
 
 def checks_summary(tables: RunTables) -> dict:
@@ -386,6 +409,38 @@ def checks_summary(tables: RunTables) -> dict:
     }
 
 
+def digest_options(tables: RunTables, spec: SLOSpec | None, conventions: str | None) -> dict:
+    """What the summary asks of the chunks' pass (`slo.chunk_digest`): the gap pools its
+    conventions read, the ok requests (tokens per chunk), the ITL limits the SLO counts gaps
+    over, and the token-bearing rows when the peak in-flight KV bound needs them."""
+    requests = attempted_requests(tables.requests)
+    status = requests[RequestColumn.STATUS].to_pylist() if requests.num_rows else []
+    ids = requests[RequestColumn.REQUEST_ID].to_pylist() if requests.num_rows else []
+    target = (tables.manifest.target if tables.manifest else None) or {}
+    kinds = (CONTENT,)
+    if conventions == "all" and Endpoint.CHAT.value in str(target.get("endpoint") or ""):
+        kinds += (THROUGH_LAST_TOKEN,)
+    thresholds = tuple(p.max_ms for p in (spec.percentiles if spec else ()) if p.metric == "itl_ms")
+    return {
+        "kinds": kinds,
+        "ok_ids": {r for r, s in zip(ids, status, strict=True) if s == RequestStatus.OK.value},
+        "thresholds": thresholds,
+        "keep_token_rows": KVGeometry.of(target)[0] is not None and is_streamed(tables.manifest),
+    }
+
+
+def memory_budget_bytes(memory_budget_mb: float | None, manifest: RunManifest | None) -> float:
+    """The budget in bytes: `memory_budget_mb`, else the run's (`config.memory_budget_mb`),
+    else `DEFAULT_MEMORY_BUDGET_MB`."""
+    if memory_budget_mb is None:
+        recorded = ((manifest.config if manifest else None) or {}).get("memory_budget_mb")
+        ok = isinstance(recorded, int | float) and not isinstance(recorded, bool) and recorded > 0
+        memory_budget_mb = recorded if ok else DEFAULT_MEMORY_BUDGET_MB
+    if not memory_budget_mb > 0:
+        raise SLOError(f"the memory budget must be above 0 MB, not {memory_budget_mb!r}.")
+    return float(memory_budget_mb) * 2**20
+
+
 def summarize(
     run_dir: Path | str,
     slo_spec: SLOSpec | dict | str | None = None,
@@ -396,6 +451,7 @@ def summarize(
     input_edges: tuple[float, ...] = DEFAULT_INPUT_EDGES,
     output_edges: tuple[float, ...] = DEFAULT_OUTPUT_EDGES,
     slice_duration_s: float | None = None,
+    memory_budget_mb: float | None = None,
 ) -> dict:
     """Read the run directory `run_dir` and return its JSON-serialisable summary dict.
 
@@ -405,19 +461,26 @@ def summarize(
     p99 dispatch-lag bound. The edges shape the length slices; `slice_duration_s` (s) adds
     fixed-width time slices of the dispatch period. Raises `SLOError`
     for a missing or unreadable run directory and for a bad SLO spec. The latency blocks
-    carry seeded bootstrap intervals (`ci`) at 95%.
+    carry seeded bootstrap intervals (`ci`) at 95%. `memory_budget_mb` (default: the run's
+    `config.memory_budget_mb`, else `DEFAULT_MEMORY_BUDGET_MB`) bounds what is held of the
+    chunks: pooled gaps are exact while they fit it and a sketch beyond (`slo.sketch`; each
+    pooled figure says which, with its relative-error bound).
     """
     try:
-        # The order holds all the chunks say, read without the table: a run of millions of
-        # chunks costs about 20 bytes a chunk here, not the table's 60 and the order's 20.
+        # The chunks are read a row batch at a time, never as a table (`slo.chunk_digest`).
         tables = open_run(run_dir, chunks=False)
-        chunk_order = metrics.ChunkOrder.read(run_dir)
+        spec = _resolve_spec(slo_spec, tables.manifest)
+        digest = read_digest(
+            run_dir,
+            budget_bytes=memory_budget_bytes(memory_budget_mb, tables.manifest),
+            **digest_options(tables, spec, conventions),
+        )
     except RunRecordError as exc:
         raise SLOError(str(exc)) from exc
     return summarize_tables(
         tables,
         slo_spec,
-        chunk_order=chunk_order,
+        digest=digest,
         seed=seed,
         conventions=conventions,
         client_bound_ms=client_bound_ms,

@@ -13,6 +13,7 @@ from workloads.schedule import Schedule
 from workloads.schema import SHA256_BATCHED, SHA256_ONE_BATCH
 from workloads.sources import BuildContext, Rows
 from workloads.spec import WorkloadSpec
+from workloads.tools import manifest_entry
 
 FORMAT_VERSION = 3  # 2: Mooncake blocks tagged by id, streamed builds; 3: tenant, deadline_ms
 SYNTHETIC_TEXT = "synthetic: lengths from distributions, prompts from the bundled corpus"
@@ -56,6 +57,7 @@ def build_manifest(
         "closed_loop_concurrency": schedule.closed_loop_concurrency,
         "duration_s": schedule.duration_s,
         "constraint": spec.constraint,
+        "tools": manifest_entry(spec.tools, spec.tool_choice, rows.tools, endpoint),
         "parameters": {"spec": spec.data, "overrides": opts.overrides(), "effective": ctx.info},
         "prompt_check": ctx.check.as_dict() | {"notes": ctx.check.notes},
         "sha256": sha256,
@@ -84,6 +86,6 @@ def _prompt_format(endpoint: str, sessions: bool) -> str:
             "sessions: prompt is the turn's new user message; the harness sends it after the "
             "session's earlier turns and the engine's answers, and input_tokens counts it alone"
         )
-    if endpoint == "chat":
-        return "chat: prompt is the single user message; input_tokens counts its content, not the chat template"
+    if endpoint in ("chat", "responses", "messages"):
+        return f"{endpoint}: prompt is the single user message; input_tokens counts its content, not the chat template"
     return "completions: prompt text as sent"

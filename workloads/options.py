@@ -8,7 +8,7 @@ from typing import Any
 
 from workloads.schema import WorkloadError
 
-ENDPOINTS = ("completions", "chat")
+ENDPOINTS = ("completions", "chat", "responses", "messages", "embeddings", "rerank")  # slo Endpoint
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,8 @@ class WorkloadOptions:
     - `seed`: seeds lengths, arrivals, dataset shuffle and prompt sampling.
     - `ignore_eos`: whether requests ask the server to ignore end-of-sequence.
     - `dataset_path`: dataset or trace file for workloads that read one (e.g. ShareGPT JSON).
-    - `endpoint`: "completions" or "chat" (chat prompts are single user messages).
+    - `endpoint`: one of `ENDPOINTS` (chat, responses and messages prompts are single user
+      messages).
     - `duration_s`: generate open-loop arrivals until this many seconds.
     - `concurrency`: run closed-loop with this many requests in flight (no arrival times).
     """

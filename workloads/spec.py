@@ -17,6 +17,8 @@ A spec is a mapping with these keys (see `builtin/*.yaml` for examples):
   prefix                   optional shared prefixes {groups, prefix_len, assign}
   constraint               optional output constraint of every request: one of json_schema,
                            json_object, regex, choice, grammar (see workloads/constraint.py)
+  tools, tool_choice       optional functions every request offers, and auto | required | none
+                           | a function's name (chat only; see workloads/tools.py)
   priority, deadline_ms,   optional request classes: each request's priority, deadline and
   tenants                  tenant (see workloads/classes.py)
 
@@ -38,6 +40,7 @@ from workloads.options import ENDPOINTS
 from workloads.schema import WorkloadError
 from workloads.sources import Source, source_from_dict
 from workloads.sources.base import at
+from workloads.tools import tools_from_spec
 
 TOP_LEVEL_KEYS = (
     "name",
@@ -53,6 +56,8 @@ TOP_LEVEL_KEYS = (
     "arrivals",
     "prefix",
     "constraint",
+    "tools",
+    "tool_choice",
     "priority",
     "deadline_ms",
     "tenants",
@@ -116,6 +121,8 @@ class WorkloadSpec:
     arrivals: dict[str, Any] = field(default_factory=lambda: {"process": "all_at_once"})
     prefix: PrefixSpec | None = None
     constraint: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None
     classes: RequestClasses = field(default_factory=RequestClasses)
     where: Where = field(default_factory=Where, compare=False, repr=False)
 
@@ -148,6 +155,7 @@ class WorkloadSpec:
         arrivals = _arrivals(data.get("arrivals", {"process": "all_at_once"}), root, source)
         if data.get("constraint") is not None:
             check_constraint(data["constraint"], (root / "constraint").place)
+        tools, tool_choice = tools_from_spec(data, root, source.kind)
         classes = classes_from_spec(data, root)
         prefix = None
         if data.get("prefix") is not None:
@@ -174,6 +182,8 @@ class WorkloadSpec:
             arrivals=arrivals,
             prefix=prefix,
             constraint=data.get("constraint"),
+            tools=tools,
+            tool_choice=tool_choice,
             classes=classes,
             where=root,
         )

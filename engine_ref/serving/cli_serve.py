@@ -30,6 +30,7 @@ from engine_ref.serving.interface import (
     EngineConfigError,
     isa_env_problem,
 )
+from engine_ref.serving.reasoning import REASONING_PARSERS
 from engine_ref.serving.server import ServerConfig, ServerError
 from engine_ref.serving.server import serve as run_server
 
@@ -95,6 +96,13 @@ _SERVER_OPTIONS = (
         None,
         'Add POST /admin/step_delay {"delay_ms": N}: every engine step N ms slower (for '
         "bench run --faults; never on a shared server).",
+    ),
+    (
+        "reasoning_parser",
+        ["--reasoning-parser"],
+        click.Choice(REASONING_PARSERS),
+        "Chat outputs: text between <think> and </think> goes to reasoning_content, the rest "
+        "to content; usage gains completion_tokens_details.reasoning_tokens.",
     ),
     (
         "max_body_bytes",
@@ -209,7 +217,14 @@ def serve(
     log_level: str,
     **options: Any,
 ) -> None:
-    """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted.
+    """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted:
+    POST /v1/completions, /v1/chat/completions, /v1/responses (OpenAI Responses API) and
+    /v1/messages (Anthropic Messages API), streamed or not; GET /v1/models, /health,
+    /metrics, /info.
+
+    Chat tools: tool_choice "required" or a named function constrains the output to valid
+    calls through the grammar path (needs xgrammar) and answers with tool_calls; "auto" (the
+    default) and "none" ignore the tools and answer in text (no free-form tool-call parser).
 
     Prints "listening on http://HOST:PORT" once the port is bound."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")

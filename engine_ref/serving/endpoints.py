@@ -1,4 +1,5 @@
-"""The two generation endpoints as small adapters, registered by name in `ENDPOINTS`.
+"""The OpenAI generation endpoints as small adapters, registered by name in `ENDPOINTS`
+(`events_api` adds the Responses and Messages APIs on the same base).
 
 An adapter says how its requests parse and how one choice renders (a completion's `text`, a
 chat `message` or `delta`); `Endpoint` builds the full bodies, stream chunks and usage chunk
@@ -8,10 +9,11 @@ from that, so the server handles both endpoints with one code path.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from engine_ref.serving.errors import ApiError
 from engine_ref.serving.interface import ServedTokenizer
 from engine_ref.serving.requests import (
     GenerationRequest,
@@ -19,12 +21,15 @@ from engine_ref.serving.requests import (
     parse_completion_request,
 )
 from engine_ref.serving.responses import (
+    SSE_DONE,
     ChoiceAccumulator,
     ChoiceDelta,
     chat_logprobs_body,
     completion_logprobs_body,
     envelope,
+    sse_event,
 )
+from engine_ref.serving.tools import finish_reason, tool_delta, tool_message
 
 
 class Endpoint(ABC):
@@ -70,6 +75,14 @@ class Endpoint(ABC):
     def opening(self, index: int) -> dict[str, Any] | None:
         """The choice of the chunk sent for choice `index` before any token, if any."""
         return None
+
+    def new_choice(self, index: int, **options: Any) -> ChoiceAccumulator:
+        """The accumulator of choice `index` (`reasoning` splits its text; others don't)."""
+        return ChoiceAccumulator(index, **options)
+
+    def usage_details(self, usage: dict[str, Any], choices: list) -> dict[str, Any]:
+        """`usage` with what this endpoint adds from its `choices` (nothing here)."""
+        return usage
 
     def response_body(
         self,
@@ -134,6 +147,17 @@ class Endpoint(ABC):
         """The last chunk of a stream that asked for `stream_options.include_usage`."""
         return envelope(response_id, self.chunk_object_name, created_s, model, [], usage=usage)
 
+    def error_body(self, error: ApiError) -> dict[str, Any]:
+        """The body of an error answer, in this API's error shape (OpenAI's here)."""
+        return error.body()
+
+    async def sse_frames(self, bodies: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+        """A stream's bytes for its `bodies`: each one `data:` event, then `data: [DONE]`
+        (the typed-event APIs of `events_api` frame theirs otherwise)."""
+        async for body in bodies:
+            yield sse_event(body)
+        yield SSE_DONE
+
 
 class CompletionsEndpoint(Endpoint):
     """POST /v1/completions: `text_completion` bodies and chunks, each choice a `text`."""
@@ -179,21 +203,30 @@ class ChatEndpoint(Endpoint):
     parser = staticmethod(parse_chat_request)
 
     def choice(self, choice: ChoiceAccumulator, *, with_logprobs: bool) -> dict[str, Any]:
+        message = {"role": "assistant", "content": choice.text}
+        finish = choice.finish_reason
+        if choice.tools is not None:  # the text is function calls (`tools`)
+            message = tool_message(choice.tools, choice.text)
+            finish = finish_reason(finish, bool(message["tool_calls"]))
         return {
             "index": choice.index,
-            "message": {"role": "assistant", "content": choice.text},
+            "message": message,
             "logprobs": chat_logprobs_body(choice.logprobs) if with_logprobs else None,
-            "finish_reason": choice.finish_reason,
+            "finish_reason": finish,
         }
 
     def delta(self, delta: ChoiceDelta, *, with_logprobs: bool) -> dict[str, Any]:
         # The last chunk carries only the finish reason, with an empty delta.
         content = {"content": delta.text} if delta.text or not delta.finish_reason else {}
+        finish = delta.finish_reason
+        if delta.tools is not None:  # the text is function calls (`tools`)
+            content = tool_delta(delta.tools, delta.text)
+            finish = finish_reason(finish, bool(delta.tools.calls()))
         return {
             "index": delta.index,
             "delta": content,
             "logprobs": chat_logprobs_body(delta.logprobs) if with_logprobs else None,
-            "finish_reason": delta.finish_reason,
+            "finish_reason": finish,
         }
 
     def opening(self, index: int) -> dict[str, Any] | None:

@@ -39,12 +39,14 @@ from importlib import metadata
 from typing import Any, Protocol
 
 from engine_ref.serving.interface import (
+    EngineError,
     EngineInterface,
     RequestOutput,
     SamplingParams,
     ServedStats,
     ServedTokenizer,
     kernel_level,
+    pooled_embeddings,
 )
 
 ENGINE_LOOP_MODES = ("thread", "process")
@@ -101,6 +103,15 @@ class SetStepDelay:
 
 
 @dataclass(frozen=True)
+class Pool:
+    """Embed `prompts` (token ids) between steps, on the engine's thread: one unit vector
+    each (`engine_ref.core.pooling`); `group_id` names the answer in `StepBatch.pooled`."""
+
+    group_id: str
+    prompts: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class StepBatch:
     """What the engine side reports after one iteration: the outcome of each admission group
     (None or the exception that refused it), the step's outputs, the ids failed by an engine error, and fresh stats.
@@ -113,6 +124,8 @@ class StepBatch:
     error: str | None
     stats: ServedStats
     stalled: bool = False
+    # group id -> the vectors of a `Pool` command (lists of floats), or what failed it
+    pooled: dict[str, list[list[float]] | BaseException] = field(default_factory=dict)
 
 
 class EngineDriver:
@@ -126,9 +139,12 @@ class EngineDriver:
 
     def run_iteration(self, commands: list[Any]) -> StepBatch:
         add_results: dict[str, BaseException | None] = {}
+        pooled: dict[str, list[list[float]] | BaseException] = {}
         for command in commands:
             if isinstance(command, _Admit):
                 add_results[command.group_id] = self._admit(command.requests)
+            elif isinstance(command, Pool):
+                pooled[command.group_id] = self._pool(command.prompts)
             elif isinstance(command, SetStepDelay):
                 self.step_delay_s = command.seconds
             else:  # an abort: the request id
@@ -168,7 +184,15 @@ class EngineDriver:
             and self.engine.has_unfinished()
         )
         self.latest_stats = stats
-        return StepBatch(add_results, outputs, failed, error, stats, stalled)
+        return StepBatch(add_results, outputs, failed, error, stats, stalled, pooled)
+
+    def _pool(self, prompts) -> list[list[float]] | BaseException:
+        try:
+            return [v.tolist() for v in pooled_embeddings(self.engine, [list(p) for p in prompts])]
+        except EngineError as exc:  # reported to the one request that asked, never a crash
+            return exc
+        except Exception as exc:
+            return EngineLoopError(f"pooling failed: {type(exc).__name__}: {exc}")
 
     def _admit(self, requests: tuple[EngineRequest, ...]) -> BaseException | None:
         """Add every request, or none: when one is refused, the ones added before it are
@@ -209,6 +233,7 @@ class EngineLoop:
         self._sinks: dict[str, OutputSink] = {}
         self._pending_adds: dict[str, asyncio.Future] = {}  # by admission group id
         self._groups: dict[str, tuple[str, ...]] = {}  # request ids of groups not yet reported
+        self._pending_pools: dict[str, asyncio.Future] = {}  # by Pool group id
         self._dead: str | None = None
 
     async def start(self) -> None:
@@ -260,6 +285,21 @@ class EngineLoop:
         finally:
             self._pending_adds.pop(group_id, None)
 
+    async def pool(self, group_id: str, prompts: list[list[int]]) -> list[list[float]]:
+        """The pooled embedding of each prompt (`Pool`), computed between engine steps;
+        raises what the engine raised for them, or `EngineLoopError` when it is gone. A caller
+        cancelled while waiting leaves nothing behind (the answer is dropped)."""
+        if self._dead is not None:
+            raise EngineLoopError(self._dead)
+        assert self._loop is not None, "start() first"
+        future = self._loop.create_future()
+        self._pending_pools[group_id] = future
+        self._submit([Pool(group_id, tuple(tuple(p) for p in prompts))])
+        try:
+            return await future
+        finally:
+            self._pending_pools.pop(group_id, None)
+
     def set_step_delay(self, seconds: float) -> None:
         """Fault injection: every engine step from now on takes `seconds` longer (0: off)."""
         if self._dead is None:
@@ -272,6 +312,13 @@ class EngineLoop:
     def _on_batch(self, batch: StepBatch) -> None:
         """Runs on the event loop, once per engine iteration."""
         self.latest_stats = batch.stats
+        for group_id, vectors in batch.pooled.items():
+            future = self._pending_pools.get(group_id)
+            if future is not None and not future.done():
+                if isinstance(vectors, BaseException):
+                    future.set_exception(vectors)
+                else:
+                    future.set_result(vectors)
         for group_id, exc in batch.add_results.items():
             request_ids = self._groups.pop(group_id, ())
             future = self._pending_adds.get(group_id)
@@ -297,7 +344,7 @@ class EngineLoop:
 
     def _on_dead(self, reason: str) -> None:
         self._dead = reason
-        for future in self._pending_adds.values():
+        for future in [*self._pending_adds.values(), *self._pending_pools.values()]:
             if not future.done():
                 future.set_exception(EngineLoopError(reason))
         sinks, self._sinks = list(self._sinks.values()), {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -205,6 +206,4 @@ def _picklable(batch: StepBatch) -> StepBatch:
             except Exception:
                 exc = EngineLoopError(f"{type(exc).__name__}: {exc}")
         results[request_id] = exc
-    return StepBatch(
-        results, batch.outputs, batch.failed_ids, batch.error, batch.stats, batch.stalled
-    )
+    return dataclasses.replace(batch, add_results=results)  # `pooled` holds picklable errors

@@ -22,8 +22,9 @@ from engine_ref.serving.interface import (
 )
 from engine_ref.serving.metrics import RequestTimer, ServerMetrics
 from engine_ref.serving.requests import GenerationRequest
-from engine_ref.serving.responses import ChoiceAccumulator, TokenLogprob, usage_body
+from engine_ref.serving.responses import TokenLogprob, usage_body
 from engine_ref.serving.slow_readers import OutputSink
+from engine_ref.serving.tools import choice_stream
 
 LOG = logging.getLogger("engine_ref.serving.generation")
 
@@ -69,7 +70,10 @@ class GenerationRun:
         self.cached_tokens = 0
         self.kv_memory: dict[str, int] | None = None  # summed over the engine requests
         self.choices = [
-            ChoiceAccumulator(i, keep_history=not gen.stream) for i in range(gen.num_choices)
+            endpoint.new_choice(
+                i, keep_history=not gen.stream, tools=choice_stream(gen.tools, response_id, i)
+            )
+            for i in range(gen.num_choices)
         ]
         self.on_abandon: Callable[[], None] | None = None
 
@@ -196,7 +200,8 @@ class GenerationRun:
             sum(len(p) for p in self.gen.prompts) if self.unfinished else self.prompt_tokens
         )
         kv = None if self.unfinished else self.kv_memory
-        return usage_body(prompt_tokens, completion_tokens, cached_tokens=cached, kv_memory=kv)
+        usage = usage_body(prompt_tokens, completion_tokens, cached_tokens=cached, kv_memory=kv)
+        return self.endpoint.usage_details(usage, self.choices)
 
     async def collect(self) -> dict[str, Any]:
         """The complete body once every engine request finished; ApiError 500 when the engine

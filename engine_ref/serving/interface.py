@@ -40,6 +40,7 @@ from engine_ref.core.kv_dtype import KV_CACHE_DTYPES
 from engine_ref.core.kv_eviction import KV_EVICTION_MODES
 from engine_ref.core.overload import SHED_REASONS, DeadlineInfeasibleError
 from engine_ref.core.policy import SCHEDULING_POLICIES
+from engine_ref.core.pooling import embed
 from engine_ref.core.quant import QUANTIZATION_MODES
 
 # The values an EngineConfig field takes, where it takes few: `bench serve --help` lists them.
@@ -76,6 +77,7 @@ __all__ = [
     "check_guided",
     "isa_env_problem",
     "kernel_level",
+    "pooled_embeddings",
 ]
 
 
@@ -161,6 +163,16 @@ class EngineInterface(Protocol):
     def has_unfinished(self) -> bool: ...
 
     def stats(self) -> ServedStats: ...
+
+
+def pooled_embeddings(engine: EngineInterface, prompts: list[list[int]]) -> list:
+    """One unit-length float32 vector per prompt (token ids), mean-pooled over its last
+    hidden state (`engine_ref.core.pooling`). Optional for an engine: one without the
+    reference engine's `model` raises `EngineError` (the server answers 501)."""
+    model = getattr(engine, "model", None)
+    if model is None:
+        raise EngineError("this engine does not serve embeddings.")
+    return embed(model, prompts)
 
 
 def build_engine(config: EngineConfig) -> EngineInterface:

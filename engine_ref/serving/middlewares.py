@@ -47,7 +47,7 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 def api_key_guard(api_key: str) -> Any:
     """A middleware answering 401 to any /v1/* request without `Authorization: Bearer
-    <api_key>`; other paths (/health, /metrics, /info) stay open, as in vLLM. The keys are
+    <api_key>` (or, as Anthropic's clients send it, `x-api-key: <api_key>`); other paths (/health, /metrics, /info) stay open, as in vLLM. The keys are
     compared as SHA-256 digests in constant time, so neither their bytes nor their length
     show in the answer's timing."""
     expected = hashlib.sha256(api_key.encode("utf-8")).digest()
@@ -57,6 +57,8 @@ def api_key_guard(api_key: str) -> Any:
         if not (request.path == "/v1" or request.path.startswith("/v1/")):
             return await handler(request)
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" and "x-api-key" in request.headers:
+            scheme, token = "bearer", request.headers["x-api-key"]  # Anthropic's clients
         given = hashlib.sha256(token.strip().encode("utf-8", "surrogateescape")).digest()
         if scheme.lower() == "bearer" and hmac.compare_digest(given, expected):
             return await handler(request)

@@ -15,7 +15,8 @@ and chunk carries the token ids it adds) and `cache_salt` (vLLM extension: reque
 prefix-cache blocks only with requests of the same salt) and `speculative` (engine_ref
 extension: false opts the request out of the server's `--speculative-config`; outputs are the
 same either way), and the output constraints of `engine_ref.serving.guided` (`response_format`,
-`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`).
+`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, `structured_outputs`), and
+(chat) `tools`, `tool_choice` and `parallel_tool_calls` (`engine_ref.serving.tools`).
 
 One header: `x-request-deadline-ms` (engine_ref extension), the milliseconds the request has
 from the moment the engine receives it (`deadline_header`): past it, the request ends with
@@ -59,6 +60,7 @@ from engine_ref.serving.interface import (
     SamplingParams,
     ServedTokenizer,
 )
+from engine_ref.serving.tools import ToolRequest, parse_tools
 
 _MAX_N = 64
 _MAX_LOGPROBS = 20
@@ -88,6 +90,7 @@ class GenerationRequest:
     continuous_usage: bool = False  # every chunk carries the usage so far (with include_usage)
     tenant: str | None = None  # OpenAI's `user`: whose share a fair scheduling policy charges
     deadline_ms: int | None = None  # the `x-request-deadline-ms` header
+    tools: ToolRequest | None = None  # chat tools whose tool_choice forces calls
 
     @property
     def num_choices(self) -> int:
@@ -206,6 +209,7 @@ def parse_chat_request(
         max_tokens=max_tokens,
         logprobs=logprobs,
         max_model_len=max_model_len,
+        tools=parse_tools(body),
     )
 
 
@@ -217,6 +221,7 @@ def _build(
     max_tokens: int | None,
     logprobs: int | None,
     max_model_len: int,
+    tools: ToolRequest | None = None,
 ) -> GenerationRequest:
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
@@ -249,7 +254,7 @@ def _build(
         "logprobs": logprobs,
         "min_tokens": min_tokens,
         "speculative": optional_bool(body, "speculative"),
-        "guided": guided_decoding(body),
+        "guided": _guided(body, tools),
         "use_beam_search": optional_bool(body, "use_beam_search"),
         "best_of": optional_int(body, "best_of", low=1),
         "length_penalty": optional_number(body, "length_penalty"),
@@ -278,7 +283,23 @@ def _build(
         cache_salt=optional_string(body, "cache_salt", max_chars=MAX_CACHE_SALT_CHARS),
         continuous_usage=continuous_usage,
         tenant=optional_string(body, "user", max_chars=MAX_TENANT_CHARS),
+        tools=tools,
     )
+
+
+def _guided(body: dict[str, Any], tools: ToolRequest | None):
+    """The output constraint: the request's own, or the grammar of tools that force calls."""
+    guided = guided_decoding(body)
+    if tools is None:
+        return guided
+    if guided is not None:
+        raise ApiError(
+            400,
+            "A tool_choice that forces calls constrains the output, so the request may set "
+            "no other output constraint.",
+            param="tool_choice",
+        )
+    return tools.guided
 
 
 def _check_model(body: dict[str, Any], served_model: str) -> None:

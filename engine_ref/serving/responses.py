@@ -35,17 +35,20 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob]
     finish_reason: str | None
     text_offset_chars: int
+    tools: Any = None  # the choice's `tools.ToolCallStream` when its output is function calls
 
 
 class ChoiceAccumulator:
     """What one choice produced so far, plus what has not been streamed yet. With
     `keep_history` False (a stream, whose chunks carry everything) it keeps only counts and
     the unstreamed part, so each output costs O(1) however long the choice runs; `text`,
-    `token_ids` and `logprobs` then stay empty."""
+    `token_ids` and `logprobs` then stay empty. `tools` reads function calls out of the text
+    (`engine_ref.serving.tools.ToolCallStream`; None: the text is the answer)."""
 
-    def __init__(self, index: int, *, keep_history: bool = True) -> None:
+    def __init__(self, index: int, *, keep_history: bool = True, tools: Any = None) -> None:
         self.index = index
         self.keep_history = keep_history
+        self.tools = tools
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None
@@ -97,6 +100,7 @@ class ChoiceAccumulator:
             logprobs=self._pending_logprobs,
             finish_reason=None if self._finish_sent else self.finish_reason,
             text_offset_chars=self.num_chars - len(text),
+            tools=self.tools,
         )
         self._pending_text, self._pending_ids, self._pending_logprobs = [], [], []
         if self.finish_reason is not None:

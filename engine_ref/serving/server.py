@@ -2,8 +2,11 @@
 
 `create_app(engine_loop, config)` builds the application around a started-on-startup
 `EngineLoop`; `serve(config)` runs it until interrupted. Endpoints: POST /v1/completions,
-POST /v1/chat/completions (streaming SSE or not), GET /v1/models, GET /health, GET /metrics,
-GET /info. Every error answer carries an OpenAI error body.
+POST /v1/chat/completions, POST /v1/responses (OpenAI's Responses API) and POST /v1/messages
+(Anthropic's Messages API; `events_api`), each streamed (SSE) or not, POST /v1/embeddings
+and POST /v1/rerank (pooled last hidden states; `embeddings`), GET /v1/models,
+GET /health, GET /metrics, GET /info. Every error answer carries an error body in its API's
+shape (OpenAI's, or Anthropic's for /v1/messages).
 
 What a client can cost is bounded (limits in `ServerConfig`): the body's size (413), the
 prompt's characters and tokens (400), the time to send a request head (`connection.py`), and
@@ -33,22 +36,24 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from engine_ref.serving.connection import listen
+from engine_ref.serving.embeddings import DENSE_PATHS, dense_handler
 from engine_ref.serving.endpoints import ENDPOINTS, Endpoint
 from engine_ref.serving.engine_loop import EngineLoop
 from engine_ref.serving.engine_process import ProcessEngineLoop
 from engine_ref.serving.engine_thread import ThreadEngineLoop
 from engine_ref.serving.errors import ApiError, error_body
+from engine_ref.serving.events_api import EVENT_ENDPOINTS
 from engine_ref.serving.generation import GenerationRun
 from engine_ref.serving.interface import EngineError, EngineInterface, build_engine
 from engine_ref.serving.metrics import CONTENT_TYPE, ServerMetrics
 from engine_ref.serving.middlewares import api_key_guard, json_errors, json_response
+from engine_ref.serving.reasoning import with_reasoning
 from engine_ref.serving.requests import (
     DEADLINE_HEADER,
     GenerationRequest,
     deadline_header,
     decode_json_body,
 )
-from engine_ref.serving.responses import SSE_DONE, sse_event
 from engine_ref.serving.server_config import ServerConfig, ServerError
 from engine_ref.serving.slow_readers import StallSweeper
 
@@ -84,8 +89,11 @@ def create_app(engine_loop: EngineLoop, config: ServerConfig) -> web.Application
     app[_STATE] = _State(engine_loop, config, config.served_model_name, stalls, parser)
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
-    for endpoint in ENDPOINTS.values():
+    for endpoint in (*ENDPOINTS.values(), *EVENT_ENDPOINTS):
+        endpoint = with_reasoning(endpoint, config.reasoning_parser)
         app.router.add_post(endpoint.path, _generate_handler(endpoint))
+    for rerank, path in DENSE_PATHS.items():  # /v1/embeddings, /v1/rerank (embeddings.py)
+        app.router.add_post(path, dense_handler(rerank, lambda request: request.app[_STATE]))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/info", _info)
@@ -111,8 +119,9 @@ async def _on_cleanup(app: web.Application) -> None:
     await state.engine_loop.close()
 
 
-def _error_response(error: ApiError) -> web.Response:
-    return json_response(error.body(), status=error.status, headers=error.headers)
+def _error_response(error: ApiError, endpoint: Endpoint | None = None) -> web.Response:
+    body = error.body() if endpoint is None else endpoint.error_body(error)
+    return json_response(body, status=error.status, headers=error.headers)
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -187,7 +196,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         )
         gen = dataclasses.replace(gen, deadline_ms=deadline_ms)
     except ApiError as exc:
-        return _error_response(exc)
+        return _error_response(exc, endpoint)
     run = GenerationRun(
         endpoint,
         gen,
@@ -205,7 +214,7 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
             return await _stream(request, run, state.stalls)
         return json_response(await run.collect())
     except ApiError as exc:
-        return _error_response(exc)
+        return _error_response(exc, endpoint)
     finally:
         run.abort_unfinished()
 
@@ -255,14 +264,15 @@ async def _stream(
     await response.prepare(request)
     watch = stalls.watch(run.abandon)
     try:
-        async with contextlib.aclosing(run.stream_bodies()) as bodies:
-            async for body in bodies:
-                data = sse_event(body)
+        async with (
+            contextlib.aclosing(run.stream_bodies()) as bodies,
+            contextlib.aclosing(run.endpoint.sse_frames(bodies)) as frames,
+        ):
+            async for data in frames:
                 watch.writes_started += 1
                 await response.write(data)
                 watch.writes_done += 1
         watch.writes_started += 1
-        await response.write(SSE_DONE)
         await response.write_eof()
         watch.writes_done += 1
     except ConnectionResetError:

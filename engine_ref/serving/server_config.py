@@ -9,6 +9,7 @@ from pathlib import Path
 
 from engine_ref.serving.engine_loop import ENGINE_LOOP_MODES
 from engine_ref.serving.interface import EngineConfig
+from engine_ref.serving.reasoning import REASONING_PARSERS
 
 MIB = 1 << 20
 
@@ -42,6 +43,9 @@ class ServerConfig:
       request): a stream whose client stopped reading is abandoned once one write has waited
       that long or that many engine outputs wait behind it; the request is aborted in the
       engine (freeing its KV blocks, counted as an abort) and the connection closed.
+
+    `reasoning_parser` "think" splits chat outputs' `<think>` spans into `reasoning_content`
+    (`engine_ref.serving.reasoning`); None (the default) leaves every answer as it is.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -59,6 +63,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     stream_write_timeout_s: float = 30.0
     max_stream_backlog: int = 256
+    reasoning_parser: str | None = None  # "think": `engine_ref.serving.reasoning`
 
     def __post_init__(self) -> None:
         if self.engine_loop not in ENGINE_LOOP_MODES:
@@ -74,6 +79,11 @@ class ServerConfig:
         for name in ("max_body_bytes", "max_prompt_chars", "max_stream_backlog"):
             if getattr(self, name) < 1:
                 raise ServerError(f"{name} must be at least 1, got {getattr(self, name)}.")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ServerError(
+                f"Unknown reasoning parser {self.reasoning_parser!r}; use "
+                f"{', '.join(REASONING_PARSERS)} or leave --reasoning-parser out."
+            )
         for name in ("header_timeout_s", "stream_write_timeout_s"):
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):

@@ -10,12 +10,14 @@ closed connection. Whatever the answer, the server must stay healthy afterwards 
 
 The cases live by kind: `syntax` (malformed JSON, wrong types, missing fields, encoding),
 `numeric` (numeric extremes, and the rule for which must be rejected), `sizes` (sizes, nesting,
-HTTP limits) and `api` (unknown model, messages, unknown fields, methods, content types).
+HTTP limits), `api` (unknown model, messages, unknown fields, methods, content types) and
+`events` (the Responses and Messages routes) and `dense` (the embeddings and rerank routes),
+each reported as not served where a server lacks the route.
 """
 
 from __future__ import annotations
 
-from faults.probe_cases import api, numeric, sizes, syntax
+from faults.probe_cases import api, dense, events, numeric, sizes, syntax
 from faults.probe_cases.case import ProbeCase
 
 
@@ -35,6 +37,8 @@ def build_cases(model: str) -> tuple[ProbeCase, ...]:
         api.unknown_fields,
         api.methods,
         api.content_types,
+        events.event_apis,
+        dense.dense_apis,
     )
     cases = tuple(case for build in builders for case in build(model))
     names = [case.name for case in cases]

@@ -31,6 +31,8 @@ class Category(StrEnum):
     UNKNOWN_FIELDS = "unknown-fields"
     METHODS = "methods"
     CONTENT_TYPES = "content-types"
+    EVENT_APIS = "event-apis"  # the Responses and Messages routes (`events`)
+    DENSE_APIS = "dense-apis"  # the embeddings and rerank routes (`dense`)
 
 
 @dataclass(frozen=True)

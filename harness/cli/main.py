@@ -53,6 +53,11 @@ LAZY_COMMANDS = {
         "Compare a candidate run with a baseline; --gate for CI.",
     ),
     "export": ("reports.cli_export", "export", "Export a run as vLLM JSON, llm-d report or CSV."),
+    "history": (
+        "reports.history.cli",
+        "history",
+        "A run history: add runs, show trends, gate a run against recent runs.",
+    ),
     "sweep": (
         "harness.cli.sweep",
         "sweep",
@@ -191,6 +196,14 @@ def _drop_none(**kwargs) -> dict:
     help="What the target costs, US dollars an hour: the card adds the cost per million output "
     "tokens at the SLO (good requests' tokens) and per million of all output tokens.",
 )
+@click.option(
+    "--memory-budget-mb",
+    type=float,
+    metavar="MB",
+    help="What the summary and the card may hold of the run's chunks (default 512): pooled "
+    "chunk gaps (ITL) are exact while they fit, else a quantile sketch within 1% relative "
+    "error; the summary and the card say which.",
+)
 @vllm_options
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
     """Drive a target with a workload, record every request and chunk, and summarise.
@@ -278,6 +291,11 @@ def _render(summary: RunSummary, run_dir: Path, console) -> None:
     is_flag=True,
     default=None,
     help="Never release a request whose client left (to test leak checks).",
+)
+@click.option(
+    "--tool-calls",
+    type=click.Choice(["valid", "bad_json", "unknown_function"]),
+    help="Answer chat requests that offer tools with one call: valid, or malformed.",
 )
 def mock_server(host: str, port: int, **kwargs) -> None:
     """Serve a mock OpenAI-compatible engine with configurable latency and failures."""

@@ -6,7 +6,7 @@ import click
 
 
 class EndpointChoice(click.ParamType):
-    """`completions` or `chat`, also spelled as a path under the base URL, as vLLM's
+    """An `Endpoint` by name, also spelled as a path under the base URL, as vLLM's
     `--endpoint /v1/completions` does."""
 
     name = "endpoint"
@@ -36,7 +36,7 @@ _SHARED = (
     click.option(
         "--endpoint",
         type=EndpointChoice(),
-        help="API to drive: completions or chat (or vLLM's /v1/completions, /v1/chat/completions); default: the workload's own, else completions.",
+        help="API to drive: completions, chat, responses (OpenAI Responses), messages (Anthropic Messages), embeddings or rerank (or vLLM's paths such as /v1/chat/completions); default: the workload's own, else completions.",
     ),
     click.option(
         "--workload",
@@ -56,6 +56,11 @@ _SHARED = (
         "--input-len", type=int, help="Prompt tokens per request (fixed-length workloads)."
     ),
     click.option("--output-len", type=int, help="Output tokens per request (max_tokens)."),
+    click.option(
+        "--batch-size",
+        help="Embeddings and rerank: texts per request (inputs, or documents beside the query), "
+        "a whole number or a length distribution such as '{dist: uniform, low: 1, high: 8}'; default 1.",
+    ),
     click.option(
         "--ignore-eos/--no-ignore-eos",
         default=None,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from harness.http.dense import dense_fields
+from harness.http.events import TYPED_ENDPOINTS, endpoint_headers, typed_body_fields
 from harness.http.transport import BaseTransport
 from slo.runrecord import Endpoint, ErrorClass, RequestStatus
 from workloads.constraint import request_fields
@@ -65,6 +67,8 @@ class ClientOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoint", Endpoint(self.endpoint))
+        if not self.endpoint.generates:  # embeddings and rerank answer whole
+            object.__setattr__(self, "stream", False)
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
 
@@ -97,6 +101,11 @@ def build_body(options: ClientOptions, spec: dict) -> bytes:
 
 def body_fields(options: ClientOptions, spec: dict) -> dict:
     """The JSON body of one RequestSpec row (a dict) for the chosen endpoint, as a dict."""
+    if not options.endpoint.generates:
+        return dense_fields(options.endpoint, options.model, spec, options.extra_body)
+    if options.endpoint in TYPED_ENDPOINTS:
+        typed = typed_body_fields(options.endpoint, options.model, spec, stream=options.stream)
+        return {**typed, **(options.extra_body or {})}
     body: dict = {"model": options.model, "max_tokens": int(spec["max_output_tokens"])}
     if options.is_chat:
         body["messages"] = [{"role": "user", "content": spec["prompt"]}]
@@ -116,6 +125,8 @@ def body_fields(options: ClientOptions, spec: dict) -> dict:
         body["user"] = spec["tenant"]  # OpenAI's end-user field: the tenant
     if spec.get("constraint"):
         body.update(request_fields(spec["constraint"]))
+    if spec.get("tools") is not None:
+        body.update(spec["tools"].request_fields())  # a workloads.tools.ToolOffer
     if options.extra_body:
         body.update(options.extra_body)
     return body
@@ -132,7 +143,11 @@ def auth_headers(api_key: str | None, extra=()) -> dict[str, str]:
 def make_session(options: ClientOptions, *, max_connections: int) -> aiohttp.ClientSession:
     """One session for the whole run, its connection pool sized to the concurrency."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ttl_dns_cache=None)
-    headers = {"Content-Type": "application/json", **auth_headers(options.api_key, options.headers)}
+    headers = {
+        "Content-Type": "application/json",
+        **endpoint_headers(options.endpoint, options.api_key),  # Messages: x-api-key
+        **dict(options.headers),
+    }
     return aiohttp.ClientSession(
         connector=connector,
         headers=headers,

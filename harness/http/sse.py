@@ -14,6 +14,12 @@ import numpy as np
 import orjson
 
 from harness.http import sse_native
+from harness.http.reasoning import delta_reasoning, split_message, split_parts
+from harness.http.tool_calls import (
+    ToolCallAssembler,
+    ToolCallShapeError,
+    message_tool_calls,
+)
 from slo.runrecord import ErrorClass, TokenSource
 
 _SSE_FIELDS = (b"data", b"event", b"id", b"retry")
@@ -22,6 +28,7 @@ DONE = b"[DONE]"
 
 _EMPTY_I64 = np.zeros(0, np.int64)
 _EMPTY_I32 = np.zeros(0, np.int32)
+_EMPTY_I8 = np.zeros(0, np.int8)
 
 
 @dataclass(slots=True, eq=False)
@@ -39,14 +46,22 @@ class ParsedStream:
     event's text where it has a tokenizer); a text event counts at least one token either way.
     An event without text counts the tokens the server says it carries (an incomplete UTF-8
     character held back, an EOS); role-only and usage-only events count zero.
+
+    Reasoning (`harness.http.reasoning`): `part` marks each event answer, reasoning or both
+    (a `Part`); `text` is the answer text only (what output checks see) and `reasoning_text`
+    the reasoning, each without `<think>` tags. An event's text in `texts` and `n_chars` is
+    all it carried (reasoning and answer, tags included).
     """
 
     t_ns: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
     n_tokens: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
     n_chars: np.ndarray = field(default_factory=lambda: _EMPTY_I64)
     text_id: np.ndarray = field(default_factory=lambda: _EMPTY_I32)
+    part: np.ndarray = field(default_factory=lambda: _EMPTY_I8)
     texts: list[str] = field(default_factory=list)
     text: str = ""
+    reasoning_text: str = ""
+    tool_calls: list | None = None  # the answer's calls (`tool_calls.ToolCall`); None: none
     finish_reason: str | None = None
     usage: dict | None = None
     response_id: str | None = None  # the `id` of the first event that has one
@@ -73,14 +88,16 @@ class ParsedStream:
             zip(self.t_ns.tolist(), self.n_tokens.tolist(), self.n_chars.tolist(), strict=True)
         )
 
-    def set_chunks(self, t_ns, n_tokens, n_chars, text_id=None) -> None:
-        """Replace the chunk columns (`text_id` None: no chunk has a text of `texts`)."""
+    def set_chunks(self, t_ns, n_tokens, n_chars, text_id=None, part=None) -> None:
+        """Replace the chunk columns (`text_id` None: no chunk has a text of `texts`; `part`
+        None: every chunk is answer)."""
         self.t_ns = np.asarray(t_ns, np.int64)
         self.n_tokens = np.asarray(n_tokens, np.int64)
         self.n_chars = np.asarray(n_chars, np.int64)
         self.text_id = (
             np.full(len(self.t_ns), -1, np.int32) if text_id is None else np.asarray(text_id)
         )
+        self.part = np.zeros(len(self.t_ns), np.int8) if part is None else np.asarray(part, np.int8)
 
 
 def split_events(
@@ -172,7 +189,7 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     The common form (every event one `data: ` line of a well-formed object) is read by the
     compiled scanner where there is one (`harness.http.sse_native`); anything else, and every
     stream where there is no scanner, by the Python parser below. Both give the same result."""
-    scanned = sse_native.scan(reads, chat=chat)
+    scanned = sse_native.scan(reads, chat=chat)  # None for reasoning or tool-call deltas too
     if scanned is not None:
         return _from_scan(scanned)
     out = ParsedStream()
@@ -192,7 +209,8 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
         if isinstance(objects, str):
             return _fail(out, ErrorClass.MALFORMED_JSON, objects)
         times = [t_ns for t_ns, _ in events]
-    parts: list[str] = []
+    contents: list[str | None] = []  # per event: its content (or text), and its reasoning
+    thoughts: list[str | None] = []
     text_ids: dict[str, int] = {}
     # per event: n_chars (0: no text), its text's id, the usage so far, len(token_ids)
     chars: list[int] = []
@@ -200,6 +218,7 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
     said: list[int] = []
     n_ids: list[int] = []
     failed = None
+    tools = ToolCallAssembler()
     for obj in objects:
         if type(obj) is not dict:
             failed = (ErrorClass.MALFORMED_JSON, "an event is JSON but not an object")
@@ -213,7 +232,8 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             out.usage = usage
         if out.response_id is None and type(obj.get("id")) is str:
             out.response_id = obj["id"]
-        text = token_ids = None
+        text = token_ids = thought = None
+        tool_text = ""
         if choices:
             choice = choices[0] if type(choices) is list else None
             if type(choice) is not dict:
@@ -225,6 +245,13 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             if chat:
                 delta = choice.get("delta")
                 text = delta.get("content") if type(delta) is dict else None
+                thought = delta_reasoning(delta)
+                if type(delta) is dict and delta.get("tool_calls") is not None:
+                    try:  # argument fragments make an output event, not answer text
+                        tool_text = tools.add(delta["tool_calls"])
+                    except ToolCallShapeError as exc:
+                        failed = (ErrorClass.MALFORMED_JSON, str(exc))
+                        break
             else:
                 text = choice.get("text")
             token_ids = choice.get("token_ids")
@@ -237,7 +264,13 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             if type(text) is not str:
                 failed = (ErrorClass.MALFORMED_JSON, "an event's text is not a string")
                 break
-            parts.append(text)
+        contents.append(text or None)
+        thoughts.append(thought)
+        if thought:
+            text = thought + text if text else thought
+        if tool_text:
+            text = text + tool_text if text else tool_text
+        if text:
             ids_of_text.append(text_ids.setdefault(text, len(text_ids)))
         else:
             ids_of_text.append(-1)
@@ -247,7 +280,9 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
             completion if type(completion) is int and _I64 < completion < -_I64 else NO_USAGE
         )
         n_ids.append(len(token_ids) if type(token_ids) is list else -1)
-    out.text = "".join(parts)
+    split = split_parts(contents, thoughts)
+    out.text, out.reasoning_text = split.answer, split.reasoning
+    out.tool_calls = tools.calls() if tools.seen else None
     if failed is not None:
         return _fail(out, *failed)  # a broken event keeps no chunk, as ever
     out.texts = list(text_ids)
@@ -259,6 +294,7 @@ def parse_stream(reads: list[tuple[int, bytes]], *, chat: bool) -> ParsedStream:
         np.array(said, np.int64),
         np.array(n_ids, np.int64),
     )
+    out.part = split.part
     if problem is not None:
         return _fail(out, ErrorClass.MALFORMED_SSE, problem)
     if trailing.strip():
@@ -371,10 +407,15 @@ def parse_body(body: bytes, *, chat: bool) -> ParsedStream:
     if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list) or not obj["choices"]:
         return _fail(out, ErrorClass.MALFORMED_JSON, "the response lacks a choices list")
     choice = obj["choices"][0]
-    text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+    message = choice.get("message") or {}
+    text = message.get("content") if chat else choice.get("text")
     if text is not None and not isinstance(text, str):
         return _fail(out, ErrorClass.MALFORMED_JSON, "the response's text is not a string")
-    out.text = text or ""
+    out.text, out.reasoning_text = split_message(text, message if chat else None)
+    try:
+        out.tool_calls = message_tool_calls(message) if chat else None
+    except ToolCallShapeError as exc:
+        return _fail(out, ErrorClass.MALFORMED_JSON, str(exc))
     out.finish_reason = choice.get("finish_reason")
     out.usage = obj.get("usage")
     out.response_id = obj["id"] if isinstance(obj.get("id"), str) else None

@@ -2,7 +2,11 @@
 
 `scan(reads, chat)` returns a `Scan` of one whole stream's events as arrays, or None when the
 stream is anything but the common form (the Python parser in `harness.http.sse` then decides), or
-when there is no scanner: no C compiler, a failed build, or `BENCH_NATIVE_SSE=0`. The library
+when there is no scanner: no C compiler, a failed build, or `BENCH_NATIVE_SSE=0`. The scanner
+reads only `content`, so a stream with reasoning (a delta whose `reasoning_content` or
+`reasoning` is not null, which the scanner gives up on as it reads the key, or a `<think>` tag
+in the joined text, one search of it here: `harness.http.reasoning`) is left to the Python
+parser too. The library
 is built once per source (about a second with `cc -O2`) into the user cache, written to a
 temporary name and renamed, so processes that build at once never load half a file.
 """
@@ -22,6 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from bench_common.cache import CacheArea, cache_area
+from bench_common.think_tags import OPEN_TAG
+
+_OPEN_TAG_BYTES = OPEN_TAG.encode()
 
 SOURCE = Path(__file__).with_name("sse_scan.c")
 NONE_USAGE = np.iinfo(np.int64).min  # the scanner's "this event carries no usage so far"
@@ -157,6 +164,8 @@ def scan(reads: list[tuple[int, bytes]], *, chat: bool) -> Scan | None:
     info = b.info.tolist()
     count, saw_done, text_len, n_distinct = info[:4]
     text_bytes = b.text[:text_len].tobytes()
+    if _OPEN_TAG_BYTES in text_bytes:
+        return None
     wide = b.wide[:, :count].copy()
     ints = b.ints[:, :count].copy()
     starts = b.wide[2, :n_distinct].tolist()

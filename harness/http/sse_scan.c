@@ -6,8 +6,9 @@
  * distinct text, the usage so far it carries and the length of its `token_ids`. It accepts only
  * what `harness.sse.parse_stream` would accept without an error and reads it the same way;
  * anything else (another SSE field, a comment, \r, invalid JSON or UTF-8, an `error` event, a
- * field of an unexpected type, a number that does not fit) returns FALLBACK and the Python
- * parser decides. The JSON grammar is RFC 8259's, checked in full for every event.
+ * field of an unexpected type, a number that does not fit, a delta's `reasoning_content`,
+ * `reasoning` or `tool_calls` that is not null) returns FALLBACK and the Python parser decides.
+ * The JSON grammar is RFC 8259's, checked in full for every event.
  *
  * Built by `harness.sse_native` with the C compiler when there is one; plain C99, no Python
  * headers, loaded with ctypes. */
@@ -280,7 +281,7 @@ static inline int is_null(Cur *c) {
 
 enum {
     KEY_OTHER, KEY_ID, KEY_CHOICES, KEY_USAGE, KEY_ERROR, KEY_TEXT, KEY_DELTA, KEY_CONTENT,
-    KEY_FINISH_REASON, KEY_TOKEN_IDS, KEY_COMPLETION_TOKENS
+    KEY_FINISH_REASON, KEY_TOKEN_IDS, KEY_COMPLETION_TOKENS, KEY_REASONING, KEY_TOOL_CALLS
 };
 
 static int key_code(const uint8_t *k, size_t n) {
@@ -290,9 +291,12 @@ static int key_code(const uint8_t *k, size_t n) {
         case 4: return IS("text") ? KEY_TEXT : KEY_OTHER;
         case 5: return IS("usage") ? KEY_USAGE : IS("error") ? KEY_ERROR : IS("delta") ? KEY_DELTA : KEY_OTHER;
         case 7: return IS("choices") ? KEY_CHOICES : IS("content") ? KEY_CONTENT : KEY_OTHER;
-        case 9: return IS("token_ids") ? KEY_TOKEN_IDS : KEY_OTHER;
+        case 9: return IS("token_ids") ? KEY_TOKEN_IDS : IS("reasoning") ? KEY_REASONING : KEY_OTHER;
+        case 10: return IS("tool_calls") ? KEY_TOOL_CALLS : KEY_OTHER;
         case 13: return IS("finish_reason") ? KEY_FINISH_REASON : KEY_OTHER;
-        case 17: return IS("completion_tokens") ? KEY_COMPLETION_TOKENS : KEY_OTHER;
+        case 17:
+            return IS("completion_tokens") ? KEY_COMPLETION_TOKENS
+                 : IS("reasoning_content") ? KEY_REASONING : KEY_OTHER;
         default: return KEY_OTHER;
     }
 #undef IS
@@ -360,6 +364,10 @@ static int parse_delta(Cur *c, uint8_t *text, Event *e) {
     OBJECT_LOOP(c, key, {
         if (key == KEY_CONTENT) {
             if (text_value(c, text, e)) return FALLBACK;
+        } else if (key == KEY_REASONING || key == KEY_TOOL_CALLS) {
+            /* a reasoning model's thinking, a function call's fragments: Python reads them */
+            if (!is_null(c)) return FALLBACK;
+            c->p += 4;
         } else if (skip_value(c)) return FALLBACK;
     });
     return 0;

@@ -2,7 +2,8 @@
 reference-engine comparison (exact match, first diverging token, agreement), the MLPerf
 TEST06-style flags (`ignore_eos` outputs cut short, usage that disagrees with what streamed)
 and the workload's output constraint (a JSON schema, regex or choice the output must hold to;
-an output cut short by max_tokens fails it too).
+an output cut short by max_tokens fails it too), and the function calls of a request that
+offered tools (`harness.load.tool_checks`).
 
 Both outputs are compared as token ids of their text re-encoded by the run's tokenizer, so the
 comparison does not depend on how either side chunked or detokenised its stream.
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.load.tool_checks import tool_call_problem
 from slo.correctness import WRONG_FLAGS, compare_tokens
 from slo.runrecord import OutputFlag
 from workloads.constraint import is_checkable, violation
+from workloads.tools import ToolOffer
 
 DEFAULT_DIVERGE_BEFORE = 32  # a greedy output differing within its first 32 tokens is wrong
 USAGE_TOLERANCE_TOKENS = 2
@@ -24,11 +27,13 @@ USAGE_TOLERANCE = 0.1
 @dataclass(frozen=True, slots=True)
 class Expectation:
     """What a request asked for; `constraint` is the workload's output constraint (see
-    `workloads.constraint`), None without one."""
+    `workloads.constraint`) and `tools` the functions it offered (`workloads.tools`), None
+    without one."""
 
     max_tokens: int
     ignore_eos: bool
     constraint: dict | None = None
+    tools: ToolOffer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +75,10 @@ class OutputChecks:
         token_chunks: int,
         streamed: bool,
         client_tokens: int | None = None,
+        tool_calls: list | None = None,
     ) -> CheckResult:
-        """The checks of one ok request's output."""
+        """The checks of one ok request's output; `tool_calls` are the answer's function
+        calls (`harness.http.tool_calls.ToolCall`; None: it made none)."""
         flags: list[OutputFlag] = []
         expected = self.expectations.get(request_id)
         if expected is not None and expected.ignore_eos and output_tokens is not None:
@@ -105,6 +112,11 @@ class OutputChecks:
             constraint_ok = violation(expected.constraint, text) is None
             if not constraint_ok:
                 flags.append(OutputFlag.CONSTRAINT_VIOLATED)
+        tools_ok = None
+        if expected is not None and expected.tools is not None:
+            tools_ok = tool_call_problem(expected.tools, tool_calls) is None
+            if not tools_ok:
+                flags.append(OutputFlag.TOOL_CALL_INVALID)
         exact = first = agreement = None
         reference = self.references.get(request_id)
         if reference is not None:
@@ -114,7 +126,7 @@ class OutputChecks:
             if first is not None and first < self.diverge_before:
                 flags.append(OutputFlag.DIVERGED)
         wrong = bool(set(flags) & WRONG_FLAGS)
-        checked = reference is not None or constraint_ok is not None
+        checked = reference is not None or constraint_ok is not None or tools_ok is not None
         valid = False if wrong else (True if checked else None)
         return CheckResult(
             valid=valid,
@@ -123,3 +135,8 @@ class OutputChecks:
             agreement=agreement,
             flags=",".join(f.value for f in flags) or None,
         )
+
+    def offers_tools(self, request_id: str) -> bool:
+        """Whether the request offered tools."""
+        expected = self.expectations.get(request_id)
+        return expected is not None and expected.tools is not None

@@ -110,6 +110,12 @@ class RunRecorder:
                 np.concatenate([rows.t_ns for rows in chunks]),
                 np.concatenate([rows.n_tokens for rows in chunks]),
                 np.concatenate([rows.n_chars for rows in chunks]),
+                reasoning=np.concatenate(
+                    [
+                        np.zeros(len(rows), bool) if rows.reasoning is None else rows.reasoning
+                        for rows in chunks
+                    ]
+                ),
             )
 
     def close(self, *, complete: bool, reason: str | None = None, **manifest_changes) -> None:

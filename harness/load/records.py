@@ -10,9 +10,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.http.client import RawResult
-from harness.http.sse import ParsedStream, parse_body, parse_stream
+from harness.http.events import parse_answer_body, parse_answer_stream
+from harness.http.sse import ParsedStream
+from harness.load.dense_records import dense_record
 from harness.load.output_checks import CheckResult, OutputChecks
-from slo.runrecord import ErrorClass, RequestColumn, RequestRecord, RequestStatus, TokenSource
+from harness.load.reasoning_records import set_reasoning
+from harness.load.tool_checks import tool_call_count
+from slo.runrecord import (
+    Endpoint,
+    ErrorClass,
+    RequestColumn,
+    RequestRecord,
+    RequestStatus,
+    TokenSource,
+)
 
 TokenCounter = Callable[[str], int]
 
@@ -36,6 +47,8 @@ class RecordContext:
     count_tokens: TokenCounter | None = None
     checks: OutputChecks | None = None
     count_chunk_tokens: TokenCounter | None = None
+    endpoint: Endpoint = Endpoint.COMPLETIONS
+    batch_sizes: dict[str, int] | None = None  # request id -> texts sent (embeddings, rerank)
 
     def __post_init__(self) -> None:
         if self.count_chunk_tokens is None and self.count_tokens is not None:
@@ -95,6 +108,7 @@ class ChunkRows:
     t_ns: np.ndarray
     n_tokens: np.ndarray
     n_chars: np.ndarray
+    reasoning: np.ndarray | None = None  # bool per chunk (`reasoning_records`); None: unmarked
 
     def __len__(self) -> int:
         return len(self.t_ns)
@@ -103,7 +117,7 @@ class ChunkRows:
         return iter(self.rows())
 
     def rows(self) -> list[tuple[str, int, int, int]]:
-        """`(request_id, t_ns, n_tokens, n_chars)` per chunk."""
+        """`(request_id, t_ns, n_tokens, n_chars)` per chunk (the marker is a column only)."""
         rid = self.request_id
         return [
             (rid, t, n, c)
@@ -116,6 +130,10 @@ class ChunkRows:
 _NO_CHUNKS = np.zeros(0, np.int64)
 
 
+def _no_chunks(raw: RawResult) -> ChunkRows:
+    return ChunkRows(raw.request_id, _NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)
+
+
 def to_rows(
     raw: RawResult,
     input_tokens: int | None,
@@ -126,14 +144,18 @@ def to_rows(
     """Build the request record and its chunk rows; `session` is the request's (session id,
     turn index) in a multi-turn workload, `request_class` its (priority, deadline_ms,
     tenant) when the workload gave any."""
+    if not ctx.endpoint.generates:
+        slot_freed = _slot_freed(raw, ctx.t0_ns)
+        record = dense_record(raw, input_tokens, ctx, slot_freed, session, request_class)
+        return record, _no_chunks(raw)
     parsed: ParsedStream | None = None
     status, error_class, error_message = raw.status, raw.error_class, raw.error_message
     if status is None:
         if raw.body is not None:
-            parsed = parse_body(raw.body, chat=ctx.is_chat)
+            parsed = parse_answer_body(raw.body, ctx.endpoint, chat=ctx.is_chat)
             parsed.set_chunks([raw.t_done_ns], [1 if parsed.text else 0], [len(parsed.text)])
         else:
-            parsed = parse_stream(raw.reads, chat=ctx.is_chat)
+            parsed = parse_answer_stream(raw.reads, ctx.endpoint, chat=ctx.is_chat)
         if parsed.error_class is None:
             status = RequestStatus.OK
         else:
@@ -142,7 +164,7 @@ def to_rows(
             status = RequestStatus.UNKNOWN if cut else RequestStatus.ERROR
             error_class, error_message = parsed.error_class, parsed.error_message
     elif raw.reads:  # failed mid-stream: keep what arrived
-        parsed = parse_stream(raw.reads, chat=ctx.is_chat)
+        parsed = parse_answer_stream(raw.reads, ctx.endpoint, chat=ctx.is_chat)
 
     # Only a stream with text has a chunk source; CHUNK_COUNT: the server counted no chunk.
     counted_by_events = parsed is not None and parsed.chunk_tokens_source is TokenSource.CHUNK_COUNT
@@ -181,6 +203,7 @@ def to_rows(
             token_chunks=len(token_times),
             client_tokens=client_tokens,
             streamed=raw.body is None,
+            tool_calls=parsed.tool_calls if parsed else None,
         )
     t0 = ctx.t0_ns
     chunk_source = parsed.chunk_tokens_source if parsed and len(token_times) else None
@@ -223,7 +246,13 @@ def to_rows(
     if request_class is not None:
         record.priority, record.deadline_ms, record.tenant = request_class
     _set_kv_memory(record, usage.get("kv_memory"))
+    offered = ctx.checks is not None and ctx.checks.offers_tools(raw.request_id)
+    calls = parsed.tool_calls if parsed else None
+    record.num_tool_calls = tool_call_count(calls, offered, status is RequestStatus.OK)
+    marks = set_reasoning(
+        record, parsed, streamed=streamed, t0_ns=t0, usage=usage, count_tokens=ctx.count_tokens
+    )
     if parsed is None:
         return record, ChunkRows(raw.request_id, _NO_CHUNKS, _NO_CHUNKS, _NO_CHUNKS)
-    chunks = ChunkRows(raw.request_id, parsed.t_ns - t0, parsed.n_tokens, parsed.n_chars)
+    chunks = ChunkRows(raw.request_id, parsed.t_ns - t0, parsed.n_tokens, parsed.n_chars, marks)
     return record, chunks

@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from harness.errors import HarnessError
 from harness.load.output_checks import Expectation, OutputChecks
+from harness.load.tool_checks import require_jsonschema
 from harness.run.config import RunConfig
 from harness.run.oracle import reference_texts
 from harness.run.outcome import OutputTally
@@ -16,6 +17,7 @@ from harness.targets.engines import DEFAULT_MODEL
 from harness.targets.tokenizer_choice import names_a_model
 from slo.correctness import WRONG_FLAGS
 from slo.runrecord import Endpoint, RequestColumn, RequestStatus
+from workloads.tools import offers_by_row
 
 # Rows turned into dicts at a time: a run's plan keeps a few small objects of every row (its
 # id), and building all rows' dicts at once would leave those scattered over memory the
@@ -26,12 +28,14 @@ ROW_BATCH = 2048
 def iter_request_rows(config: RunConfig, workload, batch_rows: int = ROW_BATCH):
     """The workload's rows as sent, a batch of dicts at a time: with `check_outputs`, rows
     without a temperature are greedy; each row carries the workload's output `constraint`
-    (None without one)."""
+    and its `tools` (a shared `workloads.tools.ToolOffer`; None without either)."""
     constraint = workload.manifest.get("constraint")
+    offers = iter(offers_by_row(workload.manifest.get("tools"), workload.table.num_rows))
     for batch in workload.table.to_batches(max_chunksize=batch_rows):
         rows = batch.to_pylist()
         for row in rows:
             row["constraint"] = constraint
+            row["tools"] = next(offers)
             if config.recording.check_outputs and row.get("temperature") is None:
                 row["temperature"] = 0.0
         yield from rows
@@ -57,22 +61,29 @@ def oracle_model(config: RunConfig) -> str:
 
 
 def output_checks(config: RunConfig, workload, tokenizer, endpoint: Endpoint) -> OutputChecks:
-    """The run's output checks: TEST06-style flags and the workload's output constraint
-    always; with `check_outputs`, the reference engine's batch-1 outputs for the greedy
-    requests (cached per workload)."""
+    """The run's output checks: TEST06-style flags, the workload's output constraint and
+    its tools' calls always; with `check_outputs`, the reference engine's batch-1 outputs for
+    the greedy requests without tools (cached per workload)."""
+    if workload.manifest.get("tools"):
+        require_jsonschema()
     # the reference outputs need every row at once; otherwise a batch of dicts at a time
     rows = request_rows(config, workload) if config.recording.check_outputs else None
     shared: dict[tuple, Expectation] = {}  # one object per distinct expectation, not per row
     expectations = {}
     for r in rows if rows is not None else iter_request_rows(config, workload):
-        key = (int(r["max_output_tokens"]), bool(r.get("ignore_eos")), id(r.get("constraint")))
+        key = (
+            int(r["max_output_tokens"]),
+            bool(r.get("ignore_eos")),
+            id(r.get("constraint")),
+            id(r.get("tools")),
+        )
         if key not in shared:
-            shared[key] = Expectation(key[0], key[1], r.get("constraint"))
+            shared[key] = Expectation(key[0], key[1], r.get("constraint"), r.get("tools"))
         expectations[r["request_id"]] = shared[key]
     references = None
     if config.recording.check_outputs:
         references = reference_texts(
-            rows,
+            [r for r in rows if r.get("tools") is None],  # calls are checked, not compared
             model=oracle_model(config),
             endpoint=endpoint,
             workload_sha256=str(workload.manifest.get("sha256")),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from harness.errors import HarnessError, check_positive
+from harness.run.dense_plan import parse_batch_size
 from harness.targets.config import TargetConfig
 from harness.targets.spec import TargetSpec
 
@@ -54,6 +55,8 @@ class LoadConfig:
       (`harness.load.split`), or `"auto"` (from the cores and the expected rate); None: one
       process (with `ray_address`, one Ray actor per node). `ray_address` (`auto`, `local` or
       host:port) runs the workers as Ray actors.
+    - `batch_size`: embeddings and rerank only, the texts each request carries: a whole number
+      or a length distribution (`harness.run.dense_plan`); None: one.
     """
 
     workload: str = "random"
@@ -72,8 +75,10 @@ class LoadConfig:
     session_header: str | None = None
     workers: int | str | None = None
     ray_address: str | None = None
+    batch_size: int | dict | None = None  # embeddings, rerank: texts a request (`dense_plan`)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_size", parse_batch_size(self.batch_size))
         for name in ("num_requests", "concurrency", "input_len", "output_len"):
             check_positive(name, getattr(self, name), integer=True)
         for name in ("duration_s", "request_rate", "burstiness"):
@@ -118,6 +123,8 @@ class RecordingConfig:
       is `wrong output`.
     - `cost_per_hour`: what the target costs, US dollars an hour (0 or more), for the cost per
       million output tokens at the SLO (`slo.cost`); None: no cost figures.
+    - `memory_budget_mb`: what the summary and the card may hold of the run's chunks (MB):
+      pooled chunk gaps are exact while they fit, a quantile sketch beyond (`slo.sketch`).
     """
 
     out: Path | None = None
@@ -130,9 +137,10 @@ class RecordingConfig:
     check_outputs: bool = False
     diverge_before: int = 32
     cost_per_hour: float | None = None
+    memory_budget_mb: float = 512.0
 
     def __post_init__(self) -> None:
-        for name in ("client_bound_ms", "slice_duration_s"):
+        for name in ("client_bound_ms", "slice_duration_s", "memory_budget_mb"):
             check_positive(name, getattr(self, name))
         if self.settle_s < 0:
             raise HarnessError(f"settle_s must be zero or more, got {self.settle_s!r}.")
@@ -194,7 +202,8 @@ MANIFEST_KEYS = (
     "startup_timeout_s", "max_error_rate", "max_consecutive_errors", "stop_on_saturation",
     "settle_s", "faults", "headers", "extra_body", "session_header", "slice_duration_s",
     "target", "engine_commands", "engine_pythons", "check_outputs", "diverge_before",
-    "workers", "ray_address", "on_worker_failure", "cost_per_hour",
+    "workers", "ray_address", "on_worker_failure", "cost_per_hour", "batch_size",
+    "memory_budget_mb",
 )  # fmt: skip
 
 

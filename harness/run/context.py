@@ -64,6 +64,7 @@ class RunContext:
     watch: PromptTokenWatch | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
     classes: dict[str, tuple] = field(default_factory=dict)  # id -> (priority, deadline, tenant)
+    batch_sizes: dict[str, int] | None = None  # id -> texts sent (embeddings, rerank)
     server: ServerProcess | None = None
     console: Console | None = None
     quiet: bool = True
@@ -101,6 +102,8 @@ class RunContext:
             is_chat=self.options.is_chat,
             count_tokens=lambda text: len(self.tokenizer.encode(text)),
             checks=self.checks,
+            endpoint=self.options.endpoint,
+            batch_sizes=self.batch_sizes,
         )
         self.manifest = self.manifest.evolve(t0_ns=t0_ns)
         self.recorder = RunRecorder(

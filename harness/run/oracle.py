@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bench_common.cache import CacheArea, cache_area
 from harness.errors import HarnessError
+from harness.http.events import CHAT_TEMPLATED
 from slo.runrecord import Endpoint
 
 ORACLE_FORMAT = 1
@@ -26,9 +27,9 @@ def is_greedy(row: dict) -> bool:
 
 def prompt_ids(tokenizer, row: dict, endpoint: Endpoint) -> list[int]:
     """The prompt's token ids as an OpenAI-compatible server builds them (chat: the model's chat
-    template around one user message)."""
+    template around one user message, as Responses and Messages servers render it too)."""
     text = row["prompt"]
-    if endpoint is Endpoint.CHAT:
+    if endpoint in CHAT_TEMPLATED:
         text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
     return list(tokenizer.encode(text))
 

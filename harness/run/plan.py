@@ -18,12 +18,18 @@ import harness
 from harness.errors import HarnessError
 from harness.http import sse_native
 from harness.http.client import ClientOptions, RequestPayload, build_body, request_headers
+from harness.http.events import (
+    CHAT_TEMPLATED,
+    TYPED_ENDPOINTS,
+    typed_sessions_refusal,
+)
 from harness.load.loadgen import LoadPlan
 from harness.load.prompt_watch import PromptTokenWatch
 from harness.load.sessions import SessionPlan, sessions_from_rows
 from harness.run.checks import iter_request_rows, output_checks, request_rows
 from harness.run.config import RunConfig
 from harness.run.context import ErrorLimits, RunContext, warn
+from harness.run.dense_plan import batch_sizes, dense_rows, sent_batch_sizes
 from harness.run.environment import git_sha, hardware_info, software_versions
 from harness.targets.probe import preflight, target_info
 from harness.targets.scraper import MetricsScraper
@@ -98,7 +104,7 @@ def plan_run(inputs: RunInputs, started: Target) -> RunContext:
         server.endpoint or workload.manifest.get("endpoint") or Endpoint.COMPLETIONS
     )
     info = target_info(base_url, server.api_key, server.headers)
-    overhead = chat_overhead_tokens(inputs.tokenizer) if endpoint is Endpoint.CHAT else 0
+    overhead = chat_overhead_tokens(inputs.tokenizer) if endpoint in CHAT_TEMPLATED else 0
     target.update(
         model=model,
         endpoint=endpoint.value,
@@ -161,6 +167,7 @@ def plan_run(inputs: RunInputs, started: Target) -> RunContext:
         watch=PromptTokenWatch(overhead, inputs.warn),
         sessions=sessions,
         classes=request_classes(workload.table),
+        batch_sizes=None if endpoint.generates else sent_batch_sizes(plan, endpoint),
         server=started.server,
         console=inputs.console,
         quiet=inputs.quiet,
@@ -209,7 +216,13 @@ def load_plan(
     arrivals: list[float | None] = []
     head: list[dict] = []  # the rows the warm-up requests repeat
     load = config.load
-    for r in iter_request_rows(config, workload):
+    rows = iter_request_rows(config, workload)
+    if not options.endpoint.generates:  # embeddings, rerank: a batch of texts a request
+        rows = list(rows)
+        seed = load.seed if load.seed is not None else workload.manifest.get("seed") or 0
+        sizes = batch_sizes(load.batch_size, len(rows), seed)
+        rows = dense_rows(rows, options.endpoint, sizes)
+    for r in rows:
         if r.get("session_id") is not None:  # multi-turn: the sessions need every row
             rows = request_rows(config, workload)
             warmup = warmup_payloads(load.warmup, options, rows)
@@ -239,6 +252,8 @@ def load_plan(
 def session_plan(config, workload, options: ClientOptions, rows, warmup, tokenizer) -> LoadPlan:
     """A multi-turn plan: the sessions, and every turn listed for the schedule (a later turn's
     arrival is null: it waits for the turn before it)."""
+    if options.endpoint in TYPED_ENDPOINTS:
+        raise HarnessError(typed_sessions_refusal(options.endpoint))
     if config.recording.check_outputs:
         raise HarnessError(
             "--check-outputs compares single prompts with the reference engine; it does not "

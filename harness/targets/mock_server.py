@@ -5,7 +5,10 @@ It is the fixture for the harness's own tests. Latency is scheduled against abso
 not accumulate. With `max_concurrency`, requests queue for a slot: the server then saturates at
 `max_concurrency / service_time` requests per second, like a real engine at capacity.
 
-`max_tokens` (and chat's `max_completion_tokens`) must be an integer from 1 to
+It also speaks OpenAI's Responses and Anthropic's Messages APIs (`mock_events`) and answers
+embeddings and rerank (`mock_dense`).
+
+`max_tokens` (and chat's `max_completion_tokens`, Responses' `max_output_tokens`) must be an integer from 1 to
 `MAX_TOKENS_LIMIT` (1,048,576: the mock has no model and so no context length to bound it);
 null or absent means 16. Anything else is a 400 with an OpenAI error body. A request whose
 client leaves is dropped at once (aiohttp's handler cancellation): no token is scheduled or
@@ -24,6 +27,13 @@ from dataclasses import dataclass, fields
 from aiohttp import web
 
 from harness.http.client import DEADLINE_HEADER
+from harness.targets.mock_dense import add_dense_routes
+from harness.targets.mock_events import EVENT_PATHS, add_event_routes, respond_events
+from harness.targets.mock_pace import TokenPace
+from harness.targets.mock_tools import TOOL_CALL_MODES, tool_call
+from harness.targets.mock_tools import delta as tool_delta
+from harness.targets.mock_tools import message as tool_message
+from harness.targets.mock_tools import pieces as tool_pieces
 
 FAULT_KINDS = ("error", "reject", "reset", "incomplete", "malformed_sse", "malformed_json", "stall")
 MAX_TOKENS_LIMIT = 1 << 20  # the most output tokens one request may ask for
@@ -54,6 +64,7 @@ class MockConfig:
     metrics: bool = False  # serve /metrics with vLLM's running/waiting/KV gauges
     leak_on_cancel: bool = False  # a request whose client went away is never released (a bug
     # on purpose, so the ledger's leak check can be shown to catch one); implies metrics
+    tool_calls: str | None = None  # answer chat requests with tools by a call (`mock_tools`)
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0:
@@ -65,6 +76,8 @@ class MockConfig:
             raise ValueError("max_concurrency must be at least 1")
         if self.output_len is not None and self.output_len < 1:
             raise ValueError("output_len must be at least 1")
+        if self.tool_calls is not None and self.tool_calls not in TOOL_CALL_MODES:
+            raise ValueError(f"tool_calls must be one of {', '.join(TOOL_CALL_MODES)}")
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -118,7 +131,9 @@ class MockEngine:
 
     def _authorised(self, request: web.Request) -> bool:
         key = self.config.api_key
-        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
+        given = request.headers.get("x-api-key")  # Anthropic's clients send it so
+        bearer = request.headers.get("Authorization")
+        return key is None or bearer == f"Bearer {key}" or given == key
 
     async def models(self, request: web.Request) -> web.Response:
         if not self._authorised(request):
@@ -130,10 +145,9 @@ class MockEngine:
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    async def generate(self, request: web.Request) -> web.StreamResponse:
-        start = (
-            asyncio.get_running_loop().time()
-        )  # service starts on arrival, before the body is read
+    async def admit(self, request: web.Request) -> dict | web.Response:
+        """Count the request, check its key and read its JSON object body; an error answer
+        instead when the key or the body is wrong."""
         self.requests_seen += 1
         self.requests_by_path[request.path] = self.requests_by_path.get(request.path, 0) + 1
         if not self._authorised(request):
@@ -144,6 +158,15 @@ class MockEngine:
             return _error(400, "the request body is not JSON")
         if not isinstance(body, dict):
             return _error(400, "the request body must be a JSON object")
+        return body
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        start = (
+            asyncio.get_running_loop().time()
+        )  # service starts on arrival, before the body is read
+        body = await self.admit(request)
+        if isinstance(body, web.Response):
+            return body
         requested = _max_tokens(body)
         if isinstance(requested, web.Response):
             return requested
@@ -193,6 +216,8 @@ class MockEngine:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def _respond(self, request, body, chat, n_out, fault, start) -> web.StreamResponse:
+        if request.path in EVENT_PATHS:  # Responses, Messages: typed events
+            return await respond_events(self, request, body, n_out, fault, start)
         cfg = self.config
         loop = asyncio.get_running_loop()
         ttft_s = cfg.ttft_ms / 1e3 * self._jitter()
@@ -206,6 +231,8 @@ class MockEngine:
         }
         usage["total_tokens"] = usage["prompt_tokens"] + n_out
         ids = {"x-request-id": f"mock-{self.requests_seen}"}  # as servers that echo one do
+        call = tool_call(cfg.tool_calls, body, n_out) if chat else None  # (name, arguments)
+        fragments = tool_pieces(call[1], n_out) if call is not None else None
         if not body.get("stream"):
             last_s = ttft_s + sum(cfg.itl_ms / 1e3 * self._jitter() for _ in range(n_out - 1))
             await asyncio.sleep(max(0.0, start + last_s - loop.time()))
@@ -214,6 +241,8 @@ class MockEngine:
             choice.update(
                 {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
             )
+            if call is not None:
+                choice.update(message=tool_message(*call), finish_reason="tool_calls")
             answer = {"id": "mock", "object": "completion", "choices": [choice]}
             self.tokens_generated += n_out
             if cfg.usage:
@@ -226,32 +255,17 @@ class MockEngine:
         created = int(time.time())
         if chat:
             await response.write(_event(_chunk(cfg.model, created, chat, None, role=True)))
-        offset = ttft_s
-        for i in range(n_out):
-            if i:
-                offset += cfg.itl_ms / 1e3 * self._jitter()  # drawn as it is due: O(1) memory
-            delay = start + offset - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if i == break_at and fault is not None:
-                if fault == "reset":
-                    request.transport.abort()
-                    return response
-                if fault == "incomplete":
-                    await response.write_eof()
-                    return response
-                if fault == "malformed_sse":
-                    await response.write(b"this line is not server-sent events\n\n")
-                if fault == "malformed_json":
-                    await response.write(b"data: {not json\n\n")
-                if fault == "stall":
-                    await asyncio.sleep(cfg.stall_s)
-                    start += cfg.stall_s
+        pace = TokenPace(self, request, response, start, ttft_s, fault, break_at)
+        async for i in pace.tokens(n_out, bad_json=b"data: {not json\n\n"):
             reason = "length" if i == n_out - 1 else None
-            await response.write(
-                _event(_chunk(cfg.model, created, chat, f" t{i}", finish_reason=reason))
-            )
+            chunk = _chunk(cfg.model, created, chat, f" t{i}", finish_reason=reason)
+            if call is not None:
+                chunk["choices"][0]["delta"] = tool_delta(i, call[0], fragments[i])
+                chunk["choices"][0]["finish_reason"] = reason and "tool_calls"
+            await response.write(_event(chunk))
             self.tokens_generated += 1
+        if pace.cut:
+            return response
         if cfg.usage and (body.get("stream_options") or {}).get("include_usage"):
             final = {
                 "id": "mock",
@@ -286,7 +300,7 @@ def _max_tokens(body: dict) -> int | web.Response:
     """The output length `body` asks for (`max_tokens`, else `max_completion_tokens`, else
     the default), or the 400 for a value outside 1..MAX_TOKENS_LIMIT or not an integer."""
     requested = None
-    for name in ("max_tokens", "max_completion_tokens"):
+    for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(name)
         if value is None:
             continue
@@ -330,6 +344,8 @@ def make_app(config: MockConfig) -> web.Application:
         app.router.add_get("/metrics", engine.metrics_text)
     app.router.add_post("/v1/completions", engine.generate)
     app.router.add_post("/v1/chat/completions", engine.generate)
+    add_dense_routes(app, engine)  # /v1/embeddings, /v1/rerank
+    add_event_routes(app, engine)  # /v1/responses, /v1/messages
     return app
 
 

@@ -18,6 +18,7 @@ from slo.runrecord.bounds_sections import (
     PhaseLittleBound,
     TransferBound,
 )
+from slo.runrecord.dense_sections import Dense
 from slo.runrecord.documents import (
     MANIFEST_SCHEMA_VERSION,
     SUMMARY_SCHEMA_VERSION,
@@ -37,6 +38,7 @@ from slo.runrecord.reader import (
     read_summary,
     string_column,
 )
+from slo.runrecord.reasoning_sections import Reasoning
 from slo.runrecord.schema import (
     CHUNKS_SCHEMA,
     REQUEST_TIME_COLUMNS,
@@ -132,9 +134,11 @@ __all__ = [
     "LittleBounds",
     "PhaseLittleBound",
     "TransferBound",
+    "Dense",
     "Memory",
     "MemoryEstimate",
     "Overload",
+    "Reasoning",
     "PhaseLittle",
     "PhaseLoad",
     "Section",

@@ -76,15 +76,24 @@ MEANINGS = {
     RequestColumn.DEADLINE_MS: "the workload's deadline, sent as the `x-request-deadline-ms` header "
     "(milliseconds after the send); null: none",
     RequestColumn.TENANT: "the workload's tenant, sent as OpenAI's `user` field; null: none",
+    RequestColumn.T_FIRST_REASONING_TOKEN_NS: "first token-bearing chunk marked reasoning (a delta's `reasoning_content` or `reasoning`, or text inside `<think>`...`</think>`; `harness.http.reasoning`), or first chunk carrying reasoning text with its answer; null: no reasoning token, or not streamed",
+    RequestColumn.T_LAST_REASONING_TOKEN_NS: "last token-bearing chunk marked reasoning; null as above",
+    RequestColumn.T_FIRST_ANSWER_TOKEN_NS: "first token-bearing chunk of the answer (not reasoning); equals `t_first_token_ns` for a stream without reasoning; null: no answer token, or not streamed",
+    RequestColumn.OUTPUT_REASONING_TOKENS: "tokens of the chunks marked reasoning, counted as `chunk_tokens_source` says (a chunk carrying both counts as answer); not streamed: `usage_reasoning_tokens`, else the reasoning text retokenised; 0: no reasoning",
+    RequestColumn.OUTPUT_ANSWER_TOKENS: "tokens of the other chunks (`client_output_tokens` - `output_reasoning_tokens` when streamed; `output_tokens` - `output_reasoning_tokens` when not)",
+    RequestColumn.USAGE_REASONING_TOKENS: "`usage.completion_tokens_details.reasoning_tokens` as the server reported it; null when absent",
     RequestColumn.KV_PEAK_BYTES: "`usage.kv_memory.kv_peak_bytes` (engine_ref extension): the most KV bytes the request held at once, whole blocks; null: the server does not report memory per request",
     RequestColumn.KV_MEAN_BYTES: "`usage.kv_memory.kv_mean_bytes`: KV bytes held, mean over the request's steps weighted by the tokens it computed in each; null as above",
     RequestColumn.KV_AMORTISED_BYTES: "`usage.kv_memory.kv_amortised_bytes`: as `kv_mean_bytes` with each shared block divided among the sequences referencing it (a prefix shared by three counts a third); null as above",
     RequestColumn.KV_UNUSED_BYTES: "`usage.kv_memory.kv_unused_bytes`: bytes of allocated slots holding no token (fragmentation: the partly filled last block, lookahead slots), token-weighted mean; null as above",
     RequestColumn.TEMP_PEAK_BYTES: "`usage.kv_memory.temp_peak_bytes`: the request's rows' share of a step's temporary buffers (activations, logits, gathered K/V), modelled from the model's shapes, peak over its steps; null as above",
     RequestColumn.KV_EVICTED_TOKENS: "`usage.kv_memory.kv_evicted_tokens`: context tokens the server evicted lossily (sliding window, sinks); 0: exact context; null as above",
+    RequestColumn.NUM_TEXTS: "texts the request carried: inputs (`/embeddings`) or documents (`/rerank`, its query aside); null: a generation request",
+    RequestColumn.NUM_TOOL_CALLS: "function calls the answer made (`tool_calls`, streamed deltas assembled); 0: none though tools were offered; null: no tools offered and none called",
 }
 CHUNK_MEANINGS = {
     ChunkColumn.REQUEST_ID: "the request the event belongs to",
+    ChunkColumn.IS_REASONING: "true: the event's tokens are reasoning; false: answer (`harness.http.reasoning`: an event with both counts as answer; one without text takes the part of the event before it); null: written without the marker",
     ChunkColumn.T_NS: "arrival of the socket read that completed the event",
     ChunkColumn.N_TOKENS: "tokens in the event, counted as the request's `chunk_tokens_source` "
     "says (an event without text counts the tokens the server says it carries: a held-back "
@@ -141,11 +150,9 @@ OUTPUT_FLAG_MEANINGS = {
     OutputFlag.FIRST_TOKEN_DIFFERS: "the first token differs from the reference engine's",
     OutputFlag.USAGE_MISMATCH: "`usage.completion_tokens` disagrees with the tokens streamed",
     OutputFlag.CONSTRAINT_VIOLATED: "breaks the workload's output constraint (JSON schema, regex or choice; `wrong output`)",
+    OutputFlag.TOOL_CALL_INVALID: "a tool call that is not valid: arguments not JSON or not matching the function's schema, a function not offered, no call under `tool_choice: required`, another function than the one named, or a call under `none` (`wrong output`)",
 }
-ENDPOINT_MEANINGS = {
-    Endpoint.COMPLETIONS: f"`{Endpoint.COMPLETIONS.path}`",
-    Endpoint.CHAT: f"`{Endpoint.CHAT.path}`",
-}
+ENDPOINT_MEANINGS = {endpoint: f"`{endpoint.path}`" for endpoint in Endpoint}
 
 
 def _columns(title: str, schema, enum, meanings: dict) -> list[str]:

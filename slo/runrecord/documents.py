@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from slo.runrecord.bounds_sections import Bounds
+from slo.runrecord.dense_sections import Dense
 from slo.runrecord.errors import RunRecordError
 from slo.runrecord.memory_sections import Memory
 from slo.runrecord.overload_sections import Overload
+from slo.runrecord.reasoning_sections import Reasoning
 from slo.runrecord.section import nested, plain, read_fields
 from slo.runrecord.sections import (
     Chunking,
@@ -169,6 +171,9 @@ class RunSummary:
     memory: Memory | None = nested(Memory)  # memory per request (`slo.memory`)
     # lower bounds against the run, Little's law per phase, cost and energy (`slo.bounds`)
     bounds: Bounds | None = nested(Bounds)
+    # reasoning models' first tokens, TPOTs and counts (`slo.reasoning`); None: no reasoning
+    reasoning: Reasoning | None = nested(Reasoning)
+    dense: Dense | None = nested(Dense)  # embeddings and rerank runs (`slo.dense`)
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

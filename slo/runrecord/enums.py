@@ -57,14 +57,38 @@ class TokenSource(StrEnum):
 
 
 class Endpoint(StrEnum):
-    """The OpenAI-compatible API a run drives, with its path under the base URL."""
+    """The API a run drives, with its path under the base URL (`.../v1`).
+
+    Completions and chat are OpenAI's; `responses` is OpenAI's Responses API and `messages`
+    Anthropic's Messages API (both stream typed events); `embeddings` and `rerank` answer whole
+    (never streamed): their latency is the request's, their tokens are the inputs'."""
 
     COMPLETIONS = "completions"
     CHAT = "chat"
+    RESPONSES = "responses"
+    MESSAGES = "messages"
+    EMBEDDINGS = "embeddings"
+    RERANK = "rerank"
 
     @property
     def path(self) -> str:
-        return "/chat/completions" if self is Endpoint.CHAT else "/completions"
+        return _ENDPOINT_PATHS[self]
+
+    @property
+    def generates(self) -> bool:
+        """True for the endpoints that generate text (and so stream tokens); False for
+        embeddings and rerank."""
+        return self not in (Endpoint.EMBEDDINGS, Endpoint.RERANK)
+
+
+_ENDPOINT_PATHS = {
+    Endpoint.COMPLETIONS: "/completions",
+    Endpoint.CHAT: "/chat/completions",
+    Endpoint.RESPONSES: "/responses",
+    Endpoint.MESSAGES: "/messages",
+    Endpoint.EMBEDDINGS: "/embeddings",
+    Endpoint.RERANK: "/rerank",
+}
 
 
 class OutputFlag(StrEnum):
@@ -76,3 +100,4 @@ class OutputFlag(StrEnum):
     FIRST_TOKEN_DIFFERS = "first_token_differs"  # the first token differs from the reference's
     USAGE_MISMATCH = "usage_mismatch"  # usage.completion_tokens disagrees with the tokens streamed
     CONSTRAINT_VIOLATED = "constraint_violated"  # breaks the workload's schema, regex or choice
+    TOOL_CALL_INVALID = "tool_call_invalid"  # a bad call: JSON, function, schema, none or other

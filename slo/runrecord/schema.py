@@ -59,6 +59,13 @@ class RequestColumn(StrEnum):
     PRIORITY = "priority"  # the workload's priority, sent in the body; null: none
     DEADLINE_MS = "deadline_ms"  # the deadline sent (ms after the send); null: none
     TENANT = "tenant"  # the workload's tenant, sent as OpenAI's `user`; null: none
+    # reasoning models (`harness.http.reasoning`): null where the stream had no such token
+    T_FIRST_REASONING_TOKEN_NS = "t_first_reasoning_token_ns"
+    T_LAST_REASONING_TOKEN_NS = "t_last_reasoning_token_ns"
+    T_FIRST_ANSWER_TOKEN_NS = "t_first_answer_token_ns"
+    OUTPUT_REASONING_TOKENS = "output_reasoning_tokens"  # tokens of the reasoning chunks; 0: none
+    OUTPUT_ANSWER_TOKENS = "output_answer_tokens"  # tokens of the answer chunks
+    USAGE_REASONING_TOKENS = "usage_reasoning_tokens"  # usage.completion_tokens_details
     # memory per request from the server's `usage.kv_memory` (engine_ref); null: not reported
     KV_PEAK_BYTES = "kv_peak_bytes"
     KV_MEAN_BYTES = "kv_mean_bytes"
@@ -66,6 +73,8 @@ class RequestColumn(StrEnum):
     KV_UNUSED_BYTES = "kv_unused_bytes"
     TEMP_PEAK_BYTES = "temp_peak_bytes"
     KV_EVICTED_TOKENS = "kv_evicted_tokens"
+    NUM_TEXTS = "num_texts"  # inputs (embeddings) or documents (rerank) sent; null: generation
+    NUM_TOOL_CALLS = "num_tool_calls"  # calls in the answer; null: no tools offered or used
 
 
 class ChunkColumn(StrEnum):
@@ -75,6 +84,7 @@ class ChunkColumn(StrEnum):
     T_NS = "t_ns"
     N_TOKENS = "n_tokens"  # tokens in the event (see chunk_tokens_source); 0: role/usage only
     N_CHARS = "n_chars"
+    IS_REASONING = "is_reasoning"  # true: a reasoning chunk; false: answer; null: not marked
 
 
 class ScheduleColumn(StrEnum):
@@ -137,12 +147,20 @@ _REQUEST_TYPES = {
     _C.PRIORITY: pa.int32(),
     _C.DEADLINE_MS: pa.int32(),
     _C.TENANT: pa.string(),
+    _C.T_FIRST_REASONING_TOKEN_NS: pa.int64(),
+    _C.T_LAST_REASONING_TOKEN_NS: pa.int64(),
+    _C.T_FIRST_ANSWER_TOKEN_NS: pa.int64(),
+    _C.OUTPUT_REASONING_TOKENS: pa.int32(),
+    _C.OUTPUT_ANSWER_TOKENS: pa.int32(),
+    _C.USAGE_REASONING_TOKENS: pa.int32(),
     _C.KV_PEAK_BYTES: pa.int64(),
     _C.KV_MEAN_BYTES: pa.int64(),
     _C.KV_AMORTISED_BYTES: pa.int64(),
     _C.KV_UNUSED_BYTES: pa.int64(),
     _C.TEMP_PEAK_BYTES: pa.int64(),
     _C.KV_EVICTED_TOKENS: pa.int32(),
+    _C.NUM_TEXTS: pa.int32(),
+    _C.NUM_TOOL_CALLS: pa.int32(),
 }
 REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
 
@@ -152,6 +170,7 @@ CHUNKS_SCHEMA = pa.schema(
         (ChunkColumn.T_NS.value, pa.int64()),
         (ChunkColumn.N_TOKENS.value, pa.int32()),
         (ChunkColumn.N_CHARS.value, pa.int32()),
+        (ChunkColumn.IS_REASONING.value, pa.bool_()),
     ]
 )
 
@@ -218,12 +237,20 @@ class RequestRecord:
     priority: int | None = None
     deadline_ms: int | None = None
     tenant: str | None = None
+    t_first_reasoning_token_ns: int | None = None
+    t_last_reasoning_token_ns: int | None = None
+    t_first_answer_token_ns: int | None = None
+    output_reasoning_tokens: int | None = None
+    output_answer_tokens: int | None = None
+    usage_reasoning_tokens: int | None = None
     kv_peak_bytes: int | None = None
     kv_mean_bytes: int | None = None
     kv_amortised_bytes: int | None = None
     kv_unused_bytes: int | None = None
     temp_peak_bytes: int | None = None
     kv_evicted_tokens: int | None = None
+    num_texts: int | None = None
+    num_tool_calls: int | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""
@@ -252,6 +279,7 @@ class ChunkRecord:
     t_ns: int
     n_tokens: int
     n_chars: int
+    is_reasoning: bool | None = None
 
 
 _NAMES = [f.name for f in fields(RequestRecord)]
@@ -289,10 +317,13 @@ def requests_table(records: list[RequestRecord]) -> pa.Table:
 
 
 def columns_table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
-    """A table of `schema` from row tuples in column order (chunks, server metrics)."""
+    """A table of `schema` from row tuples in column order (chunks, server metrics). Rows
+    shorter than the schema leave its trailing columns null (a chunk row without its
+    `reasoning` marker)."""
     if not rows:
         return schema.empty_table()
     columns = list(zip(*rows, strict=True))
+    columns += [(None,) * len(rows)] * (len(schema) - len(columns))
     return pa.Table.from_arrays(
         [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
         schema=schema,

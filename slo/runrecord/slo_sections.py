@@ -17,7 +17,9 @@ class ObjectiveVerdict(Section):
     """One objective of `slo.objectives` (`slo.verdicts`): `kind` is `percentile` (with
     `metric` and `percentile`; `threshold` and `measured` in ms) or a rate (`attainment`,
     `error_rate`: fractions); `ci` is [low, high] or None; `verdict` pass, fail or
-    inconclusive, with `reason`."""
+    inconclusive, with `reason`. `ttft` (`slo.reasoning`): which TTFT an objective that reads
+    it judged, `first_token` or `first_answer_token`, in a run with reasoning or under a spec
+    that asks for the first answer token; absent otherwise."""
 
     name: str | None = None
     kind: str | None = None
@@ -32,16 +34,20 @@ class ObjectiveVerdict(Section):
     verdict: str | None = None
     samples_to_pass: int | None = None
     reason: str | None = None
+    ttft: str | None = None
+    quantiles: str | None = None  # `itl_ms` objectives: exact or sketch, as `Distribution`'s
+    relative_error: float | None = None
 
 
 @dataclass(frozen=True)
 class SLOEvaluation(Section):
     """`slo` (`slo.verdicts.evaluate`): the spec's dict, the overall verdict, one entry per
-    objective."""
+    objective; `ttft` as each objective's (`ObjectiveVerdict`)."""
 
     spec: dict | None = None
     verdict: str | None = None
     objectives: list[ObjectiveVerdict] | None = listed(ObjectiveVerdict)
+    ttft: str | None = None
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,9 @@ class RunWriter:
     def append_warmup(self, records: list[RequestRecord]) -> None:
         self._write(WARMUP_FILE, requests_table(records))
 
-    def append_chunks(self, rows: list[tuple[str, int, int, int]]) -> None:
-        """Append `(request_id, t_ns, n_tokens, n_chars)` rows."""
+    def append_chunks(self, rows: list[tuple]) -> None:
+        """Append `(request_id, t_ns, n_tokens, n_chars)` rows, each optionally followed by
+        its `reasoning` marker (left out: null)."""
         self._write(CHUNKS_FILE, columns_table(rows, CHUNKS_SCHEMA))
 
     def append_chunk_columns(
@@ -98,13 +99,18 @@ class RunWriter:
         t_ns: np.ndarray,
         n_tokens: np.ndarray,
         n_chars: np.ndarray,
+        reasoning: np.ndarray | None = None,
     ) -> None:
         """Append chunk rows given as columns: `request_ids[i]` owns the next `counts[i]`
-        entries of `t_ns`, `n_tokens` and `n_chars` (the same rows as `append_chunks`)."""
+        entries of `t_ns`, `n_tokens`, `n_chars` and `reasoning` (bool; None: every marker
+        null), the same rows as `append_chunks`."""
         if int(np.sum(counts)) != len(t_ns) or not len(t_ns) == len(n_tokens) == len(n_chars):
             raise ValueError("chunk columns differ in length from the rows they are said to hold")
         owners = np.repeat(np.arange(len(request_ids), dtype=np.int64), counts)
-        columns = [pa.array(request_ids, pa.string()).take(owners), t_ns, n_tokens, n_chars]
+        if reasoning is not None and len(reasoning) != len(t_ns):
+            raise ValueError("chunk columns differ in length from the rows they are said to hold")
+        marks = pa.nulls(len(t_ns), pa.bool_()) if reasoning is None else reasoning
+        columns = [pa.array(request_ids, pa.string()).take(owners), t_ns, n_tokens, n_chars, marks]
         arrays = [pa.array(c, type=f.type) for c, f in zip(columns, CHUNKS_SCHEMA, strict=True)]
         self._write(CHUNKS_FILE, pa.Table.from_arrays(arrays, schema=CHUNKS_SCHEMA))
 

@@ -127,7 +127,7 @@ def test_options_url_per_endpoint(base_url, endpoint, url, is_chat):
     [
         ({"timeout_s": 0}, "timeout_s must be positive"),
         ({"timeout_s": -1.0}, "timeout_s must be positive"),
-        ({"endpoint": "embeddings"}, "embeddings"),
+        ({"endpoint": "moderations"}, "moderations"),
     ],
 )
 def test_options_refuse_bad_values(kwargs, match):

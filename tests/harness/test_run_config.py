@@ -28,7 +28,7 @@ RECORDED = (
     '"session_header": null, "slice_duration_s": null, "target": "ref", '
     '"engine_commands": [], "engine_pythons": [], "check_outputs": false, '
     '"diverge_before": 32, "workers": 2, "ray_address": null, "on_worker_failure": "stop", '
-    '"cost_per_hour": null}'
+    '"cost_per_hour": null, "batch_size": null, "memory_budget_mb": 512.0}'
 )
 
 
@@ -42,7 +42,7 @@ def test_the_manifest_config_is_what_the_flat_config_recorded():
 
 def test_every_flat_name_but_the_api_key_is_a_manifest_key():
     assert set(MANIFEST_KEYS) == (set(PART_OF) | {"faults"}) - {"api_key"}
-    assert len(MANIFEST_KEYS) == len(set(MANIFEST_KEYS)) == 45
+    assert len(MANIFEST_KEYS) == len(set(MANIFEST_KEYS)) == 47
 
 
 def test_a_flat_name_replaces_one_field_of_its_part():

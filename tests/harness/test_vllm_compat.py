@@ -263,7 +263,7 @@ def _config(argv: list[str]) -> RunConfig:
         (["--extra-body", "[1]"], "--extra-body must be a JSON object"),
         (["--extra-body", '{"stream": false}'], "--extra-body may not set 'stream'"),
         (["--header", "no-separator"], "--header takes NAME:VALUE"),
-        (["--endpoint", "/v1/embeddings"], "is not an endpoint here"),
+        (["--endpoint", "/v1/moderations"], "is not an endpoint here"),
         (["--url", "ftp://h"], "--url must start with http://"),
     ],
 )

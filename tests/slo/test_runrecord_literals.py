@@ -42,6 +42,12 @@ EXEMPT = {
     ("harness/targets/mock_server.py", "malformed_sse"),
     ("harness/targets/mock_server.py", "malformed_json"),
     ("harness/targets/mock_server.py", "error"),
+    ("harness/targets/mock_dense.py", "malformed_json"),
+    ("harness/targets/mock_dense.py", "error"),
+    ("harness/targets/mock_pace.py", "malformed_sse"),
+    ("harness/targets/mock_pace.py", "malformed_json"),
+    # The Responses and Messages APIs name an event type "error" (`event: error`).
+    ("harness/http/events.py", "error"),
 }
 
 DISTINCTIVE = (

@@ -62,7 +62,10 @@ def test_slice_overrides_parse(tmp_path):
     ("text", "message"),
     [
         ("per_request: {ttft_ms: 1}", r"bad\.yaml:1: missing key 'name'; required keys: name\."),
-        ("name: x\nttft_ms: 1", r"bad\.yaml:2: unknown key 'ttft_ms'; known keys: name, "),
+        (
+            "name: x\nttft_ms: 1",
+            r"bad\.yaml:2: unknown key 'ttft_ms' \(did you mean 'ttft'\?\); known keys: name, ",
+        ),
         (
             "name: x\nper_request: {ttft: 1}",
             r"bad\.yaml:2: per_request: unknown key 'ttft' \(did you mean 'ttft_ms'\?\)",

@@ -39,6 +39,8 @@ WRITERS = {
     "slo/verdicts.py": "slo",
     "slo/classes.py": "slices.tenant, slices.priority, fairness, deadlines",
     "slo/memory.py": "memory",
+    "slo/reasoning.py": "reasoning, slo.ttft",
+    "slo/dense.py": "dense",
 }
 
 SECTIONS = [
@@ -64,6 +66,10 @@ RECORD_WORDS = {
 OTHER_CONTRACTS = {"input_tokens", "output_tokens", "not_sent", "slo", "slices", "dispatch_lag_ms"}
 # RequestSpec columns and OpenAI body fields (`workloads.classes`) as well as slice names.
 OTHER_CONTRACTS |= {"priority", "tenant"}
+# OpenAI's chat body field and the workload manifest's entry (`workloads.tools`); in the
+# summary, `conventions.tools` names other benchmark tools.
+OTHER_CONTRACTS |= {"tools"}
+OTHER_CONTRACTS |= {"series"}  # the run history's own word (reports/history): a series of runs
 CARD_FIGURES = {
     "throughput", "request_per_s", "attempted_request_per_s", "input_tokens_per_s",
     "output_tokens_per_s", "total_tokens_per_s", "goodput", "goodput_request_per_s",
@@ -76,7 +82,16 @@ DISTINCTIVE = SUMMARY_KEYS - SHARED
 # field `prompt_tokens`, and the manifest's `server_state` entry (`before`, `after`). slo: a
 # workload stage's `duration_s`, read from the run manifest's workload (`slo.load_phases`).
 OWN_WORDS = {
-    "harness": {"faults", "duration_s", "diverge_before", "prompt_tokens", "before", "after"},
+    # `reasoning`: the chat delta key vLLM 0.11 streams a reasoning model's thinking under
+    "harness": {
+        "faults",
+        "duration_s",
+        "diverge_before",
+        "prompt_tokens",
+        "before",
+        "after",
+        "reasoning",
+    },
     "slo": {"duration_s"},
 }
 

@@ -26,6 +26,7 @@ def test_builtin_names():
         "shared-prefix",
         "sharegpt",
         "tenants",
+        "tools",
     ]
 
 

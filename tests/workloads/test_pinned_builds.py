@@ -22,6 +22,7 @@ PINNED = {
     "shared-prefix": "68ee9eb1ae73bf3045e9eae6a227e84d80a82a52e05ac55e5cedd3ee9aa3c7dd",
     "tenants": "41304078d76434d13e5dfc4d11d1de0fdb3836a21160504550ff229e7536e1d8",
     "sharegpt": "a2356e6b67a1776927317aa9c1eb5e3e1679238f0a0440b4194331b3f50bdc66",
+    "tools": "8292609dbe3e4391e248eb93ebda79ba98aee5b78e0c09207405f56709f1e3b1",
 }
 
 

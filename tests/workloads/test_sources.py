@@ -16,6 +16,7 @@ from workloads.sources import (
     SessionsSource,
     ShareGPTSource,
     SyntheticSource,
+    ToolsSource,
     TraceSource,
     source_from_dict,
 )
@@ -29,6 +30,7 @@ def test_registry_maps_every_kind_to_its_class():
         "sharegpt": ShareGPTSource,
         "trace": TraceSource,
         "sessions": SessionsSource,
+        "tools": ToolsSource,
     }
 
 

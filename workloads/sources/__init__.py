@@ -12,11 +12,19 @@ from workloads.sources.mix import MixSource
 from workloads.sources.sessions import SessionColumns, SessionsSource
 from workloads.sources.sharegpt import ShareGPTSource
 from workloads.sources.synthetic import SyntheticSource
+from workloads.sources.tools import ToolsSource
 from workloads.sources.trace import TraceSource
 
 SOURCES: dict[str, type[Source]] = {
     cls.kind: cls
-    for cls in (SyntheticSource, MixSource, ShareGPTSource, TraceSource, SessionsSource)
+    for cls in (
+        SyntheticSource,
+        MixSource,
+        ShareGPTSource,
+        TraceSource,
+        SessionsSource,
+        ToolsSource,
+    )
 }
 
 __all__ = [
@@ -29,6 +37,7 @@ __all__ = [
     "ShareGPTSource",
     "Source",
     "SyntheticSource",
+    "ToolsSource",
     "TraceSource",
     "source_from_dict",
 ]

@@ -79,7 +79,8 @@ class Rows:
     `outs`), and the prompts, or None to have the builder synthesise them (with the spec's
     shared prefixes). `arrivals` describes the arrival process for the manifest, `streamed`
     prompt chunks are hashed in batches (Mooncake builds), `sessions` holds the session
-    columns, and `synthetic` and `source_text` say where the requests came from."""
+    columns, `synthetic` and `source_text` say where the requests came from, and `tools` is
+    the manifest's tools entry of a source that offers functions per request (`workloads.tools`)."""
 
     times: np.ndarray | None
     ins: np.ndarray
@@ -90,6 +91,7 @@ class Rows:
     sessions: SessionColumns | None = None
     synthetic: bool = True
     source_text: str = ""
+    tools: dict[str, Any] | None = None
 
 
 @dataclass
