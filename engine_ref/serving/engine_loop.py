@@ -136,15 +136,29 @@ class EngineDriver:
         self.live_ids: set[str] = set()
         self.latest_stats = engine.stats()
         self.step_delay_s = 0.0
+        self.waiting_pools: list[Pool] = []  # one `Pool` runs per iteration; the rest wait
+
+    def has_work(self) -> bool:
+        """Whether an iteration would do something without new commands: a step to take or
+        a `Pool` waiting its turn."""
+        return bool(self.waiting_pools) or self.engine.has_unfinished()
 
     def run_iteration(self, commands: list[Any]) -> StepBatch:
         add_results: dict[str, BaseException | None] = {}
         pooled: dict[str, list[list[float]] | BaseException] = {}
+        # One pooling batch per iteration, each answered with its own batch: 50 embedding
+        # requests that queued behind one pooled forward were otherwise all run in one
+        # iteration and answered together, 70 s later (bench run --endpoint embeddings).
+        commands = [*self.waiting_pools, *commands]
+        self.waiting_pools = []
         for command in commands:
             if isinstance(command, _Admit):
                 add_results[command.group_id] = self._admit(command.requests)
             elif isinstance(command, Pool):
-                pooled[command.group_id] = self._pool(command.prompts)
+                if pooled:
+                    self.waiting_pools.append(command)
+                else:
+                    pooled[command.group_id] = self._pool(command.prompts)
             elif isinstance(command, SetStepDelay):
                 self.step_delay_s = command.seconds
             else:  # an abort: the request id

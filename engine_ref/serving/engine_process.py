@@ -156,7 +156,7 @@ def _serve_engine(config: EngineConfig, commands_in: Any, messages_out: Any) -> 
     driver = EngineDriver(engine)
     parent = multiprocessing.parent_process()
     while True:
-        if not engine.has_unfinished():
+        if not driver.has_work():
             first = _wait_for_commands(commands_in, parent)
             rest = None if first is None else _drain(commands_in)
             commands = None if rest is None else first + rest

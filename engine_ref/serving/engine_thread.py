@@ -96,10 +96,10 @@ class ThreadEngineLoop(EngineLoop):
 
     def _step_until_stopped(self) -> None:
         assert self._loop is not None and self._driver is not None
-        engine = self._driver.engine
+        driver = self._driver
         while True:
             with self._cond:
-                while not (self._commands or self._stopping or engine.has_unfinished()):
+                while not (self._commands or self._stopping or driver.has_work()):
                     self._cond.wait()
                 if self._stopping:
                     return
