@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from slo.runrecord import Correctness, RunManifest, RunSummary, ServerMetrics
+from slo.runrecord import Correctness, OutputFlag, RunManifest, RunSummary, ServerMetrics
 
 
 def check_notes(summary: RunSummary, manifest: RunManifest | None) -> list[str]:
@@ -94,6 +94,13 @@ def correctness_sentence(block: Correctness | None) -> str | None:
             f"exact ({_pct(block.exact_rate)}), token agreement "
             f"{_num(block.agreement_mean, 3)}, {block.n_wrong} wrong "
             f"(diverged before token {block.diverge_before})"
+        )
+    if block.tool_answers_checked:
+        invalid = (block.flags or {}).get(OutputFlag.TOOL_CALL_INVALID.value, 0)
+        parts.append(
+            f"tool calls checked in {block.tool_answers_checked} answers: "
+            f"{block.tool_calls_made} calls, "
+            f"{invalid} answers with an invalid call"
         )
     if flags:
         parts.append(f"flags: {flags}")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from slo.runrecord import OutputFlag, RequestColumn, float_column, string_column
+from slo.runrecord import OutputFlag, RequestColumn, RequestStatus, float_column, string_column
 
 # The flags that make an ok request's output wrong (`output_valid` false).
 WRONG_FLAGS = frozenset(
@@ -121,8 +121,9 @@ def correctness_summary(
     server_metrics: pa.Table | None = None,
 ) -> dict | None:
     """`{n_compared, n_exact, exact_rate, agreement_mean, n_wrong, diverge_before, flags,
-    by_load, by_server_batch}` over a contract requests table, or None when no request was
-    checked.
+    by_load, by_server_batch, tool_answers_checked, tool_calls_made}` over a contract requests table, or
+    None when no request was checked. `tool_answers_checked` counts the ok answers whose tool calls
+    were checked (the request offered tools), `tool_calls_made` their calls (None: no tools).
 
     `flags` counts each OutputFlag; `by_load` lists, per bucket of in-flight requests at send
     time, `{load, n, exact_rate, wrong_rate}` over the compared requests; `by_server_batch` the
@@ -133,7 +134,11 @@ def correctness_summary(
     exact = float_column(requests, RequestColumn.OUTPUT_EXACT_MATCH)
     flags = _flags(requests)
     compared = ~np.isnan(exact)
-    if not np.any(compared) and not any(flags):
+    # tool calls are checked on the ok answers of requests that offered tools (count not null)
+    ok = string_column(requests, RequestColumn.STATUS) == RequestStatus.OK.value
+    calls = float_column(requests, RequestColumn.NUM_TOOL_CALLS)[ok]
+    tool_answers = int(np.count_nonzero(~np.isnan(calls)))
+    if not np.any(compared) and not any(flags) and not tool_answers:
         return None
     agreement = float_column(requests, RequestColumn.OUTPUT_AGREEMENT)
     wrong = np.array([OutputFlag.DIVERGED in f for f in flags], dtype=bool)
@@ -154,4 +159,6 @@ def correctness_summary(
         "flags": {flag.value: sum(flag.value in f for f in flags) for flag in OutputFlag},
         "by_load": _rates_by(_labels(load), compared, exact_ok, wrong, "load"),
         "by_server_batch": _rates_by(_labels(batch), compared, exact_ok, wrong, "batch"),
+        "tool_answers_checked": tool_answers if tool_answers else None,
+        "tool_calls_made": int(np.nansum(calls)) if tool_answers else None,
     }

@@ -243,6 +243,9 @@ class Correctness(Section):
     flags: dict | None = None
     by_load: list[LoadRates] | None = listed(LoadRates)
     by_server_batch: list[BatchRates] | None = listed(BatchRates)
+    # answers whose tool calls were checked (`tools` offered; ok requests), and their calls
+    tool_answers_checked: int | None = None
+    tool_calls_made: int | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from harness.cli import bench
 from reports.build import build_card
+from reports.checks_view import correctness_sentence
 from slo.runrecord import OutputFlag
 
 pytest.importorskip("jsonschema")
@@ -43,10 +44,11 @@ def test_the_mock_s_calls_are_checked(mock_server, tmp_path, mode, valid):
     failures = build_card(tmp_path / "r").failures
     assert (failures.wrong_output, failures.ok) == ((0, 4) if valid else (4, 0))
     correctness = json.loads((tmp_path / "r" / "summary.json").read_text())["correctness"]
-    if valid:
-        assert correctness is None  # nothing flagged: no correctness section
-    else:
-        assert correctness["flags"][FLAG] == 4
+    # the check ran on every answer either way, and the card says so
+    assert (correctness["tool_answers_checked"], correctness["tool_calls_made"]) == (4, 4)
+    assert correctness["flags"][FLAG] == (0 if valid else 4)
+    sentence = correctness_sentence(build_card(tmp_path / "r").correctness)
+    assert f"tool calls checked in 4 answers: 4 calls, {0 if valid else 4} answers" in sentence
 
 
 @pytest.mark.slow
