@@ -299,16 +299,18 @@ def summarize_tables(
     summary["little_law"] = littles_law(rm.t_sent_ns, rm.t_done_ns)
     if slice_duration_s is None and tables.manifest is not None:
         slice_duration_s = (tables.manifest.config or {}).get("slice_duration_s")
+    # every block that judges requests against the SLO reads the TTFT the spec names
+    slo_rm = slo_request_metrics(rm, tables.requests, spec) if spec is not None else rm
     summary["slices"] = slices_summary(
-        rm,
+        slo_rm,
         spec,
         input_edges=input_edges,
         output_edges=output_edges,
         slice_duration_s=slice_duration_s,
     )
     classes = ClassColumns.of(tables.requests)
-    summary["slices"].update(class_slices(classes, rm, spec))
-    summary["fairness"] = fairness_summary(classes, rm, spec)
+    summary["slices"].update(class_slices(classes, slo_rm, spec))
+    summary["fairness"] = fairness_summary(classes, slo_rm, spec)
     summary["deadlines"] = deadlines_summary(classes, rm)
     summary["ledger"] = ledger_summary(tables)
     summary["saturation"] = saturation_summary(rm)
@@ -322,7 +324,7 @@ def summarize_tables(
         {
             "plan": fault_plan.get("name"),
             "sha256": fault_plan.get("sha256"),
-            "windows": recovery_summary(rm, fault_plan.get("windows") or [], spec=spec),
+            "windows": recovery_summary(slo_rm, fault_plan.get("windows") or [], spec=spec),
         }
         if fault_plan
         else None
@@ -334,7 +336,6 @@ def summarize_tables(
     reasoning = reasoning_summary(tables.requests, spec)
     summary["reasoning"] = reasoning
     if spec is not None:
-        slo_rm = slo_request_metrics(rm, tables.requests, spec)  # the TTFT the spec names
         summary["slo"] = evaluate(slo_rm, spec, rng=slo_rng)
         mark_ttft(summary["slo"], spec, reasoning=reasoning is not None)
         summary["goodput"] = goodput_summary(slo_rm, spec, summary["window_s"])

@@ -77,6 +77,17 @@ def test_the_slo_judges_the_ttft_its_spec_names(tmp_path, ttft, verdicts, attain
     assert summary["latency_ms"]["ttft"]["p50"] == 100.0  # the latency block: first token
 
 
+def test_the_slices_judge_the_same_ttft_as_the_slo(tmp_path):
+    """Every request is in one input-length slice: its attainment is the SLO's own (0 with the
+    first answer token at 400 ms against a 200 ms limit, 1 with the first token at 100 ms), and
+    its TTFT percentiles are the ones judged."""
+    for ttft, attainment, p50 in [("first_token", 1.0, 100.0), ("first_answer_token", 0.0, 400.0)]:
+        summary = summarize(_run(tmp_path / ttft), _spec(ttft))
+        (row,) = [r for r in summary["slices"]["input_tokens"] if r["n"]]
+        assert summary["goodput"]["attainment"] == attainment
+        assert (row["attainment"], row["latency_ms"]["ttft"]["p50"]) == (attainment, p50), row
+
+
 def test_a_run_without_reasoning_has_no_block_and_says_nothing_new(tmp_path):
     summary = summarize(_run(tmp_path, reasoning=False), _spec(None))
     assert summary["reasoning"] is None and "ttft" not in summary["slo"]
