@@ -183,16 +183,19 @@ def card_environment() -> jinja2.Environment:
 
 
 def run_charts(card: Card) -> list[dict]:
-    """The charts of one card as [{title, svg or None, empty}] in page order."""
+    """The charts of one card as [{title, svg or None, empty}] in page order. An embeddings or
+    rerank run generates no token: it has no TTFT, TPOT or ITL chart to leave empty."""
     s = card.series
+    token_free = card.dense is not None
     items = [
         (
             f"{charts.METRIC_TITLES[m]} CDF",
             charts.latency_cdf_svg(m, {card.run_id: s.cdf_ms.get(m)}),
         )
         for m in LATENCY_METRICS
+        if m == "e2e" or not token_free
     ]
-    for metric in ("ttft", "tpot"):
+    for metric in () if token_free else ("ttft", "tpot"):
         items.append(
             (
                 f"{charts.METRIC_TITLES[metric]} over time",
@@ -207,7 +210,7 @@ def run_charts(card: Card) -> list[dict]:
             charts.failures_over_time_svg(s.failures_over_time, s.bin_s, s.fault_windows),
         )
     )
-    if card.slices:
+    if card.slices and not token_free:
         items.append(("Per-slice p99 TTFT", charts.slice_bars_svg(card.slices)))
     if s.capacity:
         items.append(("Goodput versus rate", charts.capacity_svg({card.run_id: s.capacity})))

@@ -20,6 +20,7 @@ from harness.run.dense_plan import batch_sizes, dense_rows, parse_batch_size
 from harness.run.orchestrator import run_benchmark
 from reports.build import build_card
 from reports.console import render_summary
+from reports.html import render_html
 from slo.runrecord import Endpoint, ErrorClass
 
 E, R = Endpoint.EMBEDDINGS, Endpoint.RERANK
@@ -180,6 +181,10 @@ def test_rerank_through_the_mock_and_a_malformed_answer_is_an_error(mock_server,
                   out=tmp_path / "ok")  # fmt: skip
     req = pq.read_table(ok.run_dir / "requests.parquet").to_pydict()
     assert req["status"] == ["ok"] * 30 and set(req["num_texts"]) == {1, 2, 3, 4}
+    # the HTML card draws the request latency and leaves out the token charts it cannot draw
+    html = render_html(build_card(ok.run_dir))
+    assert 'data-chart="End-to-end latency CDF"' in html and "<svg" in html
+    assert "no data to draw" not in html and "texts per request (batch size)" in html
     with mock_server("--ttft-ms", "1", "--itl-ms", "0", "--malformed-json-rate", "1") as url:
         bad = _run(url, tmp_path, "rerank", batch_size=2, num_requests=4, out=tmp_path / "bad")
     req = pq.read_table(bad.run_dir / "requests.parquet").to_pydict()
