@@ -339,9 +339,9 @@ def test_bench_run_measures_the_mocks_ttft_and_itl_on_both_apis(mock_server, tmp
         assert req["output_flags"] == [None] * 30  # usage agrees with the 8 events streamed
         return _measured_ms(out)
 
+    with mock_server("--ttft-ms", "0", "--itl-ms", "0") as url:  # the same loopback for both
+        round_trip_ms, _ = run(url, "responses", tmp_path / "round-trip")
     for endpoint in ("responses", "messages"):
-        with mock_server("--ttft-ms", "0", "--itl-ms", "0") as url:
-            round_trip_ms, _ = run(url, endpoint, tmp_path / f"{endpoint}-0")
         with mock_server("--ttft-ms", "50", "--itl-ms", "10") as url:
             ttft_ms, itl_ms = run(url, endpoint, tmp_path / endpoint)
         assert ttft_ms >= 50, (endpoint, ttft_ms)
