@@ -41,6 +41,7 @@ from slo.errors import SLOError
 from slo.frame import RequestMetrics
 from slo.goodput import good_mask
 from slo.runrecord import (
+    Endpoint,
     RunManifest,
     RunRecordError,
     RunSummary,
@@ -66,6 +67,7 @@ KEY_FIELDS = (
     "model_sha256",
     "dtype",
     "hardware",
+    "request_api",
 )
 
 
@@ -82,6 +84,9 @@ class SeriesKey:
     model_sha256: str | None = None
     dtype: str | None = None
     hardware: str | None = None
+    request_api: str | None = (
+        None  # how requests were sent, when not streamed completions (`api_of`)
+    )
 
     @property
     def series_id(self) -> str:
@@ -100,6 +105,8 @@ class SeriesKey:
         model = " ".join(v for v in (self.model, self.dtype) if v) or "unknown model"
         if self.model_sha256:
             model += f"@{self.model_sha256[:8]}"
+        if self.request_api:
+            workload += f" ({self.request_api})"
         return f"{workload} · {target} · {model} · {self.hardware or 'unknown hardware'}"
 
 
@@ -142,6 +149,25 @@ def parse_started_at(text: str | None) -> datetime | None:
     return moment
 
 
+def api_of(manifest: RunManifest) -> str | None:
+    """How the run sent its requests, as a key: None for streamed completions (the default,
+    and what runs before other APIs existed did), else the endpoint, `not streamed` and the
+    texts a request (`--batch-size`) where they apply, e.g. `embeddings, batch 8`."""
+    config = manifest.config or {}
+    said = str((manifest.target or {}).get("endpoint") or config.get("endpoint") or "")
+    said = said.rstrip("/").removeprefix("/v1")  # a name, or a path as vLLM spells it
+    endpoint = next((e for e in Endpoint if said in (e.value, e.path)), None)
+    parts = [endpoint.value] if endpoint not in (None, Endpoint.COMPLETIONS) else []
+    if config.get("stream") is False:
+        parts.append("not streamed")
+    batch = config.get("batch_size")
+    if batch is not None and batch != 1:
+        parts.append(
+            f"batch {json.dumps(batch, sort_keys=True) if isinstance(batch, dict) else batch}"
+        )
+    return ", ".join(parts) or None
+
+
 def series_key(manifest: RunManifest) -> SeriesKey:
     """The comparability key of a run from its manifest."""
     target, workload, hardware = manifest.target or {}, manifest.workload or {}, manifest.hardware
@@ -162,6 +188,7 @@ def series_key(manifest: RunManifest) -> SeriesKey:
         model_sha256=text(model_hash),
         dtype=text(target.get("quantization") or target.get("dtype")),
         hardware=machine or None,
+        request_api=api_of(manifest),
     )
 
 

@@ -10,11 +10,15 @@ Versions:
 2. `runs.series_id`: the comparability key as one column (`SeriesKey.series_id`), so a series
    is one equality instead of seven; the migration backfills it from the key columns with the
    same md5 expression Python uses.
+3. `runs.request_api`: how the requests were sent, when not streamed completions (e.g. `chat`,
+   `embeddings, batch 8`), a key column: runs of one workload against other APIs measure other
+   things. Older rows hold no value (""), as streamed completions runs do; `series_id` is
+   recomputed with it.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _RUNS_V1 = """
 CREATE TABLE runs (
@@ -55,23 +59,35 @@ CREATE_V1 = (
     "INSERT INTO schema_version VALUES (1)",
 )
 
-# The key columns joined by U+001F (NULL as ""), md5, first 12 hex digits: SeriesKey.series_id.
-SERIES_ID_SQL = (
-    "substr(md5(concat_ws(chr(31), coalesce(workload_sha256, ''), coalesce(engine, ''), "
-    "coalesce(engine_version, ''), coalesce(model, ''), coalesce(model_sha256, ''), "
-    "coalesce(dtype, ''), coalesce(hardware, ''))), 1, 12)"
+# The key columns joined by U+001F (NULL as ""), md5, first 12 hex digits: SeriesKey.series_id
+# (version 2's key had no `request_api`).
+_KEY_SQL_V2 = (
+    "coalesce(workload_sha256, ''), coalesce(engine, ''), coalesce(engine_version, ''), "
+    "coalesce(model, ''), coalesce(model_sha256, ''), coalesce(dtype, ''), coalesce(hardware, '')"
 )
+SERIES_ID_SQL_V2 = f"substr(md5(concat_ws(chr(31), {_KEY_SQL_V2})), 1, 12)"
+SERIES_ID_SQL = f"substr(md5(concat_ws(chr(31), {_KEY_SQL_V2}, coalesce(request_api, ''))), 1, 12)"
 
 # version -> the statements that take a database from it to version + 1.
 MIGRATIONS = {
     1: (
         "ALTER TABLE runs ADD COLUMN series_id VARCHAR",
-        f"UPDATE runs SET series_id = {SERIES_ID_SQL}",
+        f"UPDATE runs SET series_id = {SERIES_ID_SQL_V2}",
         "UPDATE schema_version SET version = 2",
+    ),
+    2: (
+        "ALTER TABLE runs ADD COLUMN request_api VARCHAR",
+        f"UPDATE runs SET series_id = {SERIES_ID_SQL}",
+        "UPDATE schema_version SET version = 3",
     ),
 }
 
-CREATE_CURRENT = (*CREATE_V1[:-1], *MIGRATIONS[1][:1], "INSERT INTO schema_version VALUES (2)")
+CREATE_CURRENT = (
+    *CREATE_V1[:-1],
+    MIGRATIONS[1][0],
+    MIGRATIONS[2][0],
+    f"INSERT INTO schema_version VALUES ({SCHEMA_VERSION})",
+)
 
 RUN_COLUMNS = (
     "run_id",
@@ -89,6 +105,7 @@ RUN_COLUMNS = (
     "model_sha256",
     "dtype",
     "hardware",
+    "request_api",
     "slo_name",
     "git_sha",
 )

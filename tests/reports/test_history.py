@@ -26,7 +26,7 @@ from harness.cli.main import bench
 from reports.errors import ReportError
 from reports.history import trend as trend_module
 from reports.history.catalogue import resolve_metric
-from reports.history.record import read_run
+from reports.history.record import api_of, read_run
 from reports.history.schema import CREATE_V1, SCHEMA_VERSION
 from reports.history.store import HistoryStore
 from reports.history.trend import TrendConfig, find_shifts, trend_gate
@@ -163,7 +163,7 @@ def test_every_figure_lies_in_its_interval(nightly):
             assert p.ci_low - 1e-9 <= p.value <= p.ci_high + 1e-9, (run.run_id, key, p)
 
 
-def test_a_version_1_database_opens_with_version_2_code(tmp_path):
+def test_a_version_1_database_opens_with_the_current_code(tmp_path):
     run = read_run(write_run(tmp_path / "old", SyntheticRun(n_requests=20)))
     db = tmp_path / "v1.duckdb"
     con = duckdb.connect(str(db))
@@ -356,3 +356,38 @@ def test_a_shift_within_the_noise_floor_is_dropped():
     assert [
         s.index for s in find_shifts([1.0] * 10 + [1.11] * 10, metric, config, config.rng())
     ] == [10]
+
+
+@pytest.mark.parametrize(
+    ("config", "target_endpoint", "api"),
+    [
+        ({}, "/v1/completions", None),  # streamed completions: the default adds nothing
+        ({"endpoint": "completions"}, "completions", None),
+        ({"endpoint": "chat"}, "chat", "chat"),
+        ({}, "/v1/chat/completions", "chat"),
+        ({"stream": False}, "completions", "not streamed"),
+        ({"endpoint": "embeddings", "batch_size": 8}, "embeddings", "embeddings, batch 8"),
+        ({"endpoint": "rerank", "batch_size": 1}, "rerank", "rerank"),
+        ({"endpoint": "rerank", "batch_size": {"dist": "uniform", "low": 2, "high": 8}}, "rerank",
+         'rerank, batch {"dist": "uniform", "high": 8, "low": 2}'),
+    ],
+)  # fmt: skip
+def test_the_api_a_run_used_is_part_of_its_series(tmp_path, config, target_endpoint, api):
+    """The same workload sent to another API measures something else: its runs are another
+    series (bench history list once put responses, messages and rerank runs of `random` in one)."""
+    from slo.runrecord import read_manifest, write_json_atomic
+    from slo.runrecord.reader import MANIFEST_FILE
+
+    base = write_run(tmp_path / "base", SyntheticRun(n_requests=20))
+    other = tmp_path / "other"
+    shutil.copytree(base, other)
+    manifest = read_manifest(other)
+    target = {**(manifest.target or {}), "endpoint": target_endpoint}
+    changes = dict(config={**(manifest.config or {}), **config}, target=target, run_id="other")
+    write_json_atomic(other / MANIFEST_FILE, manifest.evolve(**changes).to_json())
+    assert api_of(read_manifest(other)) == api
+    same = api is None
+    assert (read_run(other).key.series_id == read_run(base).key.series_id) is same
+    db = tmp_path / "h.duckdb"
+    HistoryStore(db).add([read_run(base), read_run(other)])
+    assert len({r.key.series_id for r in HistoryStore(db).runs()}) == (1 if same else 2)
