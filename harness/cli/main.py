@@ -204,6 +204,21 @@ def _drop_none(**kwargs) -> dict:
     "chunk gaps (ITL) are exact while they fit, else a quantile sketch within 1% relative "
     "error; the summary and the card say which.",
 )
+@click.option(
+    "--otlp",
+    metavar="URL",
+    help="Push each request's span (and the run's root span at the end) to this OTLP/HTTP "
+    "collector while the run runs (POST URL/v1/traces, JSON; the spans bench export "
+    "--format otlp-json writes). A slow or absent collector never slows or fails the run: "
+    "spans that do not fit are dropped and counted in the manifest.",
+)
+@click.option(
+    "--otlp-header",
+    "otlp_headers",
+    multiple=True,
+    metavar="'NAME: VALUE'",
+    help="A header for every --otlp POST (a collector's token); repeatable; never recorded.",
+)
 @vllm_options
 def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) -> None:
     """Drive a target with a workload, record every request and chunk, and summarise.
@@ -215,12 +230,13 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     from reports.terminal import cli_console
 
     targets, repeat = kwargs.pop("targets"), kwargs.pop("repeat")
+    otlp = _otlp_endpoint(kwargs.pop("otlp"), kwargs.pop("otlp_headers"))
     kwargs["target"] = targets[0] if targets else None
     kwargs, result_request, no_progress = translate(_drop_none(**kwargs))
     config = RunConfig(stream=not no_stream, server_args=server_args, **kwargs)
     console = cli_console()
     quiet = quiet or no_progress
-    extensions = run_extensions(config)
+    extensions = run_extensions(config, otlp)
     if len(targets) > 1 or repeat != 1:
         targets = targets or (config.server.spec.text,)
         sys.exit(run_comparative_command(config, targets, repeat, console, quiet, extensions))
@@ -242,6 +258,17 @@ def run(quiet: bool, no_stream: bool, server_args: tuple[str, ...], **kwargs) ->
     else:
         click.echo(f"what was recorded is in {outcome.run_dir}, marked incomplete.", err=True)
     sys.exit(verdict.exit_code)
+
+
+def _otlp_endpoint(url: str | None, headers: tuple[str, ...]):
+    """`--otlp` and its headers checked before anything runs (one sentence when bad)."""
+    if url is None:
+        if headers:
+            raise HarnessError("--otlp-header is sent with --otlp only; give --otlp URL too.")
+        return None
+    from reports.exports.otlp_live import parse_endpoint
+
+    return parse_endpoint(url, headers)
 
 
 def _render(summary: RunSummary, run_dir: Path, console) -> None:

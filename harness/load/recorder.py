@@ -56,6 +56,8 @@ class RunRecorder:
     input_tokens: dict[str, int]
     manifest: RunManifest
     on_records: Callable[[list], None] | None = None  # sees each flush's measured rows
+    # sees each flush's measured rows and each one's first stream event (ns from t0)
+    on_batch: Callable[[list, dict[str, int]], None] | None = None
     sessions: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, turn)
     classes: dict[str, tuple] = field(default_factory=dict)  # id -> (priority, deadline, tenant)
     max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES
@@ -101,6 +103,8 @@ class RunRecorder:
                     chunks.append(rows)
         if self.on_records is not None:
             self.on_records(records)
+        if self.on_batch is not None:
+            self.on_batch(records, {rows.request_id: int(rows.t_ns.min()) for rows in chunks})
         self.writer.append_requests(records)
         self.writer.append_warmup(warm_records)
         if chunks:

@@ -18,6 +18,7 @@ from harness.load.recorder import RunRecorder
 from harness.load.records import RecordContext
 from harness.run.config import RunConfig
 from harness.run.energy import EnergyMeter
+from harness.run.extensions import RecordSink, RecordSinkFactory
 from harness.run.outcome import server_exit_sentence
 from harness.targets.process import ServerProcess, log_tail
 from harness.targets.scraper import MetricsScraper
@@ -49,6 +50,9 @@ class RunContext:
     (any HTTP status) with 404 stops the run: a wrong URL or model would fail every request
     the same way. `server` is the process the harness manages, if any (`server_death` names
     its exit when it died). It is the `harness.load.services.DrivenRun` the load drivers feed.
+    `sink_factory` (an extension's, such as the OTLP push) makes the sink that sees every
+    flush's measured records; `close` closes it after the last flush and records its
+    manifest sections.
     """
 
     config: RunConfig
@@ -68,7 +72,9 @@ class RunContext:
     server: ServerProcess | None = None
     console: Console | None = None
     quiet: bool = True
+    sink_factory: RecordSinkFactory | None = None  # an extension's record sink (OTLP push)
     recorder: RunRecorder | None = field(default=None, init=False)
+    sink: RecordSink | None = field(default=None, init=False)
     energy: EnergyMeter = field(default_factory=EnergyMeter.open, init=False)
     early: list[RawResult] = field(default_factory=list, init=False)
     task: asyncio.Task | None = field(default=None, init=False)  # cancelled by a stop
@@ -106,6 +112,8 @@ class RunContext:
             batch_sizes=self.batch_sizes,
         )
         self.manifest = self.manifest.evolve(t0_ns=t0_ns)
+        if self.sink_factory is not None:
+            self.sink = self.sink_factory(self.manifest, self.run_dir)
         self.recorder = RunRecorder(
             self.run_dir,
             context,
@@ -114,6 +122,7 @@ class RunContext:
             on_records=self.watch.observe if self.watch is not None else None,
             sessions=self.sessions,
             classes=self.classes,
+            on_batch=self.sink.add if self.sink is not None else None,
         )
         plan = self.plan
         arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
@@ -223,7 +232,19 @@ class RunContext:
             reason=reason,
             server_metrics_samples=scraped,
             server_state=server_state,
+            **self.close_sink(complete=reason is None),
         )
+
+    def close_sink(self, *, complete: bool) -> dict:
+        """Hand the sink the last records and close it; its manifest sections (say its
+        warning). Nothing without a sink."""
+        if self.sink is None:
+            return {}
+        self.recorder.flush()
+        self.sink.close(complete=complete)
+        if (sentence := self.sink.warning()) is not None:
+            self.warn(sentence)
+        return self.sink.manifest_changes()
 
 
 @dataclass

@@ -8,6 +8,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+# Flags whose value is a secret (a token in a header, an API key): kept out of the manifest.
+SECRET_FLAGS = ("--otlp-header", "--header", "--api-key")
+URL_FLAGS = ("--otlp",)  # a URL that may carry credentials: recorded without them
+REDACTED = "<redacted>"
 
 
 def hardware_info() -> dict:
@@ -83,3 +89,33 @@ def software_versions() -> dict:
         except metadata.PackageNotFoundError:
             versions[dist] = None
     return versions
+
+
+def recorded_command_line(argv: list[str]) -> list[str]:
+    """`argv` as the manifest records it: the values of `SECRET_FLAGS` replaced by
+    `<redacted>` and the `URL_FLAGS` URLs without user, password or query (both the
+    `--flag value` and `--flag=value` forms)."""
+    out: list[str] = []
+    after: str | None = None
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if after is not None:
+            out.append(_recorded_value(after, arg))
+            after = None
+        elif flag in (*SECRET_FLAGS, *URL_FLAGS) and eq:
+            out.append(f"{flag}={_recorded_value(flag, value)}")
+        else:
+            out.append(arg)
+            after = arg if arg in (*SECRET_FLAGS, *URL_FLAGS) else None
+    return out
+
+
+def _recorded_value(flag: str, value: str) -> str:
+    if flag in SECRET_FLAGS:
+        return REDACTED
+    try:
+        parts = urlsplit(value)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    except ValueError:
+        return REDACTED

@@ -103,6 +103,7 @@ def run_against(
     closed on every exit path."""
     config = inputs.config
     run = plan_run(inputs, started)
+    run.sink_factory = extensions.record_sink
     metrics = metrics_url(started.base_url)
     idle_before = read_gauges(metrics, api_key=config.server.api_key)
     reason: str | None = "the harness stopped unexpectedly"

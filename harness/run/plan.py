@@ -30,7 +30,12 @@ from harness.run.checks import iter_request_rows, output_checks, request_rows
 from harness.run.config import RunConfig
 from harness.run.context import ErrorLimits, RunContext, warn
 from harness.run.dense_plan import batch_sizes, dense_rows, sent_batch_sizes
-from harness.run.environment import git_sha, hardware_info, software_versions
+from harness.run.environment import (
+    git_sha,
+    hardware_info,
+    recorded_command_line,
+    software_versions,
+)
 from harness.targets.probe import preflight, target_info
 from harness.targets.scraper import MetricsScraper
 from harness.targets.target import Target
@@ -136,7 +141,7 @@ def plan_run(inputs: RunInputs, started: Target) -> RunContext:
     manifest = RunManifest(
         harness_version=harness.__version__,
         git_sha=git_sha(),
-        command_line=sys.argv,
+        command_line=recorded_command_line(sys.argv),
         target=target,
         hardware=hardware_info(),
         versions=software_versions(),

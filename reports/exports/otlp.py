@@ -44,11 +44,17 @@ relative to every other (the offsets are exact ns), but the whole run sits early
 truncated fraction of a second plus the planning-to-start time (warm-up included), so aligning
 it with a server's spans can need that shift. A manifest without `started_at`, or one without
 a UTC offset, is refused rather than guessed.
+
+One builder for two paths: `span_context` (from the manifest), `request_spans` (from one
+requests-table row and its first stream event) and `root_span` (over a `RunTally`) make
+both this export and the live push of `bench run --otlp` (`otlp_live`), so a collector fed
+live receives exactly the spans this export writes for the same run directory.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -178,6 +184,116 @@ def _first_chunk_ns(tables) -> dict[str, int]:
     return dict(zip(ids, times, strict=True))
 
 
+@dataclass(frozen=True)
+class SpanContext:
+    """What every span of one run shares, read from its manifest once: the ids, the
+    wall-clock anchor (`t0_unix_ns`, ns since the Unix epoch) and the attributes common to
+    the run and each request. The export and the live push (`otlp_live`) build their spans
+    from the same context, so both give the same spans for the same run."""
+
+    run_id: str
+    t0_unix_ns: int
+    trace_id: str
+    root_span_id: str
+    common: dict
+    harness_version: str | None
+
+
+def span_context(manifest: RunManifest, run_dir: Path | str) -> SpanContext:
+    """The run's `SpanContext`; ReportError for a manifest without a usable `started_at`."""
+    run_dir = Path(run_dir)
+    run_id = manifest.run_id or run_dir.name
+    target = manifest.target or {}
+    model = target.get("model") or (manifest.config or {}).get("model")
+    address, port = _server(manifest)
+    stream = (manifest.config or {}).get("stream")
+    common = {
+        "gen_ai.operation.name": _operation(manifest),
+        "gen_ai.provider.name": target.get("engine"),
+        "gen_ai.request.model": model,
+        "gen_ai.request.stream": stream if isinstance(stream, bool) else None,
+        "server.address": address,
+        "server.port": port,
+    }
+    return SpanContext(
+        run_id=run_id,
+        t0_unix_ns=t0_unix_ns(manifest, run_dir),
+        trace_id=trace_id(run_id),
+        root_span_id=span_id(run_id, "run"),
+        common=common,
+        harness_version=manifest.harness_version,
+    )
+
+
+def request_extent(row) -> tuple[int, int] | None:
+    """A request span's (start, end), ns from t0: its send to its terminal time (its last
+    recorded time when it has none); None for a request never sent. `row` maps the time
+    columns to their values (a requests-table row)."""
+    sent = row.get(RequestColumn.T_SENT_NS)
+    if sent is None:
+        return None
+    done = row.get(RequestColumn.T_DONE_NS)
+    if done is not None:
+        return sent, done
+    return sent, max(t for col in PHASES if (t := row.get(col)) is not None)
+
+
+@dataclass
+class RunTally:
+    """What the root span says of the requests: how many rows, how many never sent, and the
+    span of time their spans cover (ns from t0; the root starts at t0 at the latest)."""
+
+    total: int = 0
+    not_sent: int = 0
+    first_start: int = 0
+    last_end: int = 0
+
+    def add(self, row) -> None:
+        """Count one requests-table row (a mapping of its columns)."""
+        self.total += 1
+        extent = request_extent(row)
+        if extent is None:
+            self.not_sent += 1
+            return
+        self.first_start = min(self.first_start, extent[0])
+        self.last_end = max(self.last_end, extent[1])
+
+
+def root_span(ctx: SpanContext, tally: RunTally, *, complete: bool) -> dict:
+    """The run's root span (kind INTERNAL) over the requests `tally` counted."""
+    t0 = ctx.t0_unix_ns
+    return {
+        "traceId": ctx.trace_id,
+        "spanId": ctx.root_span_id,
+        "name": f"bench run {ctx.run_id}",
+        "kind": SPAN_KIND_INTERNAL,
+        "startTimeUnixNano": str(t0 + tally.first_start),
+        "endTimeUnixNano": str(t0 + tally.last_end),
+        "attributes": attributes(
+            {
+                "llm_bench.run_id": ctx.run_id,
+                "llm_bench.run.complete": bool(complete),
+                "llm_bench.requests.total": tally.total,
+                "llm_bench.requests.not_sent": tally.not_sent,
+                "llm_bench.time_anchor": "manifest.started_at",
+                **ctx.common,
+            }
+        ),
+        "status": {},
+    }
+
+
+def traces_document(ctx: SpanContext, spans: list[dict]) -> dict:
+    """An `ExportTraceServiceRequest` (OTLP/JSON) carrying `spans` of the run."""
+    resource = attributes({"service.name": SERVICE_NAME,
+                           "service.version": ctx.harness_version})  # fmt: skip
+    scope = {"name": SCOPE_NAME, "version": ctx.harness_version or ""}
+    return {"resourceSpans": [{
+        "resource": {"attributes": resource},
+        "scopeSpans": [{"scope": scope, "spans": spans}],
+    }]}  # fmt: skip
+
+
 def otlp_traces(run_dir: Path | str) -> dict:
     """The OTLP/JSON `ExportTraceServiceRequest` dict for `run_dir` (see the module
     docstring). Raises ReportError for an unreadable run directory or one without a
@@ -187,78 +303,36 @@ def otlp_traces(run_dir: Path | str) -> dict:
         tables = open_run(run_dir)
     except RunRecordError as exc:
         raise ReportError(str(exc)) from exc
-    manifest = tables.manifest
-    t0 = t0_unix_ns(manifest, run_dir)
-    run_id = manifest.run_id or run_dir.name
-    target = manifest.target or {}
-    model = target.get("model") or (manifest.config or {}).get("model")
-    address, port = _server(manifest)
-    stream = (manifest.config or {}).get("stream")
-    operation = _operation(manifest)
-    common = {
-        "gen_ai.operation.name": operation,
-        "gen_ai.provider.name": target.get("engine"),
-        "gen_ai.request.model": model,
-        "gen_ai.request.stream": stream if isinstance(stream, bool) else None,
-        "server.address": address,
-        "server.port": port,
-    }
-    ids = (trace_id(run_id), span_id(run_id, "run"))
+    ctx = span_context(tables.manifest, run_dir)
     first_chunks = _first_chunk_ns(tables)
-    spans, not_sent, ends = [], 0, [0]
+    spans, tally = [], RunTally()
     for row in tables.requests.to_pylist():
-        request_spans = _request_spans(row, ids, run_id, t0, common, first_chunks)
-        if not request_spans:
-            not_sent += 1
-            continue
-        spans.extend(request_spans)
-        ends.append(int(request_spans[0]["endTimeUnixNano"]) - t0)
-    starts = [int(s["startTimeUnixNano"]) - t0 for s in spans]
-    root = {
-        "traceId": ids[0],
-        "spanId": ids[1],
-        "name": f"bench run {run_id}",
-        "kind": SPAN_KIND_INTERNAL,
-        "startTimeUnixNano": str(t0 + min([0, *starts])),
-        "endTimeUnixNano": str(t0 + max(ends)),
-        "attributes": attributes(
-            {
-                "llm_bench.run_id": run_id,
-                "llm_bench.run.complete": bool(manifest.complete),
-                "llm_bench.requests.total": tables.requests.num_rows,
-                "llm_bench.requests.not_sent": not_sent,
-                "llm_bench.time_anchor": "manifest.started_at",
-                **common,
-            }
-        ),
-        "status": {},
-    }
-    resource = attributes({"service.name": SERVICE_NAME,
-                           "service.version": manifest.harness_version})  # fmt: skip
-    scope = {"name": SCOPE_NAME, "version": manifest.harness_version or ""}
-    return {"resourceSpans": [{
-        "resource": {"attributes": resource},
-        "scopeSpans": [{"scope": scope, "spans": [root, *spans]}],
-    }]}  # fmt: skip
+        tally.add(row)
+        rid = str(row[RequestColumn.REQUEST_ID])
+        spans.extend(request_spans(row, ctx, first_chunks.get(rid)))
+    root = root_span(ctx, tally, complete=bool(tables.manifest.complete))
+    return traces_document(ctx, [root, *spans])
 
 
-def _request_spans(row: dict, ids, run_id: str, t0: int, common: dict, first_chunks) -> list:
-    """The request's span and its time-to-first-token child; none when it was never sent."""
-    sent = row.get(RequestColumn.T_SENT_NS)
-    if sent is None:
+def request_spans(row: dict, ctx: SpanContext, first_chunk_ns: int | None) -> list[dict]:
+    """A request's span and its time-to-first-token child, from its requests-table row and
+    its first stream event (`first_chunk_ns`, ns from t0; None: none arrived); none when it
+    was never sent."""
+    extent = request_extent(row)
+    if extent is None:
         return []
+    sent, end = extent
+    t0, common = ctx.t0_unix_ns, ctx.common
     rid = str(row[RequestColumn.REQUEST_ID])
     phases = [(_phase_name(col), row.get(col)) for col in PHASES if row.get(col) is not None]
     done = row.get(RequestColumn.T_DONE_NS)
-    end = done if done is not None else max(t for _, t in phases)
     status = row.get(RequestColumn.STATUS)
     failed = status is not None and status != RequestStatus.OK
     input_tokens = row.get(RequestColumn.USAGE_PROMPT_TOKENS)
     if input_tokens is None:  # the server sent no usage: the workload's own count
         input_tokens = row.get(RequestColumn.INPUT_TOKENS)
     finish = row.get(RequestColumn.FINISH_REASON)
-    first_chunk = first_chunks.get(rid)
-    to_first_chunk_s = (first_chunk - sent) / 1e9 if first_chunk is not None else None
+    to_first_chunk_s = (first_chunk_ns - sent) / 1e9 if first_chunk_ns is not None else None
     own = {
         **common,
         "gen_ai.usage.input_tokens": input_tokens,
@@ -278,11 +352,11 @@ def _request_spans(row: dict, ids, run_id: str, t0: int, common: dict, first_chu
         "llm_bench.unfinished": True if done is None else None,
     }  # fmt: skip
     name = f"{common['gen_ai.operation.name']} {common['gen_ai.request.model'] or ''}".strip()
-    own_id = span_id(run_id, "request", rid)
+    own_id = span_id(ctx.run_id, "request", rid)
     span = {
-        "traceId": ids[0],
+        "traceId": ctx.trace_id,
         "spanId": own_id,
-        "parentSpanId": ids[1],
+        "parentSpanId": ctx.root_span_id,
         "name": name,
         "kind": SPAN_KIND_CLIENT,
         "startTimeUnixNano": str(t0 + sent),
@@ -298,8 +372,8 @@ def _request_spans(row: dict, ids, run_id: str, t0: int, common: dict, first_chu
     if first_token is None:
         return [span]
     ttft = {
-        "traceId": ids[0],
-        "spanId": span_id(run_id, "ttft", rid),
+        "traceId": ctx.trace_id,
+        "spanId": span_id(ctx.run_id, "ttft", rid),
         "parentSpanId": own_id,
         "name": "time_to_first_token",
         "kind": SPAN_KIND_INTERNAL,

@@ -101,6 +101,7 @@ class RunManifest:
     outcome: dict | None = None  # how the run ended: exit code, reason, dominant error
     workers: dict | None = None  # `--workers`/`--ray`: count, why, clocks, per-worker facts
     energy: dict | None = None  # this host's energy counters over the measured phase (EnergyRecord)
+    otlp: dict | None = None  # `bench run --otlp`: endpoint, spans sent and dropped, failures
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "manifest.json") -> RunManifest:
