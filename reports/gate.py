@@ -270,14 +270,7 @@ def run_gate(
                 reason=reason,
             )
         )
-    verdicts = {r.verdict for r in results}
-    overall = (
-        "regressed"
-        if "regressed" in verdicts
-        else "inconclusive"
-        if "inconclusive" in verdicts or not results
-        else "pass"
-    )
+    overall = overall_verdict(results)
     return GateResult(
         baseline=[str(p) for p in base_dirs],
         candidate=[str(p) for p in cand_dirs],
@@ -289,3 +282,12 @@ def run_gate(
 
 
 __all__ = ["GATE_VERDICTS", "GateResult", "MetricResult", "Statistic", "run_gate", "judge"]
+
+
+def overall_verdict(results) -> str:
+    """A gate's verdict from its metrics' (each has `.verdict`): regressed if any regressed,
+    else inconclusive if any was or none was judged, else pass."""
+    verdicts = {r.verdict for r in results}
+    if "regressed" in verdicts:
+        return "regressed"
+    return "inconclusive" if "inconclusive" in verdicts or not results else "pass"

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from reports.gate import EXIT_CODES
+from reports.gate import EXIT_CODES, overall_verdict
 from reports.history.catalogue import DEFAULT_GATE_METRICS, HistoryMetric, resolve_metric
 from reports.history.changepoint import (
     DEFAULT_MIN_SIZE,
@@ -277,14 +277,7 @@ def trend_gate(
             continue
         if window:
             results.append(_judge(metric, window, candidate, config, rng))
-    verdicts = {r.verdict for r in results}
-    overall = (
-        "regressed"
-        if "regressed" in verdicts
-        else "inconclusive"
-        if "inconclusive" in verdicts or not results
-        else "pass"
-    )
+    overall = overall_verdict(results)
     return TrendGateResult(
         candidate=candidate.run_id,
         series=candidate.key.label,
