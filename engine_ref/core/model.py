@@ -117,15 +117,24 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int | None = None) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given an (uninitialised) weight: nn.Embedding's own random init on the meta device goes
+        # through torch's reference ops, whose first use imports TorchDynamo (1.6 s of every
+        # engine start); the weights are loaded right after anyway.
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size,
+            config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size),
+        )
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        cos, sin = rope_tables(
-            config.head_dim, max_positions or config.max_position_embeddings, config.rope_theta
-        )
+        positions = max_positions or config.max_position_embeddings
+        if self.embed_tokens.weight.is_meta:  # from_state_dict's skeleton: it sets the tables
+            cos = sin = torch.empty(positions, config.head_dim)
+        else:
+            cos, sin = rope_tables(config.head_dim, positions, config.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.requires_grad_(False)
