@@ -10,6 +10,7 @@ previous one is done.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -56,6 +57,11 @@ class LoadPlan:
             raise ValueError("arrival_s and payloads differ in length")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+
+    def request_ids(self) -> Sequence[str]:
+        """The ids of `payloads` in order, without building a streamed plan's bodies."""
+        ids = getattr(self.payloads, "ids", None)
+        return ids if ids is not None else [p.request_id for p in self.payloads]
 
 
 @dataclass(slots=True)
@@ -231,12 +237,15 @@ def _report_not_sent(plan: LoadPlan, dispatched: set[str], t0: int | None, on_re
     """Hand every request of `plan` that was never dispatched to `on_result` as `not_sent`."""
     count = 0
     arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
-    pending = [(p, None) for p in plan.warmup] + list(zip(plan.payloads, arrivals, strict=True))
-    for payload, offset_s in pending:
-        if payload.request_id in dispatched:
+    pending = itertools.chain(
+        ((p.request_id, True, None) for p in plan.warmup),
+        zip(plan.request_ids(), itertools.repeat(False), arrivals, strict=False),
+    )
+    for request_id, is_warmup, offset_s in pending:
+        if request_id in dispatched:
             continue
         scheduled = None if (t0 is None or offset_s is None) else t0 + round(offset_s * 1e9)
-        raw = RawResult(payload.request_id, payload.is_warmup, scheduled)
+        raw = RawResult(request_id, is_warmup, scheduled)
         raw.status = RequestStatus.NOT_SENT
         raw.error_message = "the run stopped before this request was sent"
         on_result(raw)

@@ -41,15 +41,15 @@ class WorkerShare:
     @property
     def request_ids(self) -> list[str]:
         """Every request this worker was given (warm-up first), in schedule order."""
-        return [p.request_id for p in (*self.plan.warmup, *self.plan.payloads)]
+        return [*(p.request_id for p in self.plan.warmup), *self.plan.request_ids()]
 
     def scheduled_ns(self, t0_ns: int | None) -> dict[str, int | None]:
         """Each request's scheduled time once the run started at `t0_ns` (None: closed loop,
         a later turn, warm-up, or not started)."""
         arrivals = self.plan.arrival_s or [None] * len(self.plan.payloads)
         out: dict[str, int | None] = {p.request_id: None for p in self.plan.warmup}
-        for payload, offset_s in zip(self.plan.payloads, arrivals, strict=True):
-            out[payload.request_id] = (
+        for request_id, offset_s in zip(self.plan.request_ids(), arrivals, strict=True):
+            out[request_id] = (
                 None if t0_ns is None or offset_s is None else t0_ns + round(offset_s * 1e9)
             )
         return out
@@ -80,15 +80,15 @@ def split_plan(plan: LoadPlan, workers: int) -> list[LoadPlan]:
             for turn in s.turns
         }
     elif closed:
-        owner = {p.request_id: (i % plan.concurrency) % n for i, p in enumerate(plan.payloads)}
+        owner = {rid: (i % plan.concurrency) % n for i, rid in enumerate(plan.request_ids())}
     else:
-        owner = {p.request_id: i % n for i, p in enumerate(plan.payloads)}
+        owner = {rid: i % n for i, rid in enumerate(plan.request_ids())}
     arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
+    shares: list[list] = [[] for _ in range(n)]
+    for p, a in zip(plan.payloads, arrivals, strict=True):  # one pass: a streamed plan's bodies
+        shares[owner[p.request_id]].append((p, a))  # are built once
     plans = []
-    for k in range(n):
-        mine = [
-            (p, a) for p, a in zip(plan.payloads, arrivals, strict=True) if owner[p.request_id] == k
-        ]
+    for k, mine in enumerate(shares):
         sessions = None
         if plan.sessions is not None:
             sessions = replace(

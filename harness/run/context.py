@@ -128,7 +128,7 @@ class RunContext:
         arrivals = plan.arrival_s if plan.arrival_s is not None else [None] * len(plan.payloads)
         self.recorder.writer.write_schedule(
             [(p.request_id, None, True) for p in plan.warmup]
-            + [(p.request_id, a, False) for p, a in zip(plan.payloads, arrivals, strict=True)]
+            + [(rid, a, False) for rid, a in zip(plan.request_ids(), arrivals, strict=True)]
         )
         for raw in self.early:
             self.recorder.add(raw)

@@ -4,14 +4,14 @@ holds them, built in one go before anything is sent."""
 
 from __future__ import annotations
 
-import ctypes
-import gc
+import itertools
 import sys
 import time
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow as pa
 from rich.console import Console
 
 import harness
@@ -40,7 +40,7 @@ from harness.targets.probe import preflight, target_info
 from harness.targets.scraper import MetricsScraper
 from harness.targets.target import Target
 from harness.targets.tokenizer_choice import TokenizerChoice, chat_overhead_tokens
-from slo.runrecord import Endpoint, RunManifest
+from slo.runrecord import Endpoint, RunManifest, release_free_memory
 from workloads import WorkloadError, WorkloadOptions, resolve_workload
 
 CHUNK_USAGE_ENGINES = ("engine_ref", "vllm")  # servers known to honour continuous_usage_stats
@@ -198,53 +198,77 @@ def metrics_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1") + "/metrics"
 
 
-def release_free_memory() -> None:
-    """Hand back to the system what building the workload and the plan freed, before the load:
-    glibc's malloc and Arrow's pool otherwise keep it, and the run's memory then grows with
-    the workload's size (30,000 generated requests kept about 90 MB this way). No-op where
-    glibc is not the allocator."""
-    gc.collect()
-    pa.default_memory_pool().release_unused()
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+class StreamedPayloads(Sequence[RequestPayload]):
+    """The plan's requests, each body built from its workload row when the load reaches it:
+    a plan holds the workload's Arrow table (columns) and the ids, not a body per request
+    (about 1 KB each, issue "Runs that last"). Iterating builds the bodies in order again;
+    an index or a slice walks to it (the split reads the first thousand, nothing else does)."""
+
+    def __init__(self, rows: Callable[[], Iterator[dict]], ids: list[str], options) -> None:
+        self._rows, self.ids, self._options = rows, ids, options
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self) -> Iterator[RequestPayload]:
+        options = self._options
+        for r in self._rows():
+            yield RequestPayload(
+                r["request_id"], build_body(options, r), headers=request_headers(r)
+            )
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            return list(itertools.islice(self, start, max(start, stop), step))
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(f"request {index} of a plan of {len(self)}")
+        return next(itertools.islice(self, position, None))
+
+
+def _has_sessions(table) -> bool:
+    return "session_id" in table.column_names and table.column("session_id").null_count < len(table)
 
 
 def load_plan(
     config: RunConfig, workload, options: ClientOptions, tokenizer=None
 ) -> tuple[LoadPlan, dict[str, int]]:
     """The `LoadPlan` of the workload's rows as sent (with `config.load.warmup` warm-up
-    requests repeating the first rows), and each request's input tokens."""
-    payloads: list[RequestPayload] = []
-    input_tokens: dict[str, int] = {}
-    arrivals: list[float | None] = []
-    head: list[dict] = []  # the rows the warm-up requests repeat
-    load = config.load
-    rows = iter_request_rows(config, workload)
-    if not options.endpoint.generates:  # embeddings, rerank: a batch of texts a request
-        rows = list(rows)
+    requests repeating the first rows), and each request's input tokens. A generating
+    endpoint's plan streams its bodies from the workload table (`StreamedPayloads`); a
+    multi-turn plan and a batched (embeddings, rerank) one hold their rows."""
+    load, table = config.load, workload.table
+    if options.endpoint.generates and _has_sessions(table):  # the sessions need every row
+        rows = request_rows(config, workload)
+        warmup = warmup_payloads(load.warmup, options, rows)
+        input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
+        return session_plan(config, workload, options, rows, warmup, tokenizer), input_tokens
+    if options.endpoint.generates:
+        ids = table.column("request_id").to_pylist()
+        input_tokens = dict(zip(ids, table.column("input_tokens").to_pylist(), strict=True))
+        arrival = table.column("arrival_s")
+        head = list(itertools.islice(iter_request_rows(config, workload), load.warmup))
+        payloads = StreamedPayloads(lambda: iter_request_rows(config, workload), ids, options)
+        closed = arrival.null_count > 0
+        # 8 bytes a request (a list of floats: 32)
+        arrivals = None if closed else array("d", arrival.to_numpy(zero_copy_only=False))
+    else:  # embeddings, rerank: a batch of texts a request
+        rows = list(iter_request_rows(config, workload))
         seed = load.seed if load.seed is not None else workload.manifest.get("seed") or 0
-        sizes = batch_sizes(load.batch_size, len(rows), seed)
-        rows = dense_rows(rows, options.endpoint, sizes)
-    for r in rows:
-        if r.get("session_id") is not None:  # multi-turn: the sessions need every row
-            rows = request_rows(config, workload)
-            warmup = warmup_payloads(load.warmup, options, rows)
-            input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
-            return session_plan(config, workload, options, rows, warmup, tokenizer), input_tokens
-        payloads.append(
+        rows = dense_rows(rows, options.endpoint, batch_sizes(load.batch_size, len(rows), seed))
+        payloads = [
             RequestPayload(r["request_id"], build_body(options, r), headers=request_headers(r))
-        )
-        input_tokens[r["request_id"]] = r["input_tokens"]
-        arrivals.append(None if r["arrival_s"] is None else float(r["arrival_s"]))
-        if len(head) < load.warmup:
-            head.append(r)
+            for r in rows
+        ]
+        input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
+        closed = any(r["arrival_s"] is None for r in rows)
+        arrivals = None if closed else [float(r["arrival_s"]) for r in rows]
+        head = rows[: load.warmup]
     if not payloads:
         raise HarnessError("the workload has no requests; raise --num-requests or --duration.")
     warmup = warmup_payloads(load.warmup, options, head)
-    closed = workload.closed_loop_concurrency is not None or any(a is None for a in arrivals)
-    if closed:
+    if closed or workload.closed_loop_concurrency is not None:
         users = workload.closed_loop_concurrency or load.concurrency
         if not users:
             raise HarnessError("a closed-loop workload needs --concurrency (the number of users).")
