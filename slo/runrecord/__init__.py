@@ -36,6 +36,7 @@ from slo.runrecord.reader import (
     open_run,
     read_manifest,
     read_summary,
+    release_free_memory,
     string_column,
 )
 from slo.runrecord.reasoning_sections import Reasoning
@@ -169,6 +170,7 @@ __all__ = [
     "open_run",
     "read_manifest",
     "read_summary",
+    "release_free_memory",
     "string_column",
     "write_json_atomic",
     "write_server_metrics",
