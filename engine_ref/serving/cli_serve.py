@@ -208,6 +208,20 @@ def _engine_options(command: Any) -> Any:
     default="info",
     show_default=True,
 )
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker servers behind a router (engine_ref.cluster); 1 serves one engine directly. "
+    "Every other option applies to each worker.",
+)
+@click.option(
+    "--router",
+    default=None,
+    help="With --replicas 2 or more, how the router picks a worker: round-robin (default), "
+    "least-loaded or prefix-affinity.",
+)
 def serve(
     host: str,
     port: int,
@@ -215,6 +229,8 @@ def serve(
     engine_loop: str,
     served_model_name: str | None,
     log_level: str,
+    replicas: int,
+    router: str | None,
     **options: Any,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted:
@@ -251,12 +267,29 @@ def serve(
         click.echo(f"listening on {url}")
         sys.stdout.flush()
 
+    if router is not None and replicas < 2:
+        raise click.UsageError("--router needs --replicas 2 or more.")
+    if replicas >= 2:
+        from engine_ref.cluster.routing import POLICIES  # the cluster loads only when used
+
+        router = router or POLICIES[0]
+        if router not in POLICIES:
+            raise click.UsageError(f"Unknown --router {router!r}; known: {', '.join(POLICIES)}.")
+
     async def until_signalled() -> None:
         # SIGINT and SIGTERM stop the server cleanly, so an engine process never outlives it.
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        if replicas >= 2:
+            from engine_ref.cluster.router import serve_cluster
+
+            await serve_cluster(
+                config, replicas=replicas, policy=router, log_level=log_level,
+                on_listening=announce, stop=stop,
+            )  # fmt: skip
+            return
         await run_server(config, on_listening=announce, stop=stop)
 
     try:

@@ -5,7 +5,10 @@ the engine.
 `LLMEngine` satisfies it, and so does any test double (checked by
 `tests/engine_ref/test_engine_interface.py`, signatures included; an implementation may add
 parameters with defaults, which the server never passes). Engine errors and the types
-that cross the boundary are re-exported from here so the rest of `serving/` names them once.
+that cross the boundary are re-exported from here so the rest of `serving/` names them once;
+so is the prefix cache's block-hash function (`prefix_block_hash(parent_key, tokens)`), which
+a cluster router hashes prompts with to send shared prefixes to the same worker, and the KV
+handoff's prefill and decode sides (`core.kv_handoff`), which P/D workers drive.
 `describe_engine` (engine_loop.py) also records `engine.device`, `config.torch_dtype()` and the
 config's dataclass fields when an engine has them, and request parsing tokenizes with
 `tokenizer.encode_batch` when the tokenizer has one (Hugging Face's releases the GIL, `encode`
@@ -28,6 +31,7 @@ from engine_ref import (
     SamplingParams,
 )
 from engine_ref.core.admission import MAX_DEADLINE_MS, MAX_TENANT_CHARS
+from engine_ref.core.block_manager import default_hash as prefix_block_hash
 from engine_ref.core.engine_config import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -38,6 +42,14 @@ from engine_ref.core.kernels import describe as kernel_level
 from engine_ref.core.kernels import isa_env_problem
 from engine_ref.core.kv_dtype import KV_CACHE_DTYPES
 from engine_ref.core.kv_eviction import KV_EVICTION_MODES
+from engine_ref.core.kv_handoff import (
+    HandoffExporter,
+    KVHandoff,
+    KVHandoffError,
+    NoFreeBlocks,
+)
+from engine_ref.core.kv_handoff import free as free_handoff
+from engine_ref.core.kv_handoff import install as install_handoff
 from engine_ref.core.overload import SHED_REASONS, DeadlineInfeasibleError
 from engine_ref.core.policy import SCHEDULING_POLICIES
 from engine_ref.core.pooling import embed
@@ -61,11 +73,15 @@ __all__ = [
     "EngineInterface",
     "GrammarError",
     "GuidedDecoding",
+    "HandoffExporter",
+    "KVHandoff",
+    "KVHandoffError",
     "MAX_DEADLINE_MS",
     "MAX_STOP_STRINGS",
     "MAX_STOP_STRING_CHARS",
     "MAX_STOP_TOKEN_IDS",
     "MAX_TENANT_CHARS",
+    "NoFreeBlocks",
     "QueueFullError",
     "RequestOutput",
     "SHED_REASONS",
@@ -75,9 +91,12 @@ __all__ = [
     "ServedTokenizer",
     "build_engine",
     "check_guided",
+    "free_handoff",
+    "install_handoff",
     "isa_env_problem",
     "kernel_level",
     "pooled_embeddings",
+    "prefix_block_hash",
 ]
 
 

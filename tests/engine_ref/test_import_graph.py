@@ -221,6 +221,36 @@ def test_the_core_rule_catches_a_lazy_import_of_loading():
     assert [str(e) for e in _outside_the_core(edges)] == [str(edges[0])]
 
 
+CLUSTER = "engine_ref.cluster"
+# The KV link frames the engine's handoff records; the rest of the room reaches the engine only
+# through the serving interface, as a worker's server does.
+CLUSTER_CORE_IMPORTERS = frozenset({"engine_ref.cluster.kv_link"})
+
+
+def _in(module: str | None, room: str) -> bool:
+    return module is not None and (module == room or module.startswith(room + "."))
+
+
+def test_the_cluster_room_sits_on_top_of_serving():
+    """Nothing below imports the cluster (the serve CLI alone, lazily, for --replicas), and
+    the cluster reaches the engine through `engine_ref.serving.interface` only."""
+    wrong = [
+        i
+        for i in IMPORTS
+        if _in(_resolve(i.target), CLUSTER)
+        and not _in(i.importer, CLUSTER)
+        and not (i.importer == "engine_ref.serving.cli_serve" and i.lazy)
+    ]
+    wrong += [
+        i
+        for i in IMPORTS
+        if _in(i.importer, CLUSTER)
+        and i.importer not in CLUSTER_CORE_IMPORTERS
+        and (_in(_resolve(i.target), CORE) or _resolve(i.target) == "engine_ref")
+    ]
+    assert not wrong, "\n".join(map(str, wrong))
+
+
 def _num_lines(path: Path) -> int:
     return len(path.read_text().splitlines())
 

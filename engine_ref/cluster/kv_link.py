@@ -1,0 +1,469 @@
+"""The KV link: a `KVHandoff` (`engine_ref.core.kv_handoff`) on the wire, each block checksummed.
+
+A decode worker must never decode from a block that changed on the way, and must know when a
+transfer stopped short, so the framing makes both detectable before anything is handed on:
+
+    header   b"KVH1" | u32 header length | u32 crc32c(header) | header (JSON, UTF-8)
+    block i  u32 i | u32 crc32c(u32 i, payload) | payload (the header's `block_nbytes[i]` bytes)
+
+Integers are little-endian. The JSON header holds the handoff's metadata, the block count and
+each block's token count and byte length; a payload is the block's K/V bytes as its tensor holds
+them ([layers, 2 * kv heads, tokens, head_dim], native byte order, recorded in the header), then
+for int8/fp8 its float32 scales. The checksum (CRC-32C, the `crc32c` package) covers the index,
+so a block out of place fails like a block with a flipped bit.
+
+`encode` yields the frames as views of the handoff's tensors (no copy of all blocks at once);
+`HandoffDecoder` takes bytes as they come, verifies each block's checksum as soon as the block is
+complete (`KVChecksumError` names it) and returns the handoff only when every block has passed;
+a stream that ends early is `KVLinkCut`. Transports: TCP (`send_handoff` and `KVReceiver`, whose
+callback receives only verified handoffs; the receiver replies one JSON line, so the sender learns
+whether the handoff was installed or why not) and shared memory (`write_shm` / `read_shm`: the
+same frames in a `multiprocessing.shared_memory` segment that the reader unlinks after reading,
+on success and on error alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import inspect
+import json
+import struct
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
+from multiprocessing import resource_tracker, shared_memory
+
+import crc32c
+import torch
+
+from engine_ref.core.kv_handoff import KV_STORAGE, KVBlock, KVHandoff
+
+__all__ = [
+    "HandoffDecoder",
+    "KVChecksumError",
+    "KVLinkCut",
+    "KVLinkError",
+    "KVReceiver",
+    "KVTransferRejected",
+    "decode",
+    "encode",
+    "encoded_size",
+    "read_shm",
+    "send_handoff",
+    "write_shm",
+]
+
+MAGIC = b"KVH1"
+VERSION = 1
+_PREFIX = struct.Struct("<4sII")  # magic, header length, header crc32c
+_RECORD = struct.Struct("<II")  # block index, crc32c(index, payload)
+MAX_HEADER_BYTES = 64 << 20
+DEFAULT_MAX_BYTES = 16 << 30  # the most KV bytes one handoff may announce
+_READ_CHUNK = 1 << 20
+
+
+class KVLinkError(RuntimeError):
+    """A KV transfer that cannot be used; the message is one sentence."""
+
+
+class KVChecksumError(KVLinkError):
+    """A block (or the header: `block_index` None) whose bytes fail their checksum."""
+
+    def __init__(self, block_index: int | None) -> None:
+        where = "the header" if block_index is None else f"block {block_index}"
+        super().__init__(f"The KV transfer's {where} failed its CRC-32C checksum.")
+        self.block_index = block_index
+
+
+class KVLinkCut(KVLinkError):
+    """The stream ended after `received_bytes`, before the handoff was complete."""
+
+    def __init__(self, received_bytes: int, expected: str) -> None:
+        super().__init__(
+            f"The KV transfer ended after {received_bytes} bytes, in the middle of {expected}."
+        )
+        self.received_bytes = received_bytes
+
+
+class KVTransferRejected(KVLinkError):
+    """The receiver did not take the handoff: `kind` names its error class, `reason` says why."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"The receiver rejected the KV handoff ({kind}): {reason}")
+        self.kind, self.reason = kind, reason
+
+
+# -- framing ------------------------------------------------------------------------------------
+def _parts(block: KVBlock) -> list[memoryview]:
+    """The block's payload as byte views of its tensors (copied only if not contiguous)."""
+    tensors = [block.kv] if block.scales is None else [block.kv, block.scales]
+    return [memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy()) for t in tensors]
+
+
+def _header(handoff: KVHandoff, block_nbytes: list[int], extra: dict | None = None) -> bytes:
+    meta = {f.name: getattr(handoff, f.name) for f in fields(handoff) if f.name != "blocks"}
+    if extra is not None:  # what the receiver needs besides the handoff (a P/D request's params)
+        meta["extra"] = extra
+    state = handoff.generator_state
+    meta.update(
+        version=VERSION,
+        byteorder=sys.byteorder,
+        token_ids=list(handoff.token_ids),
+        generator_state=None if state is None else base64.b64encode(state).decode(),
+        block_num_tokens=[b.num_tokens for b in handoff.blocks],
+        block_nbytes=block_nbytes,
+    )
+    body = json.dumps(meta, separators=(",", ":")).encode()
+    return _PREFIX.pack(MAGIC, len(body), crc32c.crc32c(body)) + body
+
+
+def encode(handoff: KVHandoff, *, extra: dict | None = None) -> Iterator[bytes | memoryview]:
+    """The handoff's frames (module doc), in order; blocks as views of their tensors. `extra`
+    (JSON) travels in the header, under its checksum (`HandoffDecoder.extra`)."""
+    parts = [_parts(b) for b in handoff.blocks]
+    yield _header(handoff, [sum(p.nbytes for p in block) for block in parts], extra)
+    for index, block in enumerate(parts):
+        prefix = struct.pack("<I", index)
+        crc = crc32c.crc32c(prefix)
+        for part in block:
+            crc = crc32c.crc32c(part, crc)
+        yield _RECORD.pack(index, crc)
+        yield from block
+
+
+def encoded_size(handoff: KVHandoff) -> int:
+    """Bytes `encode` yields in all."""
+    sizes = [sum(p.nbytes for p in _parts(b)) for b in handoff.blocks]
+    return len(_header(handoff, sizes)) + sum(_RECORD.size + size for size in sizes)
+
+
+class HandoffDecoder:
+    """Incremental decoding: `feed` bytes as they arrive, then `result()`. A block's checksum is
+    verified when its last byte arrives; the first failure raises and ends the decoder. Refuses
+    a header announcing more than `max_bytes` of KV."""
+
+    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.received_bytes = 0
+        self._meta: dict | None = None
+        self._blocks: list[KVBlock] = []
+        self._buf = bytearray(_PREFIX.size)
+        self._filled = 0
+        self._stage = "prefix"  # prefix, header, record, payload, done, failed
+        self._expected_crc = 0
+        self._record_index = 0
+
+    @property
+    def done(self) -> bool:
+        return self._stage == "done"
+
+    @property
+    def extra(self) -> dict | None:
+        """The sender's `extra` (`encode`), once the header has arrived."""
+        return None if self._meta is None else self._meta.get("extra")
+
+    def feed(self, data: bytes | bytearray | memoryview) -> int:
+        """Take bytes; returns how many were used (fewer than given once the handoff is
+        complete). Raises KVChecksumError or KVLinkError."""
+        if self._stage == "failed":
+            raise KVLinkError("The KV transfer already failed; start a new decoder.")
+        with memoryview(data) as outer, outer.cast("B") as view:  # released even on errors
+            return self._feed(view)
+
+    def _feed(self, view: memoryview) -> int:
+        pos = 0
+        while pos < len(view) and not self.done:
+            take = min(len(view) - pos, len(self._buf) - self._filled)
+            self._buf[self._filled : self._filled + take] = view[pos : pos + take]
+            self._filled += take
+            pos += take
+            self.received_bytes += take
+            if self._filled == len(self._buf):
+                try:
+                    self._advance()
+                except KVLinkError:
+                    self._stage = "failed"
+                    raise
+        return pos
+
+    def result(self) -> KVHandoff:
+        """The verified handoff; raises KVLinkCut when the stream is incomplete."""
+        if not self.done:
+            raise KVLinkCut(self.received_bytes, self._where())
+        meta = self._meta
+        assert meta is not None
+        state = meta["generator_state"]
+        return KVHandoff(
+            request_id=meta["request_id"],
+            model_fingerprint=meta["model_fingerprint"],
+            block_size=meta["block_size"],
+            kv_dtype=meta["kv_dtype"],
+            num_layers=meta["num_layers"],
+            num_kv_heads=meta["num_kv_heads"],
+            head_dim=meta["head_dim"],
+            token_ids=tuple(meta["token_ids"]),
+            num_prompt_tokens=meta["num_prompt_tokens"],
+            num_computed_tokens=meta["num_computed_tokens"],
+            blocks=tuple(self._blocks),
+            generator_state=None if state is None else base64.b64decode(state),
+            generator_device=meta["generator_device"],
+            num_emitted_chars=meta["num_emitted_chars"],
+        )
+
+    def _where(self) -> str:
+        if self._stage in ("prefix", "header"):
+            return "the header"
+        return f"block {len(self._blocks)}"
+
+    def _expect(self, stage: str, num_bytes: int) -> None:
+        self._stage, self._buf, self._filled = stage, bytearray(num_bytes), 0
+
+    def _advance(self) -> None:
+        if self._stage == "prefix":
+            magic, length, self._expected_crc = _PREFIX.unpack(self._buf)
+            if magic != MAGIC:
+                raise KVLinkError("The stream is not a KV handoff (bad magic bytes).")
+            if length > MAX_HEADER_BYTES:
+                raise KVChecksumError(None)  # a corrupted length: the header cannot be trusted
+            self._expect("header", length)
+        elif self._stage == "header":
+            if crc32c.crc32c(self._buf) != self._expected_crc:
+                raise KVChecksumError(None)
+            self._meta = _check_meta(self._buf, self.max_bytes)
+            self._next_block()
+        elif self._stage == "record":
+            index, self._expected_crc = _RECORD.unpack(self._buf)
+            self._record_index = index
+            self._expect("payload", self._meta["block_nbytes"][len(self._blocks)])
+        elif self._stage == "payload":
+            expected = len(self._blocks)
+            prefix = struct.pack("<I", self._record_index)
+            crc = crc32c.crc32c(self._buf, crc32c.crc32c(prefix))
+            if crc != self._expected_crc or self._record_index != expected:
+                raise KVChecksumError(expected)
+            self._blocks.append(_block(self._meta, expected, self._buf))
+            self._next_block()
+
+    def _next_block(self) -> None:
+        if len(self._blocks) == len(self._meta["block_nbytes"]):
+            self._stage, self._buf = "done", bytearray()
+        else:
+            self._expect("record", _RECORD.size)
+
+
+def _check_meta(header: bytearray, max_bytes: int) -> dict:
+    """The header's metadata, after checking it describes a handoff this module can rebuild."""
+    try:
+        meta = json.loads(header)
+        assert isinstance(meta, dict) and meta["version"] == VERSION
+        assert meta["byteorder"] == sys.byteorder and meta["kv_dtype"] in KV_STORAGE
+        for name in ("request_id", "model_fingerprint", "generator_device"):
+            assert isinstance(meta[name], str)
+        assert meta["generator_state"] is None or isinstance(meta["generator_state"], str)
+        positive = ("block_size", "num_layers", "num_kv_heads", "head_dim", "num_computed_tokens")
+        counts = ("num_prompt_tokens", "num_emitted_chars", *positive)
+        assert all(type(meta[name]) is int and meta[name] >= 0 for name in counts)
+        assert all(meta[name] > 0 for name in positive)
+        assert all(type(t) is int for t in meta["token_ids"])
+        bs, n = meta["block_size"], meta["num_computed_tokens"]
+        counts, sizes = meta["block_num_tokens"], meta["block_nbytes"]
+        assert counts == [min(bs, n - i) for i in range(0, n, bs)] and len(sizes) == len(counts)
+        assert all(s == _block_nbytes(meta, c) for s, c in zip(sizes, counts, strict=True))
+        assert sum(sizes) <= max_bytes
+        return meta
+    except (AssertionError, KeyError, TypeError, ValueError):  # ValueError: bad JSON or UTF-8
+        raise KVLinkError(
+            "The KV transfer's header is not a version-1 handoff this host can read."
+        ) from None
+
+
+def _block_nbytes(meta: dict, num_tokens: int) -> int:
+    storage = KV_STORAGE[meta["kv_dtype"]]
+    rows = meta["num_layers"] * 2 * meta["num_kv_heads"] * num_tokens
+    scales = 4 * rows if storage in (torch.int8, torch.float8_e4m3fn) else 0
+    return rows * meta["head_dim"] * storage.itemsize + scales
+
+
+def _block(meta: dict, index: int, payload: bytearray) -> KVBlock:
+    """Block `index`'s tensors over its verified payload (no copy)."""
+    storage = KV_STORAGE[meta["kv_dtype"]]
+    num_tokens = meta["block_num_tokens"][index]
+    rows = (meta["num_layers"], 2 * meta["num_kv_heads"], num_tokens)
+    kv_bytes = rows[0] * rows[1] * num_tokens * meta["head_dim"] * storage.itemsize
+    raw = torch.frombuffer(payload, dtype=torch.uint8, count=kv_bytes)
+    kv = raw.view(storage).view(*rows, meta["head_dim"])
+    if kv_bytes == len(payload):
+        return KVBlock(kv)
+    scales = torch.frombuffer(payload, dtype=torch.float32, offset=kv_bytes)
+    return KVBlock(kv, scales.view(rows))
+
+
+def decode(chunks: Iterable[bytes | bytearray | memoryview]) -> KVHandoff:
+    """The handoff `chunks` encode; raises KVChecksumError, KVLinkCut, or KVLinkError (also for
+    bytes past the end)."""
+    decoder = HandoffDecoder()
+    for chunk in chunks:
+        if decoder.feed(chunk) < len(memoryview(chunk).cast("B")):
+            raise KVLinkError("The KV transfer has bytes past the end of the handoff.")
+    return decoder.result()
+
+
+# -- TCP ----------------------------------------------------------------------------------------
+# Rewrites a handoff's frames on their way to the socket (`send_handoff`'s fault seam).
+FrameTransform = Callable[[Iterator[bytes | memoryview]], Iterable[bytes | memoryview]]
+
+
+async def send_handoff(
+    host: str,
+    port: int,
+    handoff: KVHandoff,
+    *,
+    timeout_s: float = 30.0,
+    extra: dict | None = None,
+    transform: FrameTransform | None = None,
+) -> None:
+    """Send `handoff` (with `extra`: `encode`) to a `KVReceiver` and wait for its reply.
+    Raises KVTransferRejected when the receiver did not take it (its reason: a block that
+    failed its checksum, the install's error), KVLinkCut when the connection ends without a
+    reply, OSError when it cannot connect, TimeoutError past `timeout_s` for any one wait.
+    `transform` rewrites the frames on their way: the seam a fault plugs into (a flipped bit)."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    try:
+        frames = encode(handoff) if extra is None else encode(handoff, extra=extra)
+        for chunk in frames if transform is None else transform(frames):
+            writer.write(chunk)
+            await asyncio.wait_for(writer.drain(), timeout_s)
+        writer.write_eof()
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+    except ConnectionError:
+        line = b""  # the receiver went away mid-transfer: no reply
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+    if not line:
+        raise KVLinkCut(0, "the receiver's reply")
+    reply = json.loads(line)
+    if not reply.get("ok"):
+        raise KVTransferRejected(str(reply.get("kind")), str(reply.get("error")))
+
+
+@dataclass
+class KVReceiver:
+    """A TCP server on `host`:`port` (0: a free port, `port` once started) receiving handoffs.
+    `on_handoff` (plain or async) gets each verified handoff and installs it; what it raises is
+    replied to the sender (class name and message). A transfer that fails verification, is cut,
+    or stalls past `timeout_s` never reaches `on_handoff`; `on_error`, if given, sees its error.
+    With `with_extra`, `on_handoff(handoff, extra)` also gets the sender's `extra` (or None)."""
+
+    on_handoff: Callable[..., object | Awaitable[object]]
+    host: str = "127.0.0.1"
+    port: int = 0
+    timeout_s: float = 30.0
+    max_bytes: int = DEFAULT_MAX_BYTES
+    on_error: Callable[[Exception], None] | None = None
+    with_extra: bool = False
+
+    def __post_init__(self) -> None:
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> KVReceiver:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> KVReceiver:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reply: dict = {"ok": True}
+        try:
+            decoder = HandoffDecoder(max_bytes=self.max_bytes)
+            while not decoder.done:
+                chunk = await asyncio.wait_for(reader.read(_READ_CHUNK), self.timeout_s)
+                if not chunk:
+                    break
+                decoder.feed(chunk)
+            handoff = decoder.result()  # KVLinkCut unless every block arrived and passed
+            args = (handoff, decoder.extra) if self.with_extra else (handoff,)
+            result = self.on_handoff(*args)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:  # replied to the sender, never raised into the server
+            if isinstance(exc, TimeoutError):
+                exc = KVLinkError(f"The KV transfer stalled for more than {self.timeout_s} s.")
+            reply = {"ok": False, "kind": type(exc).__name__, "error": str(exc)}
+            if self.on_error is not None:
+                self.on_error(exc)
+            if isinstance(exc, KVLinkError):
+                await self._discard_rest(reader)
+        try:
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+        except OSError:
+            pass  # the sender is gone (a cut transfer): nothing to tell
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    async def _discard_rest(self, reader: asyncio.StreamReader) -> None:
+        """Read what the sender still sends after a failed block, up to `max_bytes`, so the
+        reply reaches it (closing with unread input would reset the connection and drop it)."""
+        left = self.max_bytes
+        try:
+            while left > 0 and (chunk := await asyncio.wait_for(reader.read(_READ_CHUNK), 1.0)):
+                left -= len(chunk)
+        except (TimeoutError, OSError):
+            pass
+
+
+# -- shared memory ------------------------------------------------------------------------------
+def write_shm(handoff: KVHandoff) -> str:
+    """Write `handoff`'s frames into a new shared-memory segment; returns its name. The reader
+    owns the segment (`read_shm` unlinks it); a failed write unlinks it here."""
+    size = encoded_size(handoff)
+    shm = shared_memory.SharedMemory(create=True, size=size)
+    try:
+        offset = 0
+        for chunk in encode(handoff):
+            n = len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+            shm.buf[offset : offset + n] = chunk
+            offset += n
+    except BaseException:
+        shm.close()
+        shm.unlink()
+        raise
+    name = shm.name
+    shm.close()
+    # The reader unlinks it, maybe in another process: this one must not at its exit.
+    resource_tracker.unregister(shm._name, "shared_memory")  # the name it was tracked by
+    return name
+
+
+def read_shm(name: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> KVHandoff:
+    """The verified handoff in segment `name`, which is unlinked whatever happens; raises like
+    `decode` (bytes past the end are the segment's page padding and are ignored)."""
+    shm = shared_memory.SharedMemory(name=name)
+    try:
+        decoder = HandoffDecoder(max_bytes=max_bytes)
+        with shm.buf[:] as view:
+            decoder.feed(view)
+        return decoder.result()
+    finally:
+        shm.close()
+        shm.unlink()

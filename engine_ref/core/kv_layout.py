@@ -1,0 +1,123 @@
+"""KV between a pool and per-block tensors, in another layout: what a KV handoff
+(`engine_ref.core.kv_handoff`) does on each side.
+
+A layer's pool is [2 * kvh, num_blocks, block_size, hd] (`core.attention`), stored as
+`core.kv_dtype` says. A handoff's block is [num_layers, 2 * kvh, tokens, hd]: all layers of one
+block together, so a block is one record on the wire and can be checked on its own. `gather`
+copies a sequence's blocks out of the pools; the decode side joins them along the token axis
+(`join`), converts the storage dtype (`convert`), cuts them into its own block size by token
+position (`reblock`) and writes them into its blocks (`write`). float8 is moved as uint8 bytes:
+torch's CPU copies and index ops do not all take float8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine_ref.core import kv_dtype
+from engine_ref.core.kv_dtype import KVFormat, KVPool, QuantizedKVPool
+
+__all__ = ["convert", "dequantize", "gather", "join", "raw", "reblock", "write"]
+
+Blocks = list[tuple[torch.Tensor, torch.Tensor | None]]  # per block: kv, scales (or None)
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    """float8 viewed as uint8; other dtypes as they are."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def gather(
+    pools: Sequence[KVPool], fmt: KVFormat, table: list[int], num_tokens: int, block_size: int
+) -> Blocks:
+    """Copies, on the CPU, of the blocks `table` that hold `num_tokens` tokens: per block kv
+    [L, 2 * kvh, tokens, hd] in `fmt.storage` and, when scaled, scales [L, 2 * kvh, tokens]
+    (the last block cut to the tokens it holds)."""
+    num_blocks = -(-num_tokens // block_size)
+    device = pools[0].device
+    index = torch.tensor(table[:num_blocks], dtype=torch.long, device=device)
+    heads, _, _, head_dim = pools[0].shape
+    raw_dtype = raw(torch.empty(0, dtype=fmt.storage)).dtype
+    kv = torch.empty((num_blocks, len(pools), heads, block_size, head_dim), dtype=raw_dtype)
+    scales = torch.empty(kv.shape[:-1]) if fmt.scaled else None
+    for layer, pool in enumerate(pools):
+        values = pool.values if isinstance(pool, QuantizedKVPool) else pool
+        kv[:, layer] = raw(values).index_select(1, index).transpose(0, 1).cpu()
+        if scales is not None:
+            assert isinstance(pool, QuantizedKVPool)
+            scales[:, layer] = pool.scales.index_select(1, index).transpose(0, 1).cpu()
+    kv = kv.view(fmt.storage)
+    blocks: Blocks = []
+    for j in range(num_blocks):
+        count = min(block_size, num_tokens - j * block_size)
+        block_kv = kv[j, :, :, :count]
+        block_scales = None if scales is None else scales[j, :, :, :count]
+        if count < block_size:  # the last, partial block: its own contiguous copy
+            block_kv = block_kv.contiguous()
+            block_scales = None if block_scales is None else block_scales.contiguous()
+        blocks.append((block_kv, block_scales))
+    return blocks
+
+
+def join(blocks: Blocks) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Blocks joined along the token axis: kv [L, 2 * kvh, n, hd], scales [L, 2 * kvh, n]."""
+    kv = torch.cat([raw(b) for b, _ in blocks], dim=2).view(blocks[0][0].dtype)
+    if blocks[0][1] is None:
+        return kv, None
+    return kv, torch.cat([s for _, s in blocks], dim=2)  # type: ignore[misc]
+
+
+def dequantize(kv: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    """K/V rows [..., hd] as float32 values: what attention reads from them."""
+    return kv.float() if scales is None else kv_dtype.dequantize_rows(kv, scales, torch.float32)
+
+
+def convert(
+    kv: torch.Tensor, scales: torch.Tensor | None, target: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """K/V rows [..., hd] (with their scales when int8/fp8) in `target` storage: dequantised
+    to float32, then cast, or quantised by the pools' own rule (`kv_dtype.quantize_rows`)."""
+    if kv.dtype == target:
+        return kv, scales
+    x = dequantize(kv, scales)
+    if not KVFormat(target).scaled:
+        return x.to(target), None
+    values, new_scales = kv_dtype.quantize_rows(x.reshape(-1, x.shape[-1]), target)
+    return values.view(x.shape), new_scales.view(x.shape[:-1])
+
+
+def reblock(
+    kv: torch.Tensor, scales: torch.Tensor | None, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-major kv [L, 2 * kvh, n, hd] (scales [L, 2 * kvh, n]) cut into blocks of
+    `block_size` by token position: [L, 2 * kvh, nb, block_size, hd] (scales [..., nb,
+    block_size]), the last block's unused slots zero."""
+    layers, heads, n = kv.shape[:3]
+    nb = -(-n // block_size)
+    kv_raw = raw(kv)
+    padded = kv_raw.new_zeros((layers, heads, nb * block_size, *kv_raw.shape[3:]))
+    padded[:, :, :n] = kv_raw
+    blocked = padded.view(layers, heads, nb, block_size, *kv_raw.shape[3:]).view(kv.dtype)
+    if scales is None:
+        return blocked, None
+    padded_scales = scales.new_zeros((layers, heads, nb * block_size))
+    padded_scales[:, :, :n] = scales
+    return blocked, padded_scales.view(layers, heads, nb, block_size)
+
+
+def write(
+    pools: Sequence[KVPool], table: list[int], kv: torch.Tensor, scales: torch.Tensor | None
+) -> None:
+    """Write blocked kv [L, 2 * kvh, nb, bs, hd] (scales [L, 2 * kvh, nb, bs]), already in the
+    pools' storage, into blocks `table` of every layer's pool."""
+    device = pools[0].device
+    index = torch.tensor(table, dtype=torch.long, device=device)
+    for layer, pool in enumerate(pools):
+        if isinstance(pool, QuantizedKVPool):
+            assert scales is not None
+            raw(pool.values).index_copy_(1, index, raw(kv[layer]).to(device))
+            pool.scales.index_copy_(1, index, scales[layer].to(device))
+        else:
+            pool.index_copy_(1, index, kv[layer].to(device))
