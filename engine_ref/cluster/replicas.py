@@ -62,13 +62,7 @@ class LocalWorker:
     def exit_description(self) -> str:
         """How the process ended, as a phrase ("exited with code 1", "was killed by SIGKILL");
         "is running" while it runs."""
-        code = self.process.exitcode
-        if code is None:
-            return "is running"
-        if code < 0:
-            with contextlib.suppress(ValueError):
-                return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with code {code}"
+        return describe_exit(self.process.exitcode)
 
     def watch(self, on_exit: Callable[[LocalWorker], None]) -> None:
         """Call `on_exit(self)` on the running event loop once the process exits (until
@@ -90,6 +84,17 @@ class LocalWorker:
         """SIGTERM (the server stops cleanly); see `stop_workers` for the wait."""
         if self.process.is_alive():
             self.process.terminate()
+
+
+def describe_exit(code: int | None) -> str:
+    """A process's end from its exit code, as a phrase ("exited with code 1", "was killed by
+    SIGKILL"); "is running" for None."""
+    if code is None:
+        return "is running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def start_workers(

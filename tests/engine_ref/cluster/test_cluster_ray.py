@@ -1,0 +1,105 @@
+"""Workers placed as Ray actors (`engine_ref.cluster.ray_placement`) on a local two-node Ray
+cluster: one worker per node, each serving the single server's greedy outputs over HTTP, a
+worker whose server dies reported once through `watch`, and nothing left after `stop`.
+Without Ray installed the module skips with the allow-listed reason (CI installs the extra)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from cluster_util import post_json
+
+from engine_ref.serving.interface import EngineConfig
+from engine_ref.serving.server import ServerConfig, ServerError
+
+pytestmark = pytest.mark.slow  # starts Ray nodes and worker processes
+
+NO_RAY = "Ray is not installed (pip install 'llm-bench-harness[ray]'); CI installs the extra"
+ENGINE = EngineConfig(model="tiny-random", dtype="float32", num_blocks=64, max_num_seqs=4)
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A Ray cluster on loopback, a head node and one more, one CPU each (as the harness's
+    `--ray` test builds it), joined by this process."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray = pytest.importorskip("ray", reason=NO_RAY)
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    if ray_constants.ENABLE_RAY_CLUSTER:
+        pytest.skip("Ray was imported before loopback could be chosen; run this test alone")
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    try:
+        cluster.add_node(num_cpus=1)
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        mp.undo()
+
+
+def _greedy(url: str) -> str:
+    status, body = post_json(url, "/v1/completions", {
+        "model": "tiny-random", "prompt": "a b c d e f", "max_tokens": 6, "temperature": 0,
+    })  # fmt: skip
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+def test_one_worker_per_node_serves_and_a_dead_one_is_reported(two_nodes):
+    from engine_ref.cluster.ray_placement import start_ray_workers, stop_ray_workers
+
+    config = ServerConfig(engine=ENGINE, port=0)
+    workers = start_ray_workers(config, 2, two_nodes.address, startup_timeout_s=120)
+    try:
+        assert [w.index for w in workers] == [0, 1]
+        assert len({w.node for w in workers}) == 2  # spread: one actor on each node
+        assert all(w.url.startswith("http://127.0.0.1:") and w.alive for w in workers)
+        texts = [_greedy(w.url) for w in workers]
+        assert texts[0] == texts[1] and texts[0]
+        # The first worker's server process dies: the watch reports it once, with how.
+        pid = _server_pid(workers[0].url)
+        seen = []
+
+        async def watch_until_reported():
+            workers[0].watch(seen.append)
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(300):
+                if seen:
+                    return
+                await asyncio.sleep(0.1)
+
+        asyncio.run(watch_until_reported())
+        assert seen == [workers[0]] and not workers[0].alive
+        assert workers[0].exit_description() == "was killed by SIGKILL"
+        assert workers[1].alive and _greedy(workers[1].url) == texts[0]
+    finally:
+        stop_ray_workers(workers)
+    assert not workers[1].alive
+
+
+def _server_pid(url: str) -> int:
+    """The pid listening on `url`'s port (the worker's server process), from `ss`."""
+    port = url.rsplit(":", 1)[1]
+    out = subprocess.run(
+        ["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True
+    ).stdout
+    return int(out.split("pid=")[1].split(",")[0])
+
+
+def test_without_ray_the_extra_is_named(monkeypatch):
+    import engine_ref.cluster.ray_placement as placement
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(ServerError) as caught:
+        placement.require_ray()
+    assert str(caught.value) == placement.INSTALL_SENTENCE
