@@ -1,7 +1,7 @@
 """Workers placed as Ray actors (`bench serve --replicas N --ray ADDRESS`, issue 27 item 4).
 
 The router, its policies and the KV links do not change: a worker is still the single server
-(`replicas._worker_main`) in a process of its own, reached over HTTP. What changes is where
+(`replicas.worker_main`) in a process of its own, reached over HTTP. What changes is where
 that process starts. Each worker is an actor (one CPU, spread over the cluster's nodes); the
 actor starts the server process on its node, listening on the node's address (the address
 Ray itself uses for it), and returns the URL once the server answers /health. The router then
@@ -30,10 +30,10 @@ from collections.abc import Callable
 
 from engine_ref.cluster.replicas import (
     STOP_GRACE_S,
-    _await_health,
-    _await_url,
-    _worker_main,
+    await_health,
+    await_url,
     describe_exit,
+    worker_main,
 )
 from engine_ref.serving.server import ServerConfig, ServerError
 
@@ -88,7 +88,7 @@ class EngineWorkerActor:
         context = multiprocessing.get_context("spawn")
         reader, writer = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_worker_main,
+            target=worker_main,
             args=(config, writer, log_level, None),
             name=f"engine-worker-{index}",
         )
@@ -96,8 +96,8 @@ class EngineWorkerActor:
         writer.close()
         try:
             deadline = time.monotonic() + timeout_s
-            url = _await_url(index, self._process, reader, deadline)
-            _await_health(index, url, deadline)
+            url = await_url(index, self._process, reader, deadline)
+            await_health(index, url, deadline)
         except BaseException:
             self.stop()
             raise

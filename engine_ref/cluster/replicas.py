@@ -116,7 +116,7 @@ def start_workers(
             reader, writer = context.Pipe(duplex=False)
             # Not a daemon: a worker in process mode starts its own engine process.
             process = context.Process(
-                target=_worker_main,
+                target=worker_main,
                 args=(worker_config, writer, log_level, worker_cpus(index, replicas)),
                 name=f"engine-worker-{index}",
             )
@@ -125,8 +125,8 @@ def start_workers(
             pending.append((process, reader))
         deadline = time.monotonic() + startup_timeout_s
         for index, (process, reader) in enumerate(pending):
-            url = _await_url(index, process, reader, deadline)
-            _await_health(index, url, deadline)
+            url = await_url(index, process, reader, deadline)
+            await_health(index, url, deadline)
             workers.append(LocalWorker(index, url, process))
     except BaseException:
         stop_workers([LocalWorker(i, "", p) for i, (p, _) in enumerate(pending)])
@@ -151,7 +151,7 @@ def stop_workers(workers: list[LocalWorker], *, grace_s: float = STOP_GRACE_S) -
             worker.process.join(5.0)
 
 
-def _await_url(index: int, process: BaseProcess, reader: Connection, deadline: float) -> str:
+def await_url(index: int, process: BaseProcess, reader: Connection, deadline: float) -> str:
     while time.monotonic() < deadline:
         if reader.poll(0.5):
             try:
@@ -169,7 +169,7 @@ def _await_url(index: int, process: BaseProcess, reader: Connection, deadline: f
     raise ServerError(f"Worker {index} exited with code {process.exitcode} while starting.")
 
 
-def _await_health(index: int, url: str, deadline: float) -> None:
+def await_health(index: int, url: str, deadline: float) -> None:
     while True:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=5.0) as answer:
@@ -196,7 +196,7 @@ def worker_cpus(index: int, replicas: int) -> set[int] | None:
     return set(cpus[start : start + base + (index < extra)])
 
 
-def _worker_main(
+def worker_main(
     config: ServerConfig, writer: Connection, log_level: str, cpus: set[int] | None
 ) -> None:
     """Entry point of a worker process: serve `config` until SIGTERM or the parent's death."""
