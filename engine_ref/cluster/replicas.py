@@ -33,7 +33,7 @@ import os
 import signal
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
@@ -97,27 +97,40 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def start_workers(
+Serving = Callable[[ServerConfig, asyncio.Event, Callable[[object], None]], Awaitable[None]]
+
+
+def serve_single(
+    config: ServerConfig, stop: asyncio.Event, on_listening: Callable[[object], None]
+) -> Awaitable[None]:
+    """A worker's default serving: the single server, reporting its URL once it listens."""
+    return serve(config, on_listening=on_listening, stop=stop)
+
+
+def spawn_workers(
     config: ServerConfig,
-    replicas: int,
+    servings: list[Serving],
     *,
     log_level: str = "warning",
     startup_timeout_s: float = 600.0,
-) -> list[LocalWorker]:
-    """Start `replicas` workers serving `config` (its host, port and port file replaced by
-    127.0.0.1, a free port and none) and return them once each answers /health. Blocking; on
-    any failure every worker started is stopped and ServerError says which failed and how."""
+) -> list[tuple[BaseProcess, object]]:
+    """One worker process per entry of `servings` (a picklable callable: a module-level
+    function, or a `functools.partial` of one), each serving `config` with its host, port and
+    port file replaced by 127.0.0.1, a free port and none, on its share of the CPUs. Returns
+    (process, what it reported once listening: its URL, or a tuple starting with it) once each
+    answers /health. Blocking; on any failure every worker started is stopped and ServerError
+    says which failed and how."""
     worker_config = dataclasses.replace(config, host="127.0.0.1", port=0, port_file=None)
     context = multiprocessing.get_context("spawn")
     pending: list[tuple[BaseProcess, Connection]] = []
-    workers: list[LocalWorker] = []
+    started: list[tuple[BaseProcess, object]] = []
     try:
-        for index in range(replicas):
+        for index, serving in enumerate(servings):
             reader, writer = context.Pipe(duplex=False)
             # Not a daemon: a worker in process mode starts its own engine process.
             process = context.Process(
                 target=worker_main,
-                args=(worker_config, writer, log_level, worker_cpus(index, replicas)),
+                args=(worker_config, writer, log_level, worker_cpus(index, len(servings)), serving),
                 name=f"engine-worker-{index}",
             )
             process.start()
@@ -125,16 +138,31 @@ def start_workers(
             pending.append((process, reader))
         deadline = time.monotonic() + startup_timeout_s
         for index, (process, reader) in enumerate(pending):
-            url = await_url(index, process, reader, deadline)
+            reported = await_url(index, process, reader, deadline)
+            url = reported if isinstance(reported, str) else reported[0]
             await_health(index, url, deadline)
-            workers.append(LocalWorker(index, url, process))
+            started.append((process, reported))
     except BaseException:
         stop_workers([LocalWorker(i, "", p) for i, (p, _) in enumerate(pending)])
         raise
     finally:
         for _, reader in pending:
             reader.close()
-    return workers
+    return started
+
+
+def start_workers(
+    config: ServerConfig,
+    replicas: int,
+    *,
+    log_level: str = "warning",
+    startup_timeout_s: float = 600.0,
+) -> list[LocalWorker]:
+    """`replicas` single-server workers (`spawn_workers`), once each answers /health."""
+    spawned = spawn_workers(
+        config, [serve_single] * replicas, log_level=log_level, startup_timeout_s=startup_timeout_s
+    )
+    return [LocalWorker(index, url, process) for index, (process, url) in enumerate(spawned)]
 
 
 def stop_workers(workers: list[LocalWorker], *, grace_s: float = STOP_GRACE_S) -> None:
@@ -151,7 +179,7 @@ def stop_workers(workers: list[LocalWorker], *, grace_s: float = STOP_GRACE_S) -
             worker.process.join(5.0)
 
 
-def await_url(index: int, process: BaseProcess, reader: Connection, deadline: float) -> str:
+def await_url(index: int, process: BaseProcess, reader: Connection, deadline: float) -> object:
     while time.monotonic() < deadline:
         if reader.poll(0.5):
             try:
@@ -197,9 +225,14 @@ def worker_cpus(index: int, replicas: int) -> set[int] | None:
 
 
 def worker_main(
-    config: ServerConfig, writer: Connection, log_level: str, cpus: set[int] | None
+    config: ServerConfig,
+    writer: Connection,
+    log_level: str,
+    cpus: set[int] | None,
+    serving: Serving = serve_single,
 ) -> None:
-    """Entry point of a worker process: serve `config` until SIGTERM or the parent's death."""
+    """Entry point of a worker process: `serving` serves `config` until SIGTERM or the
+    parent's death."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if cpus is not None:
         os.sched_setaffinity(0, cpus)
@@ -208,9 +241,9 @@ def worker_main(
         try:
             import uvloop  # as `bench serve` runs the single server: faster socket writes
         except ImportError:
-            asyncio.run(_serve_until_stopped(config, writer))
+            asyncio.run(_serve_until_stopped(config, writer, serving))
         else:
-            uvloop.run(_serve_until_stopped(config, writer))
+            uvloop.run(_serve_until_stopped(config, writer, serving))
     except Exception as exc:  # the parent turns this into one sentence
         with contextlib.suppress(OSError):
             writer.send(("failed", str(exc) or type(exc).__name__))
@@ -218,7 +251,7 @@ def worker_main(
         writer.close()
 
 
-async def _serve_until_stopped(config: ServerConfig, writer: Connection) -> None:
+async def _serve_until_stopped(config: ServerConfig, writer: Connection, serving: Serving) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -231,6 +264,6 @@ async def _serve_until_stopped(config: ServerConfig, writer: Connection) -> None
 
     orphan_watch = asyncio.create_task(stop_when_orphaned())
     try:
-        await serve(config, on_listening=lambda url: writer.send(("listening", url)), stop=stop)
+        await serving(config, stop, lambda reported: writer.send(("listening", reported)))
     finally:
         orphan_watch.cancel()

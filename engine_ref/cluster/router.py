@@ -30,6 +30,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -48,7 +49,16 @@ from engine_ref.serving.middlewares import api_key_guard, json_errors, json_resp
 from engine_ref.serving.requests import decode_json_body
 from engine_ref.serving.server import ServerConfig, ServerError
 
-__all__ = ["create_router_app", "serve_cluster"]
+__all__ = [
+    "Cluster",
+    "NotDelivered",
+    "create_router_app",
+    "forwarded_headers",
+    "relay",
+    "routed_error",
+    "serve_app",
+    "serve_cluster",
+]
 
 LOG = logging.getLogger("engine_ref.cluster.router")
 _CLUSTER = web.AppKey("engine_ref_cluster", object)
@@ -78,6 +88,7 @@ class Cluster:
     served_model: str = ""
     max_model_len: int = 0
     fallbacks: int = 0
+    pd: Any = None  # `pd.PDRouting` in P/D mode: it routes the requests (`pd` imports this module)
 
     def __post_init__(self) -> None:
         self.routed = [0] * len(self.workers)
@@ -98,7 +109,7 @@ class Cluster:
         return RouterCounts(self.policy.name, self.routed, self.inflight, up, self.fallbacks)
 
 
-class _NotDelivered(Exception):
+class NotDelivered(Exception):
     """The worker could not be reached: the request never left the router."""
 
 
@@ -154,7 +165,7 @@ def _bearer(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"}
 
 
-def _error(status: int, message: str, path: str, *, code: str | None = None) -> web.Response:
+def routed_error(status: int, message: str, path: str, *, code: str | None = None) -> web.Response:
     """An error answer in the shape of `path`'s API."""
     error = ApiError(status, message, type="server_error", code=code)
     endpoint = GENERATION_ENDPOINTS.get(path)
@@ -173,6 +184,8 @@ async def _route(request: web.Request, *, path: str) -> web.StreamResponse:
         )
         error = ApiError(413, message, code="request_too_large")
         return json_response(error.body(), status=413)
+    if cluster.pd is not None:
+        return await cluster.pd.route(request, cluster, path, raw)
     keys: tuple[int, ...] = ()
     if cluster.policy.needs_block_keys and path in GENERATION_ENDPOINTS:
         loop = asyncio.get_running_loop()
@@ -181,7 +194,9 @@ async def _route(request: web.Request, *, path: str) -> web.StreamResponse:
     for _ in range(2):  # a second try, elsewhere, only when the first never reached its worker
         live = [w for w in cluster.live() if w.index not in unreachable]
         if not live and not unreachable:
-            return _error(503, "No worker of this cluster is running.", path, code="no_worker")
+            return routed_error(
+                503, "No worker of this cluster is running.", path, code="no_worker"
+            )
         if not live:
             break
         route = cluster.policy.choose(keys, {w.index: cluster.inflight[w.index] for w in live})
@@ -190,14 +205,14 @@ async def _route(request: web.Request, *, path: str) -> web.StreamResponse:
         worker = cluster.workers[route.worker]
         cluster.inflight[worker.index] += 1
         try:
-            return await _relay(request, cluster, worker, raw)
-        except _NotDelivered:
+            return await relay(request, cluster, worker, raw)
+        except NotDelivered:
             unreachable.add(worker.index)
             if not worker.alive:
                 cluster.mark_down(worker)
         finally:
             cluster.inflight[worker.index] -= 1
-    return _error(502, "No worker of this cluster could be reached.", path, code="no_worker")
+    return routed_error(502, "No worker of this cluster could be reached.", path, code="no_worker")
 
 
 def _block_keys(cluster: Cluster, path: str, raw: bytes) -> tuple[int, ...]:
@@ -220,20 +235,22 @@ def _block_keys(cluster: Cluster, path: str, raw: bytes) -> tuple[int, ...]:
     return prompt_block_keys(gen.prompts[0], cluster.config.engine.block_size, gen.cache_salt)
 
 
-def _forwarded(headers: object) -> dict[str, str]:
+def forwarded_headers(headers: object) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}  # type: ignore[attr-defined]
 
 
-async def _relay(
+async def relay(
     request: web.Request, cluster: Cluster, worker: LocalWorker, raw: bytes
 ) -> web.StreamResponse:
-    """Send `raw` to `worker` and pass its answer back; raises _NotDelivered when the
+    """Send `raw` to `worker` and pass its answer back; raises NotDelivered when the
     connection was refused."""
     assert cluster.session is not None
     url = f"{worker.url}{request.path_qs}"
     try:
-        async with cluster.session.post(url, data=raw, headers=_forwarded(request.headers)) as up:
-            headers = _forwarded(up.headers)
+        async with cluster.session.post(
+            url, data=raw, headers=forwarded_headers(request.headers)
+        ) as up:
+            headers = forwarded_headers(up.headers)
             if up.content_type != "text/event-stream":
                 return web.Response(status=up.status, body=await up.read(), headers=headers)
             response = web.StreamResponse(status=up.status, headers=headers)
@@ -252,9 +269,11 @@ async def _relay(
                 await response.write_eof()
             return response
     except aiohttp.ClientConnectorError as exc:
-        raise _NotDelivered from exc
+        raise NotDelivered from exc
     except (TimeoutError, aiohttp.ClientError) as exc:
-        return _error(502, await _lost(cluster, worker, exc), request.path, code="worker_lost")
+        return routed_error(
+            502, await _lost(cluster, worker, exc), request.path, code="worker_lost"
+        )
 
 
 async def _lost(cluster: Cluster, worker: LocalWorker, exc: BaseException) -> str:
@@ -291,12 +310,16 @@ async def _first_live(request: web.Request) -> web.StreamResponse:
     for worker in cluster.live():
         try:
             url = f"{worker.url}{request.path_qs}"
-            async with cluster.session.get(url, headers=_forwarded(request.headers)) as up:
+            async with cluster.session.get(url, headers=forwarded_headers(request.headers)) as up:
                 body = await up.read()
-                return web.Response(status=up.status, body=body, headers=_forwarded(up.headers))
+                return web.Response(
+                    status=up.status, body=body, headers=forwarded_headers(up.headers)
+                )
         except aiohttp.ClientError:
             continue
-    return _error(503, "No worker of this cluster is running.", request.path, code="no_worker")
+    return routed_error(
+        503, "No worker of this cluster is running.", request.path, code="no_worker"
+    )
 
 
 async def _info(request: web.Request) -> web.Response:
@@ -310,6 +333,8 @@ async def _info(request: web.Request) -> web.Response:
         "router": cluster.policy.name,
         "workers": [w.url for w in cluster.workers],
     }
+    if cluster.pd is not None:
+        info["cluster"]["pd"] = cluster.pd.describe()
     return json_response(info)
 
 
@@ -319,7 +344,9 @@ async def _health(request: web.Request) -> web.Response:
     if len(live) == len(cluster.workers):
         return web.Response(text="ok")
     if not live:
-        return _error(503, "No worker of this cluster is running.", "/health", code="no_worker")
+        return routed_error(
+            503, "No worker of this cluster is running.", "/health", code="no_worker"
+        )
     workers = [
         {"index": w.index, "url": w.url, "up": w.index in live, "exit": cluster.down.get(w.index)}
         for w in cluster.workers
@@ -333,6 +360,8 @@ async def _metrics(request: web.Request) -> web.Response:
     texts = await asyncio.gather(*(_scrape(cluster, w) for w in live))
     merged = merge_expositions([(str(w.index), t) for w, t in zip(live, texts, strict=True)])
     body = merged + router_families(cluster.counts())
+    if cluster.pd is not None:
+        body += cluster.pd.families()
     return web.Response(body=body.encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -351,12 +380,14 @@ async def _broadcast(request: web.Request) -> web.StreamResponse:
     cluster: Cluster = request.app[_CLUSTER]
     assert cluster.session is not None
     raw = await request.read()
-    answer: web.StreamResponse = _error(503, "No worker is running.", request.path)
+    answer: web.StreamResponse = routed_error(503, "No worker is running.", request.path)
     for worker in cluster.live():
         url = f"{worker.url}{request.path_qs}"
-        async with cluster.session.post(url, data=raw, headers=_forwarded(request.headers)) as up:
+        async with cluster.session.post(
+            url, data=raw, headers=forwarded_headers(request.headers)
+        ) as up:
             answer = web.Response(
-                status=up.status, body=await up.read(), headers=_forwarded(up.headers)
+                status=up.status, body=await up.read(), headers=forwarded_headers(up.headers)
             )
     return answer
 
@@ -389,12 +420,12 @@ async def serve_cluster(
     workers = await loop.run_in_executor(None, start)
     try:
         cluster = Cluster(workers, chosen, config, tokenizer)
-        await _serve_app(create_router_app(cluster), config, on_listening, stop)
+        await serve_app(create_router_app(cluster), config, on_listening, stop)
     finally:
         await loop.run_in_executor(None, stop_workers, workers)
 
 
-async def _serve_app(
+async def serve_app(
     app: web.Application,
     config: ServerConfig,
     on_listening: Callable[[str], None] | None,

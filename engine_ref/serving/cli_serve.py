@@ -222,6 +222,19 @@ def _engine_options(command: Any) -> Any:
     help="With --replicas 2 or more, how the router picks a worker: round-robin (default), "
     "least-loaded or prefix-affinity.",
 )
+@click.option(
+    "--prefill-workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="P/D mode, with --decode-workers: workers that prefill each request and hand its KV "
+    "to a decode worker (engine_ref.cluster.pd); not with --replicas.",
+)
+@click.option(
+    "--decode-workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="P/D mode, with --prefill-workers: workers that decode from handed-off KV.",
+)
 def serve(
     host: str,
     port: int,
@@ -231,6 +244,8 @@ def serve(
     log_level: str,
     replicas: int,
     router: str | None,
+    prefill_workers: int | None,
+    decode_workers: int | None,
     **options: Any,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted:
@@ -267,6 +282,15 @@ def serve(
         click.echo(f"listening on {url}")
         sys.stdout.flush()
 
+    pd = prefill_workers is not None or decode_workers is not None
+    if pd and (prefill_workers is None or decode_workers is None):
+        raise click.UsageError("P/D mode needs both --prefill-workers and --decode-workers.")
+    if pd and (replicas > 1 or router is not None):
+        raise click.UsageError(
+            "--prefill-workers/--decode-workers replace --replicas and --router."
+        )
+    if pd and engine_loop != "thread":
+        raise click.UsageError("P/D workers run the engine in thread mode (--engine-loop thread).")
     if router is not None and replicas < 2:
         raise click.UsageError("--router needs --replicas 2 or more.")
     if replicas >= 2:
@@ -282,6 +306,14 @@ def serve(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
+        if pd:
+            from engine_ref.cluster.pd import serve_pd_cluster
+
+            await serve_pd_cluster(
+                config, prefill_workers=prefill_workers, decode_workers=decode_workers,
+                log_level=log_level, on_listening=announce, stop=stop,
+            )  # fmt: skip
+            return
         if replicas >= 2:
             from engine_ref.cluster.router import serve_cluster
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Protocol
@@ -112,6 +113,19 @@ class Pool:
 
 
 @dataclass(frozen=True)
+class EngineCall:
+    """Run `fn(engine)` on the engine's thread between steps (a KV handoff's export, install
+    or release: `engine_ref.cluster.pd_worker`); its result, or what it raised, comes back in
+    `StepBatch.called[call_id]`. Thread mode only: `fn` is any callable. `request_id`: the
+    request `fn` adds to the engine, live from then on (failed with the others if a step
+    raises)."""
+
+    call_id: str
+    fn: Callable[[Any], Any]
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
 class StepBatch:
     """What the engine side reports after one iteration: the outcome of each admission group
     (None or the exception that refused it), the step's outputs, the ids failed by an engine error, and fresh stats.
@@ -126,6 +140,7 @@ class StepBatch:
     stalled: bool = False
     # group id -> the vectors of a `Pool` command (lists of floats), or what failed it
     pooled: dict[str, list[list[float]] | BaseException] = field(default_factory=dict)
+    called: dict[str, Any] = field(default_factory=dict)  # call id -> `EngineCall`'s outcome
 
 
 class EngineDriver:
@@ -146,6 +161,7 @@ class EngineDriver:
     def run_iteration(self, commands: list[Any]) -> StepBatch:
         add_results: dict[str, BaseException | None] = {}
         pooled: dict[str, list[list[float]] | BaseException] = {}
+        called: dict[str, Any] = {}
         # One pooling batch per iteration, each answered with its own batch: 50 embedding
         # requests that queued behind one pooled forward were otherwise all run in one
         # iteration and answered together, 70 s later (bench run --endpoint embeddings).
@@ -161,6 +177,14 @@ class EngineDriver:
                     pooled[command.group_id] = self._pool(command.prompts)
             elif isinstance(command, SetStepDelay):
                 self.step_delay_s = command.seconds
+            elif isinstance(command, EngineCall):
+                try:
+                    called[command.call_id] = command.fn(self.engine)
+                except Exception as exc:  # answered to the caller, never a crash
+                    called[command.call_id] = exc
+                else:
+                    if command.request_id is not None:
+                        self.live_ids.add(command.request_id)
             else:  # an abort: the request id
                 self.engine.abort(command)
                 self.live_ids.discard(command)
@@ -198,7 +222,7 @@ class EngineDriver:
             and self.engine.has_unfinished()
         )
         self.latest_stats = stats
-        return StepBatch(add_results, outputs, failed, error, stats, stalled, pooled)
+        return StepBatch(add_results, outputs, failed, error, stats, stalled, pooled, called)
 
     def _pool(self, prompts) -> list[list[float]] | BaseException:
         try:
@@ -248,6 +272,7 @@ class EngineLoop:
         self._pending_adds: dict[str, asyncio.Future] = {}  # by admission group id
         self._groups: dict[str, tuple[str, ...]] = {}  # request ids of groups not yet reported
         self._pending_pools: dict[str, asyncio.Future] = {}  # by Pool group id
+        self._pending_calls: dict[str, asyncio.Future] = {}  # by EngineCall id
         self._dead: str | None = None
 
     async def start(self) -> None:
@@ -314,6 +339,34 @@ class EngineLoop:
         finally:
             self._pending_pools.pop(group_id, None)
 
+    def call(
+        self, fn: Callable[[Any], Any], *, request_id: str | None = None,
+        sink: OutputSink | None = None,
+    ) -> asyncio.Future:  # fmt: skip
+        """Run `fn(engine)` on the engine's thread between steps (`EngineCall`); the future
+        resolves to its result or raises what it raised (`EngineLoopError` when the engine is
+        gone). It runs even when nobody awaits the future. `request_id` with `sink`: `fn` adds
+        that request to the engine, whose outputs then land in `sink` (registered before
+        `fn` runs, so none is missed; dropped again if `fn` raises)."""
+        assert self._loop is not None, "start() first"
+        future = self._loop.create_future()
+        future.add_done_callback(_retrieve)
+        if self._dead is not None:
+            future.set_exception(EngineLoopError(self._dead))
+            return future
+        call_id = f"call-{id(future)}"
+        self._pending_calls[call_id] = future
+        if request_id is not None and sink is not None:
+            self._sinks[request_id] = sink
+
+            def drop_sink_on_failure(done: asyncio.Future) -> None:
+                if done.cancelled() or done.exception() is not None:
+                    self._sinks.pop(request_id, None)
+
+            future.add_done_callback(drop_sink_on_failure)
+        self._submit([EngineCall(call_id, fn, request_id)])
+        return future
+
     def set_step_delay(self, seconds: float) -> None:
         """Fault injection: every engine step from now on takes `seconds` longer (0: off)."""
         if self._dead is None:
@@ -333,6 +386,13 @@ class EngineLoop:
                     future.set_exception(vectors)
                 else:
                     future.set_result(vectors)
+        for call_id, outcome in batch.called.items():
+            future = self._pending_calls.pop(call_id, None)
+            if future is not None and not future.done():
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
         for group_id, exc in batch.add_results.items():
             request_ids = self._groups.pop(group_id, ())
             future = self._pending_adds.get(group_id)
@@ -358,12 +418,19 @@ class EngineLoop:
 
     def _on_dead(self, reason: str) -> None:
         self._dead = reason
-        for future in [*self._pending_adds.values(), *self._pending_pools.values()]:
+        pending = [*self._pending_adds.values(), *self._pending_pools.values()]
+        for future in [*pending, *self._pending_calls.values()]:
             if not future.done():
                 future.set_exception(EngineLoopError(reason))
         sinks, self._sinks = list(self._sinks.values()), {}
         for sink in dict.fromkeys(sinks):  # once per sink, though it may serve several ids
             sink.put_nowait(EngineLoopError(reason))
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a call's exception as seen: a fire-and-forget call logs nothing."""
+    if not future.cancelled():
+        future.exception()
 
 
 def engine_info(engine: EngineInterface) -> EngineInfo:

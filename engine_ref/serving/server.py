@@ -27,6 +27,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -74,11 +75,20 @@ class _State:
     parser: concurrent.futures.ThreadPoolExecutor
     metrics: ServerMetrics | None = None
     created_s: int = field(default_factory=lambda: int(time.time()))
+    run_factory: RunFactory | None = None
 
 
-def create_app(engine_loop: EngineLoop, config: ServerConfig) -> web.Application:
+# Builds a generation request's run from its raw body and `GenerationRun`'s arguments (a P/D
+# worker's: `engine_ref.cluster.pd_worker`); None keeps `GenerationRun`.
+RunFactory = Callable[..., GenerationRun]
+
+
+def create_app(
+    engine_loop: EngineLoop, config: ServerConfig, *, run_factory: RunFactory | None = None
+) -> web.Application:
     """The aiohttp application; it starts `engine_loop` on startup and closes it on cleanup.
-    `config.served_model_name` None means the engine's model name."""
+    `config.served_model_name` None means the engine's model name. `run_factory(endpoint,
+    gen, raw_body, **kwargs)` replaces `GenerationRun(endpoint, gen, **kwargs)`."""
     middlewares = [json_errors]
     if config.api_key is not None:
         middlewares.append(api_key_guard(config.api_key))
@@ -86,7 +96,9 @@ def create_app(engine_loop: EngineLoop, config: ServerConfig) -> web.Application
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     parser = concurrent.futures.ThreadPoolExecutor(_PARSE_WORKERS, thread_name_prefix="parse")
     stalls = StallSweeper(config.stream_write_timeout_s)
-    app[_STATE] = _State(engine_loop, config, config.served_model_name, stalls, parser)
+    app[_STATE] = _State(
+        engine_loop, config, config.served_model_name, stalls, parser, run_factory=run_factory
+    )
     app.on_startup.append(_on_startup)
     app.on_cleanup.append(_on_cleanup)
     for endpoint in (*ENDPOINTS.values(), *EVENT_ENDPOINTS):
@@ -197,7 +209,8 @@ async def _generate(request: web.Request, endpoint: Endpoint) -> web.StreamRespo
         gen = dataclasses.replace(gen, deadline_ms=deadline_ms)
     except ApiError as exc:
         return _error_response(exc, endpoint)
-    run = GenerationRun(
+    factory = state.run_factory
+    run = (GenerationRun if factory is None else functools.partial(factory, raw_body=raw))(
         endpoint,
         gen,
         response_id=endpoint.id_prefix + uuid.uuid4().hex,
@@ -304,12 +317,14 @@ async def serve(
     on_listening: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     engine_loop: EngineLoop | None = None,
+    run_factory: RunFactory | None = None,
 ) -> None:
     """Serve until `stop` is set (or forever). `on_listening` gets the base URL once bound.
-    `engine_loop` overrides the one `config` describes (tests pass one around a fake engine)."""
+    `engine_loop` overrides the one `config` describes (tests pass one around a fake engine);
+    `run_factory` as in `create_app`."""
     if engine_loop is None:
         engine_loop = build_engine_loop(config)
-    app = create_app(engine_loop, config)
+    app = create_app(engine_loop, config, run_factory=run_factory)
     # Requests still streaming at shutdown get 2 s, then are cancelled (and aborted), so a
     # SIGTERM stops the server well within a launcher's grace period.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
 import socket
@@ -14,7 +15,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from engine_ref.serving.engine_loop import EngineLoop
@@ -22,11 +23,12 @@ from engine_ref.serving.server import ServerConfig, ServerError, serve
 
 
 @contextlib.contextmanager
-def running_server(
-    config: ServerConfig, *, engine_loop: EngineLoop | None = None, startup_timeout_s: float = 120.0
+def running_in_thread(
+    serving: Callable[..., Awaitable[None]], *, name: str, startup_timeout_s: float = 120.0
 ) -> Iterator[str]:
-    """Run the server on a background thread with its own event loop; yields the base URL
-    (use port 0 for a free port) and stops the server, engine included, on exit."""
+    """Run `serving(on_listening=..., stop=...)` (a server, router or cluster coroutine) on a
+    background thread with its own event loop; yields the base URL it reports once bound and
+    stops it on exit."""
     started = threading.Event()
     urls: list[str] = []
     errors: list[BaseException] = []
@@ -39,16 +41,14 @@ def running_server(
 
     def run() -> None:
         try:
-            loop.run_until_complete(
-                serve(config, on_listening=on_listening, stop=stop, engine_loop=engine_loop)
-            )
+            loop.run_until_complete(serving(on_listening=on_listening, stop=stop))
         except BaseException as exc:
             errors.append(exc)
         finally:
             started.set()
             loop.close()
 
-    thread = threading.Thread(target=run, name="engine-ref-server", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     try:
         if not started.wait(startup_timeout_s):
@@ -61,6 +61,19 @@ def running_server(
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(stop.set)
             thread.join(60.0)
+
+
+@contextlib.contextmanager
+def running_server(
+    config: ServerConfig, *, engine_loop: EngineLoop | None = None, startup_timeout_s: float = 120.0
+) -> Iterator[str]:
+    """Run the server on a background thread with its own event loop; yields the base URL
+    (use port 0 for a free port) and stops the server, engine included, on exit."""
+    serving = functools.partial(serve, config, engine_loop=engine_loop)
+    with running_in_thread(
+        serving, name="engine-ref-server", startup_timeout_s=startup_timeout_s
+    ) as url:
+        yield url
 
 
 def connect(url: str, *, timeout_s: float = 30.0, rcvbuf_bytes: int | None = None) -> socket.socket:

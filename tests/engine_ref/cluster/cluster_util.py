@@ -3,18 +3,19 @@ of the test process, and small loopback HTTP helpers (urllib only)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import json
 import multiprocessing
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from server_fixtures import running_in_thread
+
 from engine_ref.cluster.router import serve_cluster
-from engine_ref.serving.server import ServerConfig, ServerError
+from engine_ref.serving.server import ServerConfig
 
 
 def worker_processes() -> list[multiprocessing.Process]:
@@ -28,44 +29,18 @@ def running_cluster(
 ) -> Iterator[str]:
     """`serve_cluster` on a background thread with its own event loop; yields the router's
     base URL and, on exit, stops it and checks that no worker process is left."""
-    started = threading.Event()
-    urls: list[str] = []
-    errors: list[BaseException] = []
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
+    serving = functools.partial(serve_cluster, config, replicas=replicas, policy=policy)
+    with running_router(serving, startup_timeout_s) as url:
+        yield url
 
-    def on_listening(url: str) -> None:
-        urls.append(url)
-        started.set()
 
-    def run() -> None:
-        try:
-            loop.run_until_complete(
-                serve_cluster(
-                    config, replicas=replicas, policy=policy, on_listening=on_listening, stop=stop
-                )
-            )
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            started.set()
-            loop.close()
-
-    thread = threading.Thread(target=run, name="cluster-router", daemon=True)
-    thread.start()
-    pids: list[int] = []
-    try:
-        if not started.wait(startup_timeout_s):
-            raise ServerError(f"The cluster did not start within {startup_timeout_s:.0f} s.")
-        if errors:
-            raise errors[0]
+@contextlib.contextmanager
+def running_router(serving, startup_timeout_s: float) -> Iterator[str]:
+    """A router coroutine (`serve_cluster`, `serve_pd_cluster` partially applied) on a
+    background thread; on exit, no worker process it started may outlive it."""
+    with running_in_thread(serving, name="router", startup_timeout_s=startup_timeout_s) as url:
         pids = [p.pid for p in worker_processes()]
-        yield urls[0]
-    finally:
-        if thread.is_alive():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop.set)
-            thread.join(60.0)
+        yield url
     left = [pid for pid in pids if is_running(pid)]
     assert not left, f"worker processes {left} outlived the router"
 

@@ -1,0 +1,81 @@
+"""The P/D cluster's worker processes: prefill workers, then decode workers, each a
+`pd_worker` server in a process of its own, placed as `replicas` places the router's
+workers (spawned, on its share of the CPUs, stopped by `replicas.stop_workers`).
+
+A worker reports its URL and, for a decode worker, its KV receiver's port over a pipe once it
+listens; `PDProcess` carries both, and its role, beside `LocalWorker`'s attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from multiprocessing.process import BaseProcess
+
+from engine_ref.cluster.pd_worker import serve_worker
+from engine_ref.cluster.replicas import LocalWorker, spawn_workers
+from engine_ref.serving.server import ServerConfig
+
+__all__ = ["PDProcess", "start_pd_workers"]
+
+
+class PDProcess(LocalWorker):
+    """A P/D worker process: `role` "prefill" or "decode", `kv_port` its KV receiver's port
+    (decode workers only)."""
+
+    def __init__(
+        self, index: int, url: str, process: BaseProcess, role: str, kv_port: int | None
+    ) -> None:
+        super().__init__(index, url, process)
+        self.role, self.kv_port = role, kv_port
+
+
+def start_pd_workers(
+    config: ServerConfig,
+    prefill: int,
+    decode: int,
+    *,
+    log_level: str = "warning",
+    startup_timeout_s: float = 600.0,
+    park_timeout_s: float = 30.0,
+    install_wait_s: float = 10.0,
+) -> list[PDProcess]:
+    """Start `prefill` prefill and `decode` decode workers (indices in that order) and return
+    them once each answers /health; on any failure every one started is stopped."""
+    roles = ["prefill"] * prefill + ["decode"] * decode
+    servings = [
+        functools.partial(
+            _serve_role,
+            role=role,
+            name=f"{role}-{index}",
+            park_timeout_s=park_timeout_s,
+            install_wait_s=install_wait_s,
+        )  # fmt: skip
+        for index, role in enumerate(roles)
+    ]
+    spawned = spawn_workers(
+        config, servings, log_level=log_level, startup_timeout_s=startup_timeout_s
+    )
+    return [
+        PDProcess(index, url, process, roles[index], kv_port)
+        for index, (process, (url, kv_port)) in enumerate(spawned)
+    ]
+
+
+def _serve_role(
+    config: ServerConfig,
+    stop: asyncio.Event,
+    on_listening: Callable[[object], None],
+    *,
+    role: str,
+    name: str,
+    park_timeout_s: float,
+    install_wait_s: float,
+) -> Awaitable[None]:
+    """A P/D worker's serving (`replicas.Serving`): reports (URL, KV receiver port)."""
+    return serve_worker(
+        config, role, name, stop=stop,
+        on_listening=lambda url, kv_port: on_listening((url, kv_port)),
+        park_timeout_s=park_timeout_s, install_wait_s=install_wait_s,
+    )  # fmt: skip

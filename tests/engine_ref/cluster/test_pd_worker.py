@@ -1,0 +1,172 @@
+"""A decode worker's side of P/D in one process, no HTTP: `EngineLoop.call` runs on the engine
+thread between steps, a handoff is installed there and parked until a caller attaches (its
+outputs kept meanwhile), a handoff that does not fit waits for blocks and is then refused with
+`NoFreeBlocks`, and an installed request nobody attaches to is freed. Also `bench serve`'s
+refusals of a P/D layout it cannot start."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from click.testing import CliRunner
+from pd_util import GREEDY, make, prefill, prompt_of, run_single
+
+from engine_ref.cluster.pd_worker import HandoffEngine, PDWorker, params_to_json
+from engine_ref.core.kv_handoff import HandoffExporter, KVHandoffError, NoFreeBlocks
+from engine_ref.serving.engine_thread import ThreadEngineLoop
+from engine_ref.serving.errors import ApiError
+from engine_ref.serving.server import ServerConfig
+from harness.cli import bench
+
+PARAMS = GREEDY  # max_tokens 6, greedy, logprobs 5
+
+
+class Collect:
+    """An output sink: every output's tokens, and an event once one finished."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finished = asyncio.Event()
+
+    def put_nowait(self, item) -> None:
+        assert not isinstance(item, BaseException), item
+        self.tokens += item.outputs[0].new_token_ids
+        if item.finished:
+            self.finished.set()
+
+
+def _extra(transfer_id: str) -> dict:
+    return {"transfer_id": transfer_id, "params": params_to_json(PARAMS), "priority": 0}
+
+
+async def _with_decode_worker(tiny_model, body, *, num_blocks=32, **timeouts):
+    engine = make(tiny_model, num_blocks=num_blocks)
+    loop = ThreadEngineLoop(engine)
+    await loop.start()
+    worker = PDWorker("decode", "decode-0", loop, ServerConfig(), **timeouts)
+    try:
+        return await body(worker, engine)
+    finally:
+        await loop.close()
+
+
+def _handoff(tiny_model, length: int = 20):
+    exporter = HandoffExporter(make(tiny_model))
+    generation, handoff = prefill(exporter, "p", prompt_of(length), PARAMS)
+    exporter.release("p")
+    return generation, handoff
+
+
+def test_a_call_runs_on_the_engine_thread_and_raises_what_fn_raised(tiny_model):
+    async def body(worker, engine):
+        name = await worker.engine_loop.call(lambda e: threading.current_thread().name)
+        assert name == "engine-loop"
+        with pytest.raises(KVHandoffError, match="boom"):
+            await worker.engine_loop.call(lambda e: (_ for _ in ()).throw(KVHandoffError("boom")))
+
+    asyncio.run(_with_decode_worker(tiny_model, body))
+
+
+def test_an_installed_handoff_decodes_and_its_outputs_wait_for_the_attaching_caller(tiny_model):
+    first, handoff = _handoff(tiny_model)
+    expected = run_single(make(tiny_model), prompt_of(20), PARAMS).tokens
+
+    async def body(worker, engine):
+        await worker.on_handoff(handoff, _extra("t1"))
+        parked = await worker.attach("t1")
+        sink = Collect()
+        await asyncio.sleep(0.05)  # it decodes meanwhile: the outputs wait in the parked sink
+        parked.sink.forward_to(sink)
+        await asyncio.wait_for(sink.finished.wait(), 10)
+        assert first.tokens + sink.tokens == expected
+        with pytest.raises(ApiError, match="already attached|No KV handoff"):
+            await worker.attach("t1")
+        await asyncio.sleep(0.05)
+        assert engine.stats().num_blocks_used == 0
+
+    asyncio.run(_with_decode_worker(tiny_model, body, park_timeout_s=0.2))
+
+
+def test_a_handoff_that_does_not_fit_waits_then_is_refused(tiny_model):
+    _, handoff = _handoff(tiny_model, length=40)  # 3 blocks of 16
+    slow = {**_extra("t-a"), "params": {**params_to_json(PARAMS), "max_tokens": 20}}
+
+    async def body(worker, engine):
+        worker.engine_loop.set_step_delay(0.05)  # the first runs 20 steps of 50 ms
+        await worker.on_handoff(handoff, slow)  # 3 of the 4 blocks
+        with pytest.raises(NoFreeBlocks, match="needs 3 free KV blocks and this engine has 1"):
+            await worker.on_handoff(handoff, _extra("t-b"))
+        assert list(worker.parked) == ["t-a"]
+        worker.install_wait_s = 10.0  # long enough for t-a to end and free its blocks
+        await worker.on_handoff(handoff, _extra("t-c"))
+        worker.engine_loop.set_step_delay(0)
+        for transfer_id in ("t-a", "t-c"):
+            sink = Collect()
+            (await worker.attach(transfer_id)).sink.forward_to(sink)
+            await asyncio.wait_for(sink.finished.wait(), 10)
+        await asyncio.sleep(0.05)
+        assert engine.stats().num_blocks_used == 0
+
+    asyncio.run(_with_decode_worker(tiny_model, body, num_blocks=4, install_wait_s=0.2))
+
+
+def test_an_installed_request_nobody_attaches_to_is_freed(tiny_model):
+    _, handoff = _handoff(tiny_model)
+    slow = {**_extra("t3"), "params": {**params_to_json(PARAMS), "max_tokens": 10_000 - 21}}
+
+    async def body(worker, engine):
+        worker.engine_loop.set_step_delay(0.02)  # far from its max_tokens at the timeout
+        await worker.on_handoff(handoff, slow)
+        kept = worker.parked["t3"].sink  # decoding: it holds blocks until the timeout aborts it
+        await asyncio.sleep(0.4)
+        assert not worker.parked and engine.stats().num_blocks_used == 0
+        assert not kept.buffer[-1].finished  # it did not end by itself: the timeout freed it
+
+    asyncio.run(_with_decode_worker(tiny_model, body, park_timeout_s=0.1))
+
+
+def test_a_handoff_without_its_request_parameters_is_refused(tiny_model):
+    _, handoff = _handoff(tiny_model)
+
+    async def body(worker, engine):
+        with pytest.raises(KVHandoffError, match="no transfer id"):
+            await worker.on_handoff(handoff, None)
+        with pytest.raises(KVHandoffError, match="parameters are unusable"):
+            await worker.on_handoff(handoff, {"transfer_id": "t4", "params": {"n": "x"}})
+
+    asyncio.run(_with_decode_worker(tiny_model, body))
+
+
+def test_the_prefill_engine_hands_off_only_marked_requests(tiny_model):
+    engine = HandoffEngine(make(tiny_model))
+    engine.add_request("kvh-a", prompt_of(10), PARAMS)
+    engine.add_request("plain", prompt_of(10), PARAMS)
+    reasons = {}
+    while engine.has_unfinished():
+        for output in engine.step():
+            if output.finished:
+                reasons[output.request_id] = output.outputs[0].finish_reason
+    assert reasons == {"kvh-a": "handoff", "plain": "length"}
+    assert engine.exporter.held == ["kvh-a"]
+    engine.abort("kvh-a")
+    assert engine.stats().num_blocks_used == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prefill-workers", "1"], "P/D mode needs both --prefill-workers and --decode-workers."),
+        (["--decode-workers", "1"], "P/D mode needs both --prefill-workers and --decode-workers."),
+        (["--prefill-workers", "1", "--decode-workers", "1", "--replicas", "2"],
+         "--prefill-workers/--decode-workers replace --replicas and --router."),
+        (["--prefill-workers", "1", "--decode-workers", "1", "--engine-loop", "process"],
+         "P/D workers run the engine in thread mode (--engine-loop thread)."),
+        (["--prefill-workers", "0", "--decode-workers", "1"], "0 is not in the range x>=1."),
+    ],
+)  # fmt: skip
+def test_bench_serve_refuses_a_pd_layout_it_cannot_start_in_one_sentence(args, message):
+    result = CliRunner().invoke(bench, ["serve", "--model", "tiny-random", *args])
+    assert result.exit_code == 2
+    assert message in result.output
