@@ -434,6 +434,7 @@ def build_card(
         fairness=summary.fairness,
         deadlines=summary.deadlines,
         dense=summary.dense,
+        disaggregation=summary.disaggregation,
     )
 
 

@@ -19,6 +19,7 @@ from slo.runrecord import (
     Correctness,
     Deadlines,
     Dense,
+    Disaggregation,
     Distribution,
     Fairness,
     FaultWindow,
@@ -270,6 +271,8 @@ class Card:
     # reasoning models' split (`slo.reasoning`); None: no reasoning, and then no JSON key
     reasoning: Reasoning | None = field(default=None, metadata={_OMIT_WHEN_NONE: True})
     dense: Dense | None = None  # embeddings and rerank runs (`slo.dense`)
+    # a cluster's KV handoffs and workers (`slo.disaggregation`); None: unsaid, no JSON key
+    disaggregation: Disaggregation | None = field(default=None, metadata={_OMIT_WHEN_NONE: True})
     schema_version: int = CARD_SCHEMA_VERSION
 
     def __post_init__(self) -> None:

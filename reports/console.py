@@ -22,6 +22,7 @@ from reports.card import LATENCY_METRICS, Card, LatencyRow, SLOVerdict, Throughp
 from reports.checks_view import checks_renderables
 from reports.classes_view import classes_renderable
 from reports.dense_view import dense_renderable, undefined_sentence
+from reports.disaggregation_view import disaggregation_renderable
 from reports.errors import ReportError
 from reports.faults_view import recovery_text
 from reports.memory_view import memory_renderable
@@ -233,6 +234,9 @@ def card_renderable(card: Card) -> RenderableType:
     reasoning = reasoning_renderable(card.reasoning)
     if reasoning is not None:
         parts.append(reasoning)
+    disaggregation = disaggregation_renderable(card.disaggregation)
+    if disaggregation is not None:
+        parts.append(disaggregation)
     bounds = bounds_renderable(card.bounds)
     if bounds is not None:
         parts.append(bounds)

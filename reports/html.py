@@ -29,6 +29,12 @@ from reports.classes_view import (
 )
 from reports.conventions_view import convention_rows, conventions_sources
 from reports.dense_view import DENSE_COLUMNS, dense_rows, dense_sentence
+from reports.disaggregation_view import (
+    DISAGGREGATION_COLUMNS,
+    DISAGGREGATION_TITLE,
+    disaggregation_rows,
+    disaggregation_sentences,
+)
 from reports.faults_view import recovery_text
 from reports.overload_view import (
     LITTLE_COLUMNS,
@@ -178,6 +184,10 @@ def card_environment() -> jinja2.Environment:
         REASONING_TITLE=REASONING_TITLE,
         reasoning_rows=reasoning_rows,
         reasoning_sentence=reasoning_sentence,
+        DISAGGREGATION_COLUMNS=DISAGGREGATION_COLUMNS,
+        DISAGGREGATION_TITLE=DISAGGREGATION_TITLE,
+        disaggregation_rows=disaggregation_rows,
+        disaggregation_sentences=disaggregation_sentences,
     )
     return env
 

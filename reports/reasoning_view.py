@@ -11,20 +11,15 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from slo.runrecord import Distribution, Reasoning
+from reports.distribution_table import DISTRIBUTION_COLUMNS, distribution_rows
+from slo.runrecord import Reasoning
 
 REASONING_TITLE = "Reasoning and answer (ok requests)"
-REASONING_COLUMNS = ("figure", "n", "p50", "p90", "p99", "max")
+REASONING_COLUMNS = DISTRIBUTION_COLUMNS
 TTFT_WORDS = {
     "first_token": "the first token of either kind (reasoning or answer)",
     "first_answer_token": "the first answer token, after the reasoning",
 }
-
-
-def _fmt(value, unit: str) -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.1f}" if unit == "ms" else f"{value:,.0f}"
 
 
 def reasoning_rows(block: Reasoning) -> list[tuple[str, ...]]:
@@ -38,14 +33,7 @@ def reasoning_rows(block: Reasoning) -> list[tuple[str, ...]]:
         ("answer tokens", block.answer_tokens_per_request, "tokens"),
         ("reasoning tokens (server's usage)", block.server_reasoning_tokens_per_request, "tokens"),
     )
-    rows = []
-    for label, dist, unit in figures:
-        dist = dist or Distribution.empty()
-        if not dist.n:
-            continue
-        stats = (dist.p50, dist.p90, dist.p99, dist.max)
-        rows.append((label, f"{dist.n}", *(_fmt(v, unit) for v in stats)))
-    return rows
+    return distribution_rows(figures)
 
 
 def reasoning_sentence(block: Reasoning) -> str:

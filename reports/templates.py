@@ -9,6 +9,7 @@ from reports.bounds_view import BOUNDS_HTML
 from reports.checks_view import CHECKS_HTML
 from reports.classes_view import CLASSES_HTML
 from reports.dense_view import DENSE_HTML
+from reports.disaggregation_view import DISAGGREGATION_HTML
 from reports.overload_view import OVERLOAD_HTML
 from reports.reasoning_view import REASONING_HTML
 from reports.sessions_view import SESSIONS_HTML
@@ -148,6 +149,7 @@ SLO {{ card.slo_name or "none" }} · window {{ card.window_s | fmt(1) }} s · st
     + DENSE_HTML
     + SESSIONS_HTML
     + REASONING_HTML
+    + DISAGGREGATION_HTML
     + OVERLOAD_HTML
     + CLASSES_HTML
     + BOUNDS_HTML

@@ -46,6 +46,10 @@ All fields of that dict (latencies in ms, rates per second, None where undefined
 - `reasoning`: None without reasoning tokens, else the time to the first reasoning and to the
   first answer token, TPOT and tokens of each part, and which TTFT the SLO judged; see
   `slo.reasoning`.
+- `disaggregation`: None unless requests carried a cluster's KV-handoff figures or serving
+  worker; else handoffs ok, failed and retried, prefill, transfer and install times, bytes per
+  handoff, the effective link bandwidth sum(bytes) / sum(transfer_ms) and requests per worker;
+  see `slo.disaggregation`.
 - `slo`: None, or `{spec, verdict, objectives}` (see `slo.verdicts.evaluate`); `ttft` on the block
   and on each objective that reads TTFT when the run had reasoning or the spec asks for the
   first answer token (`slo.reasoning.mark_ttft`).

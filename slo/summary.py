@@ -16,6 +16,7 @@ from slo.consistency import littles_law
 from slo.conventions import conventions_summary
 from slo.correctness import correctness_summary
 from slo.dense import DENSE_UNDEFINED, dense_endpoint, dense_summary
+from slo.disaggregation import disaggregation_summary
 from slo.errors import SLOError
 from slo.frame import RequestMetrics, attempted_requests, not_sent_count
 from slo.goodput import goodput_summary
@@ -343,6 +344,7 @@ def summarize_tables(
     summary["streamed"] = streamed
     summary["bounds"] = bounds_summary(tables, rm, chunks.token_rows, spec, streamed=streamed)
     summary["dense"] = dense_summary(attempted_requests(tables.requests), rm, tables.manifest)
+    summary["disaggregation"] = disaggregation_summary(tables.requests)
     undefined = NON_STREAMING_UNDEFINED if summary["dense"] is None else DENSE_UNDEFINED
     summary["undefined_metrics"] = {} if streamed else dict(undefined)
     if conventions == "all":

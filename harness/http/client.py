@@ -49,6 +49,7 @@ class RawResult:
     error_class: ErrorClass | None = None
     error_message: str | None = None
     engine_request_id: str | None = None  # the answer's x-request-id header
+    worker: str | None = None  # the answer's x-bench-worker header (a cluster's router)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +203,7 @@ async def send(
                 result.t_first_byte_ns = clock()
                 result.http_status = response.status
                 result.engine_request_id = response.headers.get("x-request-id")
+                result.worker = response.headers.get("x-bench-worker")
                 if response.status != 200:
                     result.body = await response.read()
                     _classify_http(result)

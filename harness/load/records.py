@@ -13,6 +13,7 @@ from harness.http.client import RawResult
 from harness.http.events import parse_answer_body, parse_answer_stream
 from harness.http.sse import ParsedStream
 from harness.load.dense_records import dense_record
+from harness.load.kv_records import set_kv_transfer
 from harness.load.output_checks import CheckResult, OutputChecks
 from harness.load.reasoning_records import set_reasoning
 from harness.load.tool_checks import tool_call_count
@@ -246,6 +247,7 @@ def to_rows(
     if request_class is not None:
         record.priority, record.deadline_ms, record.tenant = request_class
     _set_kv_memory(record, usage.get("kv_memory"))
+    set_kv_transfer(record, usage, raw.worker)
     offered = ctx.checks is not None and ctx.checks.offers_tools(raw.request_id)
     calls = parsed.tool_calls if parsed else None
     record.num_tool_calls = tool_call_count(calls, offered, status is RequestStatus.OK)

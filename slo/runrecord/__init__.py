@@ -19,6 +19,7 @@ from slo.runrecord.bounds_sections import (
     TransferBound,
 )
 from slo.runrecord.dense_sections import Dense
+from slo.runrecord.disaggregation_sections import Disaggregation
 from slo.runrecord.documents import (
     MANIFEST_SCHEMA_VERSION,
     SUMMARY_SCHEMA_VERSION,
@@ -136,6 +137,7 @@ __all__ = [
     "PhaseLittleBound",
     "TransferBound",
     "Dense",
+    "Disaggregation",
     "Memory",
     "MemoryEstimate",
     "Overload",

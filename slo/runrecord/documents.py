@@ -14,6 +14,7 @@ from typing import Any
 
 from slo.runrecord.bounds_sections import Bounds
 from slo.runrecord.dense_sections import Dense
+from slo.runrecord.disaggregation_sections import Disaggregation
 from slo.runrecord.errors import RunRecordError
 from slo.runrecord.memory_sections import Memory
 from slo.runrecord.overload_sections import Overload
@@ -175,6 +176,8 @@ class RunSummary:
     # reasoning models' first tokens, TPOTs and counts (`slo.reasoning`); None: no reasoning
     reasoning: Reasoning | None = nested(Reasoning)
     dense: Dense | None = nested(Dense)  # embeddings and rerank runs (`slo.dense`)
+    # a cluster's KV handoffs and serving workers (`slo.disaggregation`); None: none said
+    disaggregation: Disaggregation | None = nested(Disaggregation)
 
     @classmethod
     def from_dict(cls, data: Any, *, what: str = "summary.json") -> RunSummary:

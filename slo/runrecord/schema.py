@@ -75,6 +75,14 @@ class RequestColumn(StrEnum):
     KV_EVICTED_TOKENS = "kv_evicted_tokens"
     NUM_TEXTS = "num_texts"  # inputs (embeddings) or documents (rerank) sent; null: generation
     NUM_TOOL_CALLS = "num_tool_calls"  # calls in the answer; null: no tools offered or used
+    # a P/D cluster's KV handoff (`usage.kv_transfer`, `harness.load.kv_records`); null: none
+    KV_PREFILL_MS = "kv_prefill_ms"
+    KV_TRANSFER_BYTES = "kv_transfer_bytes"
+    KV_TRANSFER_MS = "kv_transfer_ms"
+    KV_INSTALL_MS = "kv_install_ms"
+    KV_TRANSFER_OK = "kv_transfer_ok"
+    KV_TRANSFER_RETRIED = "kv_transfer_retried"  # how a failed transfer was retried (`recompute`)
+    SERVED_BY = "served_by"  # the worker that served it (a cluster's router says); null: unsaid
 
 
 class ChunkColumn(StrEnum):
@@ -161,6 +169,13 @@ _REQUEST_TYPES = {
     _C.KV_EVICTED_TOKENS: pa.int32(),
     _C.NUM_TEXTS: pa.int32(),
     _C.NUM_TOOL_CALLS: pa.int32(),
+    _C.KV_PREFILL_MS: pa.float64(),
+    _C.KV_TRANSFER_BYTES: pa.int64(),
+    _C.KV_TRANSFER_MS: pa.float64(),
+    _C.KV_INSTALL_MS: pa.float64(),
+    _C.KV_TRANSFER_OK: pa.bool_(),
+    _C.KV_TRANSFER_RETRIED: pa.string(),
+    _C.SERVED_BY: pa.string(),
 }
 REQUESTS_SCHEMA = pa.schema([(str(c), _REQUEST_TYPES[c]) for c in RequestColumn])
 
@@ -251,6 +266,13 @@ class RequestRecord:
     kv_evicted_tokens: int | None = None
     num_texts: int | None = None
     num_tool_calls: int | None = None
+    kv_prefill_ms: float | None = None
+    kv_transfer_bytes: int | None = None
+    kv_transfer_ms: float | None = None
+    kv_install_ms: float | None = None
+    kv_transfer_ok: bool | None = None
+    kv_transfer_retried: str | None = None
+    served_by: str | None = None
 
     def validated(self) -> tuple:
         """The row as a tuple in column order, with enum fields checked and stored as strings."""

@@ -36,6 +36,8 @@ SHARED_NAMES = {
     "priority",  # RequestSpec columns too (`workloads.classes`), and the OpenAI body field
     "deadline_ms",
     "tenant",
+    # also a field of summary.json (`RunSummary.served_by`: the engine and code path of the run)
+    "served_by",
 }
 # The mock server's fault kinds are its command-line vocabulary (`--malformed-sse-rate`).
 EXEMPT = {
