@@ -23,8 +23,8 @@ the ratio says by how much, each block with the reasons it can:
   compared at the scrape that saw the most tokens held, with the bound at that same instant.
 - Little's law per load phase: L = lambda · W (`slo.littles_law`, the one implementation);
   lambda · W stands where the bounds have their bound and L where they have the measured figure.
-- T_transfer >= M_KV / B_effective: the KV moves of a prefill/decode cluster; absent until a
-  run records them.
+- T_transfer >= M_KV / B_effective: the KV moves of a prefill/decode cluster; absent, with
+  the reason: no KV moved, or no independent measure of the link's bandwidth.
 
 A target that reports no geometry (vLLM, llama.cpp) gets each KV block absent with that reason.
 """
@@ -89,6 +89,10 @@ NO_GEOMETRY = (
     "do not), so there is no bound to compute"
 )
 NO_TRANSFER = "the target is not a prefill/decode cluster: the run moved no KV between workers"
+NO_LINK_MEASURE = (
+    "the run moved KV between workers (the cluster block gives the effective bandwidth of its "
+    "transfers), but nothing measured the link's own bandwidth to bound them with"
+)
 KV_GAUGE_NAMES = dict(GAUGES)["kv_cache_usage"]
 
 
@@ -332,9 +336,14 @@ def little_bounds(rm: RequestMetrics, workload: dict | None) -> LittleBounds:
     return LittleBounds(formula=LITTLE_FORMULA, phases=rows, why_differs=WHY_LITTLE)
 
 
-def transfer_bound() -> TransferBound:
-    """The P/D transfer bound: absent, no run records KV transfers yet."""
-    return TransferBound(formula=TRANSFER_FORMULA, why_differs=WHY_TRANSFER, absent=NO_TRANSFER)
+def transfer_bound(requests) -> TransferBound:
+    """The P/D transfer bound: absent, with why. A run that moved no KV between workers has
+    nothing to bound; one that did (the `disaggregation` block has its effective bandwidth,
+    sum of bytes over sum of transfer times) has no independent measure of the link's
+    bandwidth to bound it with yet."""
+    moved = float_column(requests, RequestColumn.KV_TRANSFER_BYTES)
+    absent = NO_LINK_MEASURE if np.nansum(moved) > 0 else NO_TRANSFER
+    return TransferBound(formula=TRANSFER_FORMULA, why_differs=WHY_TRANSFER, absent=absent)
 
 
 def usage_or(primary: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -381,7 +390,7 @@ def bounds_summary(
             streamed=streamed,
         ),
         little_law=little_bounds(rm, manifest.workload if manifest is not None else None),
-        transfer=transfer_bound(),
+        transfer=transfer_bound(sent),
         cost=cost_summary(rm, spec, config.get("cost_per_hour")),
         energy=energy_summary(manifest.energy if manifest is not None else None, rm, target=target),
     ).to_dict()

@@ -147,6 +147,19 @@ def test_the_transfer_bound_is_absent_with_its_reason(tmp_path):
     )
 
 
+def test_a_run_that_moved_kv_says_the_link_was_not_measured(tmp_path):
+    """Transfers recorded (one request moved 1 byte is enough; 0 bytes is none): the bound is
+    still absent, now because nothing measured the link, not because no KV moved."""
+    requests, chunks = run_rows()
+    for moved, reason in ((0, "the run moved no KV"), (1, "nothing measured the link")):
+        rows = [
+            dict(r, kv_transfer_bytes=moved) if r["request_id"] == "r1" else r for r in requests
+        ]
+        run_dir = write_run(tmp_path / f"run{moved}", rows, chunks, {"target": TARGET})
+        transfer = bounds_of(run_dir).transfer
+        assert transfer.bound_s is None and reason in transfer.absent
+
+
 def test_a_target_without_geometry_has_the_kv_bounds_absent_with_the_reason(tmp_path):
     bounds = bounds_of(write_bounds_run(tmp_path, target={"url": "http://127.0.0.1:1/v1"}))
     for block in (bounds.kv_request, bounds.kv_peak):
