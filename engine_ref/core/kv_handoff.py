@@ -304,12 +304,16 @@ def install(
     needed = blocks_needed(engine, handoff)
     if existing is None and needed > bm.num_free_blocks:
         raise NoFreeBlocks(needed, bm.num_free_blocks)
-    source = kv_layout.join([(b.kv, b.scales) for b in handoff.blocks])
-    kv, scales = kv_layout.convert(*source, runner.kv_format.storage)
-    converted = kv.dtype != source[0].dtype
-    lossy = converted and not torch.equal(
-        kv_layout.dequantize(kv, scales), kv_layout.dequantize(*source)
-    )
+    blocks = [(b.kv, b.scales) for b in handoff.blocks]
+    converted = bool(blocks) and blocks[0][0].dtype != runner.kv_format.storage
+    kv = scales = None
+    lossy = False
+    if converted or handoff.block_size != engine.config.block_size:
+        source = kv_layout.join(blocks)
+        kv, scales = kv_layout.convert(*source, runner.kv_format.storage)
+        lossy = converted and not torch.equal(
+            kv_layout.dequantize(kv, scales), kv_layout.dequantize(*source)
+        )
     if existing is not None:
         table = existing.sequences[0].block_table
         return Installed(request_id, len(table), converted, lossy, already_installed=True)
@@ -323,8 +327,11 @@ def install(
     try:
         seq = _running_sequence(engine, request, handoff)
         bm.append_slots(seq, handoff.num_computed_tokens)  # `needed` fresh blocks
-        blocked = kv_layout.reblock(kv, scales, engine.config.block_size)
-        kv_layout.write(runner.kv_caches, seq.block_table, *blocked)
+        if converted or handoff.block_size != engine.config.block_size:
+            blocked = kv_layout.reblock(kv, scales, engine.config.block_size)
+            kv_layout.write(runner.kv_caches, seq.block_table, *blocked)
+        else:  # this engine's own layout: each block straight into its slot
+            kv_layout.write_blocks(runner.kv_caches, seq.block_table, blocks)
         seq.num_computed_tokens = handoff.num_computed_tokens
         bm.register_full_blocks(seq)
     except BaseException:
