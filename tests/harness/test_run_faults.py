@@ -87,8 +87,8 @@ def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text, serv
     plan.write_text(plan_text)
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "harness.cli", "run", "--model", "tiny-random", "--workload",
-           "random", "--input-len", "16", "--output-len", "32", "--num-requests", "48",
-           "--request-rate", "4", "--timeout", "60", "--quiet", "--out", str(run), "--faults",
+           "random", "--input-len", "16", "--output-len", "32", "--num-requests", "32",
+           "--request-rate", "6", "--timeout", "60", "--quiet", "--out", str(run), "--faults",
            str(plan), *server_args]  # fmt: skip
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         sampler = ServerSampler(proc)
@@ -105,10 +105,10 @@ def test_engine_faults_on_the_managed_reference_engine(tmp_path, plan_text, serv
     if "kill" in plan_text:
         assert manifest["fault_plan"]["engine_restarts"] == 1
         assert window["end_s"] - window["start_s"] < 60  # the outage ends when it answers again
-        assert statuses["ok"] >= 1 and sum(statuses.values()) == 48
-        assert statuses["ok"] < 48  # the kill cost requests
+        assert statuses["ok"] >= 1 and sum(statuses.values()) == 32
+        assert statuses["ok"] < 32  # the kill cost requests
     else:
-        assert statuses["ok"] >= 40  # a pause delays, it does not kill
+        assert statuses["ok"] >= 26  # a pause delays, it does not kill
         _assert_the_pause_stopped_every_stream(run, manifest)
         sampler.assert_one_stop_of_every_process(min_s=1.0)
     # Reported: seconds to get back to 90% of the goodput before, or None (never, in this run).
