@@ -10,10 +10,15 @@ says the KV transfer succeeded, it sends the body to the decode worker with
 API's own shape: the prefill worker's id and created time, one role delta (chat), finish
 reasons as the single server gives them, text offsets counted from the start of the whole
 text, and one usage: prompt_tokens from the prefill worker, completion_tokens counting every
-token, plus the `kv_transfer` extension (docs/CONTRACTS.md). A request that ends at its first
-token (max_tokens 1, a stop) never reaches a decode worker. Requests P/D cannot carry (n > 1,
-best_of, beam search, tools, guided output), the other generation APIs (/v1/responses,
-/v1/messages) and the dense routes go to the least-loaded decode worker as plain requests.
+token, plus the `kv_transfer` extension (docs/CONTRACTS.md; the router adds the decode worker's
+name and install time). With `continuous_usage_stats` (`bench run`'s default) each relayed
+chunk's usage is rewritten the same way: the prefill's prompt, every output token so far. The
+`x-bench-worker` header names the decode worker, chosen before the prefill leg so that a
+stream's headers carry it; a non-streamed answer that ended at its first token names the
+prefill worker. A request that ends at its first token (max_tokens 1, a stop) never reaches a
+decode worker. Requests P/D cannot carry (n > 1, best_of, beam search, tools, guided output),
+the other generation APIs (/v1/responses, /v1/messages) and the dense routes go to the
+least-loaded decode worker as plain requests.
 
 Failures are explicit. A transfer that failed (a block that failed its checksum, a cut or
 refused connection, a decode worker gone) is retried once by recompute: a decode worker (another
@@ -47,6 +52,7 @@ from prometheus_client.core import CounterMetricFamily
 from engine_ref.cluster.pd_procs import PDProcess, start_pd_workers
 from engine_ref.cluster.replicas import stop_workers
 from engine_ref.cluster.router import (
+    WORKER_HEADER,
     Cluster,
     NotDelivered,
     create_router_app,
@@ -54,6 +60,7 @@ from engine_ref.cluster.router import (
     relay,
     routed_error,
     serve_app,
+    worker_name,
 )
 from engine_ref.cluster.routing import make_policy
 from engine_ref.serving.errors import ApiError, error_body
@@ -161,9 +168,6 @@ class PDRouting:
 def _pd_capable(body: dict) -> bool:
     if any(body.get(name) not in (None, False) for name in _NOT_PD):
         return False
-    options = body.get("stream_options")
-    if isinstance(options, dict) and options.get("continuous_usage_stats"):
-        return False  # every chunk's usage so far: one worker's counts would be wrong
     return body.get("n") in (None, 1) and body.get("best_of") in (None, 1)
 
 
@@ -176,11 +180,16 @@ class _Legs:
         self.stream = bool(body.get("stream"))
         options = body.get("stream_options")
         self.client_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        # Every chunk's usage so far (vLLM's continuous_usage_stats): rewritten per chunk.
+        self.continuous = self.client_usage and bool(options.get("continuous_usage_stats"))
+        self.prompt_usage: dict[str, Any] = {}  # the prefill's prompt counts
+        self.completion_offset = 0  # first tokens a recompute leg counts as prompt
         self.transfer_id = uuid.uuid4().hex
         self.head: dict[str, Any] = {}  # id and created of the prefill answer
         self.first_text_chars = 0
         self.response: web.StreamResponse | None = None
         self._started_decode = False  # a decode leg's tokens reached the client
+        self.decoded_by: PDProcess | None = None  # the worker whose decode leg ran
 
     def _body(self, kv: dict) -> bytes:
         body = {**self.body, "kv_transfer_params": kv}
@@ -195,6 +204,8 @@ class _Legs:
               "decode_kv": f"127.0.0.1:{self.decode.kv_port}"}  # fmt: skip
         if self.fault is not None:
             kv["fault"] = self.fault
+        if (link := getattr(self.routing, "link_faults", None)) is not None:  # cluster_faults
+            kv = link.kv_params(self.decode, kv)
         try:
             first = await self._leg(self.prefill, self._body(kv), first_leg=True)
             if isinstance(first, web.StreamResponse):
@@ -205,9 +216,9 @@ class _Legs:
                 return await self._finish(p_usage, p_answer, None)
             rest = await self._decode_leg(transfer)
             d_usage, d_answer, retried = rest
-            return await self._finish(
-                _usage(p_usage, d_usage, transfer, retried), p_answer, d_answer
-            )
+            assert self.decoded_by is not None
+            usage = _usage(p_usage, d_usage, transfer, retried, worker_name(self.decoded_by))
+            return await self._finish(usage, p_answer, d_answer)
         except _Failed as failure:
             return await self._fail(failure)
         except ConnectionResetError:  # our client went away; leaving closes the worker's
@@ -220,6 +231,7 @@ class _Legs:
             routing.transfers[(decode.index, "ok")] += 1
             routing.transfer_bytes[decode.index] += int(transfer.get("bytes") or 0)
             body = self._body({"do_remote_prefill": True, "transfer_id": self.transfer_id})
+            self.decoded_by = decode
             try:
                 d_usage, d_answer = await self._leg(decode, body)
                 return d_usage, d_answer, None
@@ -238,6 +250,7 @@ class _Legs:
             raise _Failed(502, f"The KV transfer failed and could not be retried: {reason}")
         routing.transfers[(other.index, "recomputed")] += 1
         body = self._body({"recompute_token_ids": first_ids})
+        self.completion_offset, self.decoded_by = len(first_ids), other
         try:
             d_usage, d_answer = await self._leg(other, body)
         except _Failed as failure:
@@ -259,9 +272,11 @@ class _Legs:
                 if up.status != 200:
                     answer = await up.read()
                     if first_leg:
-                        return web.Response(
-                            status=up.status, body=answer, headers=forwarded_headers(up.headers)
-                        )
+                        headers = {
+                            **forwarded_headers(up.headers),
+                            WORKER_HEADER: worker_name(worker),
+                        }
+                        return web.Response(status=up.status, body=answer, headers=headers)
                     raise _Failed(
                         502, f"Worker {worker.index} answered {up.status}: {_reason(answer)}"
                     )
@@ -318,15 +333,35 @@ class _Legs:
                 _shift_offsets(choice, self.first_text_chars)
         if not self.client_usage:
             event.pop("usage", None)
+        elif self.continuous and isinstance(event.get("usage"), dict):
+            event["usage"] = self._usage_so_far(event["usage"], first_leg)
         elif "usage" in event:
             event["usage"] = None
         return event
 
+    def _usage_so_far(self, usage: dict, first_leg: bool) -> dict:
+        """A chunk's usage as the single engine's: the prefill's prompt counts; every output
+        token so far (a decode leg counts the first token, a recompute leg as prompt)."""
+        if first_leg:
+            self.prompt_usage = {
+                k: usage[k] for k in ("prompt_tokens", "prompt_tokens_details") if k in usage
+            }
+            # The prefill worker's part ended (its `kv_memory`); the request goes on.
+            return {k: v for k, v in usage.items() if k not in ("kv_memory", "kv_transfer")}
+        completion = int(usage.get("completion_tokens", 0)) + self.completion_offset
+        usage = {k: v for k, v in usage.items() if k != "kv_transfer"}  # the final usage's
+        usage = {**usage, **self.prompt_usage, "completion_tokens": completion}
+        usage["total_tokens"] = int(usage.get("prompt_tokens", 0)) + completion
+        return usage
+
     async def _write(self, event: dict) -> None:
         if self.response is None:
+            # The decode worker was chosen before the prefill leg: it names the response (a
+            # recompute elsewhere names its worker in usage.kv_transfer.decode_worker).
             self.response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            )
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                         WORKER_HEADER: worker_name(self.decode)}
+            )  # fmt: skip
             await self.response.prepare(self.request)
         await self.response.write(f"data: {json.dumps(event)}\n\n".encode())
 
@@ -334,7 +369,8 @@ class _Legs:
         if not self.stream:
             answer = p_answer if d_answer is None else _stitch(p_answer, d_answer, self.path)
             answer["usage"] = _client_usage(usage)
-            return web.json_response(answer)
+            served = self.prefill if self.decoded_by is None else self.decoded_by
+            return web.json_response(answer, headers={WORKER_HEADER: worker_name(served)})
         if self.client_usage and usage is not None:
             chunk = {**self.head, "object": "chat.completion.chunk"
                      if self.path == "/v1/chat/completions" else "text_completion",
@@ -376,9 +412,14 @@ def _shift_offsets(choice: dict, num_chars: int) -> None:
         logprobs["text_offset"] = [o + num_chars for o in logprobs["text_offset"]]
 
 
-def _usage(p_usage: dict, d_usage: dict | None, transfer: dict, retried: int | None) -> dict:
-    """One usage for the whole request: the prefill's prompt, every output token."""
+def _usage(
+    p_usage: dict, d_usage: dict | None, transfer: dict, retried: int | None, decode_worker: str
+) -> dict:
+    """One usage for the whole request: the prefill's prompt, every output token, the
+    transfer with the decode worker's name and its install time (null after a recompute)."""
     usage = dict(d_usage or {})
+    installed = usage.pop("kv_transfer", None)
+    install_ms = installed.get("install_ms") if isinstance(installed, dict) else None
     completion = int(usage.get("completion_tokens", 0)) + (retried or 0)
     usage.update(
         prompt_tokens=p_usage["prompt_tokens"],
@@ -387,7 +428,10 @@ def _usage(p_usage: dict, d_usage: dict | None, transfer: dict, retried: int | N
     )
     if "prompt_tokens_details" in p_usage:
         usage["prompt_tokens_details"] = p_usage["prompt_tokens_details"]
-    usage["kv_transfer"] = {**transfer, "retried": "recompute" if retried else None}
+    usage["kv_transfer"] = {
+        **transfer, "retried": "recompute" if retried else None,
+        "decode_worker": decode_worker, "install_ms": install_ms,
+    }  # fmt: skip
     return usage
 
 

@@ -22,13 +22,14 @@ __all__ = ["PDProcess", "start_pd_workers"]
 
 class PDProcess(LocalWorker):
     """A P/D worker process: `role` "prefill" or "decode", `kv_port` its KV receiver's port
-    (decode workers only)."""
+    (decode workers only), `name` its role and index within the role (`decode-0`)."""
 
     def __init__(
-        self, index: int, url: str, process: BaseProcess, role: str, kv_port: int | None
-    ) -> None:
+        self, index: int, url: str, process: BaseProcess, role: str, kv_port: int | None,
+        name: str,
+    ) -> None:  # fmt: skip
         super().__init__(index, url, process)
-        self.role, self.kv_port = role, kv_port
+        self.role, self.kv_port, self.name = role, kv_port, name
 
 
 def start_pd_workers(
@@ -44,11 +45,12 @@ def start_pd_workers(
     """Start `prefill` prefill and `decode` decode workers (indices in that order) and return
     them once each answers /health; on any failure every one started is stopped."""
     roles = ["prefill"] * prefill + ["decode"] * decode
+    names = [f"prefill-{i}" for i in range(prefill)] + [f"decode-{i}" for i in range(decode)]
     servings = [
         functools.partial(
             _serve_role,
             role=role,
-            name=f"{role}-{index}",
+            name=names[index],
             park_timeout_s=park_timeout_s,
             install_wait_s=install_wait_s,
         )  # fmt: skip
@@ -58,7 +60,7 @@ def start_pd_workers(
         config, servings, log_level=log_level, startup_timeout_s=startup_timeout_s
     )
     return [
-        PDProcess(index, url, process, roles[index], kv_port)
+        PDProcess(index, url, process, roles[index], kv_port, names[index])
         for index, (process, (url, kv_port)) in enumerate(spawned)
     ]
 

@@ -16,10 +16,12 @@ in its body (any other body is served as the single server serves it):
   when the handoff arrives, on the engine thread between steps (`EngineLoop.call`), with the
   sampling parameters the prefill worker parsed (they travel in the link's header, `extra`),
   so the request decodes from the next step on and its outputs wait in a `_ParkedSink` until
-  the caller attaches. A handoff finding too few free blocks waits for them (up to
-  `install_wait_s`), then is refused with `NoFreeBlocks`, which the sender is told. An
-  installed request nobody attaches to within `park_timeout_s` is aborted (its blocks freed);
-  a caller whose handoff does not arrive within that time gets 404.
+  the caller attaches; the answer's usage carries `kv_transfer: {install_ms, worker}` (the
+  install's time, waiting for free blocks included, and this worker). A handoff finding too
+  few free blocks waits for them (up to `install_wait_s`), then is refused with
+  `NoFreeBlocks`, which the sender is told. An installed request nobody attaches to within
+  `park_timeout_s` is aborted (its blocks freed); a caller whose handoff does not arrive
+  within that time gets 404.
 - `{"recompute_token_ids": [ids]}`: the retry after a failed transfer: prefill the prompt
   plus these already-emitted tokens here and continue (greedy output then equals the single
   engine's). The answer's usage counts the ids as prompt: the router corrects it.
@@ -247,6 +249,7 @@ class _Parked:
     params: SamplingParams
     sink: _ParkedSink
     expiry: asyncio.TimerHandle
+    install_ms: float  # the callback's arrival to the request installed (waits included)
 
 
 class DecodeRun(GenerationRun):
@@ -255,11 +258,13 @@ class DecodeRun(GenerationRun):
     def __init__(self, endpoint, gen, *, worker: PDWorker, params: dict, **kwargs) -> None:
         super().__init__(endpoint, gen, **kwargs)
         self.worker, self.params = worker, params
+        self.install_ms: float | None = None
 
     async def submit(self) -> None:
         _single(self)
         transfer_id = _text(self.params, "transfer_id")
         parked = await self.worker.attach(transfer_id)
+        self.install_ms = parked.install_ms
         self.engine_ids = [parked.engine_id]
         self.prompt_index = {parked.engine_id: 0}
         if parked.params != self.gen.params:
@@ -270,6 +275,12 @@ class DecodeRun(GenerationRun):
         self.timers = {parked.engine_id: self.metrics.tracker()}
         self.unfinished.add(parked.engine_id)
         parked.sink.forward_to(self.sink)
+
+    def usage(self) -> dict[str, Any]:
+        usage = super().usage()
+        if self.install_ms is not None:  # the router merges it into its `kv_transfer`
+            usage["kv_transfer"] = {"install_ms": self.install_ms, "worker": self.worker.name}
+        return usage
 
 
 class PDWorker:
@@ -329,6 +340,7 @@ class PDWorker:
             tenant=extra.get("tenant"),
         )  # fmt: skip
         loop = asyncio.get_running_loop()
+        t_start_s = time.perf_counter()
         deadline_s = loop.time() + self.install_wait_s
         sink = _ParkedSink()
         while True:
@@ -339,8 +351,9 @@ class PDWorker:
                 if loop.time() >= deadline_s:
                     raise
                 await asyncio.sleep(0.05)  # blocks free as running requests finish
+        install_ms = round((time.perf_counter() - t_start_s) * 1e3, 3)
         expiry = loop.call_later(self.park_timeout_s, self._expire, transfer_id)
-        self.parked[transfer_id] = _Parked(engine_id, params, sink, expiry)
+        self.parked[transfer_id] = _Parked(engine_id, params, sink, expiry, install_ms)
         self._arrivals.setdefault(transfer_id, asyncio.Event()).set()
 
     def _expire(self, transfer_id: str) -> None:

@@ -9,8 +9,9 @@ runs, 200 with `{"status": "degraded", ...}` while some do, 503 when none does.
 
 A body is read once: the same bytes are tokenized for the policy (only prefix-affinity needs
 it; in a worker thread, as the server parses) and sent on. Answers pass through as the worker
-gave them, status and body included, so a bad request gets the worker's own 4xx; a stream is
-relayed chunk by chunk as the worker writes it, never buffered. A client that goes away closes
+gave them, status and body included, so a bad request gets the worker's own 4xx, plus an
+`x-bench-worker: worker-<i>` header naming the worker that served it; a stream is relayed
+chunk by chunk as the worker writes it, never buffered. A client that goes away closes
 the connection to the worker, which aborts the request there.
 
 Failures are explicit. A request whose worker could not be reached (the connection was
@@ -35,6 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from engine_ref.cluster.cluster_faults import add_cluster_fault_route
 from engine_ref.cluster.exposition import RouterCounts, merge_expositions, router_families
 from engine_ref.cluster.replicas import LocalWorker, start_workers, stop_workers
 from engine_ref.cluster.routing import Policy, make_policy, prompt_block_keys
@@ -52,12 +54,14 @@ from engine_ref.serving.server import ServerConfig, ServerError
 __all__ = [
     "Cluster",
     "NotDelivered",
+    "WORKER_HEADER",
     "create_router_app",
     "forwarded_headers",
     "relay",
     "routed_error",
     "serve_app",
     "serve_cluster",
+    "worker_name",
 ]
 
 LOG = logging.getLogger("engine_ref.cluster.router")
@@ -74,6 +78,7 @@ _HOP_HEADERS = frozenset(
 _PARSE_WORKERS = 4
 _SCRAPE_TIMEOUT_S = 10.0
 _EXIT_WAIT_S, _EXIT_WAIT_STEPS = 1.0, 20
+WORKER_HEADER = "x-bench-worker"  # which worker served a routed answer (docs/CONTRACTS.md)
 
 
 @dataclass
@@ -131,6 +136,7 @@ def create_router_app(cluster: Cluster) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     if config.enable_fault_injection:
         app.router.add_post("/admin/step_delay", _broadcast)
+        add_cluster_fault_route(app, cluster)  # /admin/cluster_fault
     return app
 
 
@@ -235,6 +241,12 @@ def _block_keys(cluster: Cluster, path: str, raw: bytes) -> tuple[int, ...]:
     return prompt_block_keys(gen.prompts[0], cluster.config.engine.block_size, gen.cache_salt)
 
 
+def worker_name(worker: LocalWorker) -> str:
+    """The name a routed answer's `x-bench-worker` header gives `worker`: a P/D worker's own
+    (`decode-0`), else `worker-<index>`."""
+    return getattr(worker, "name", None) or f"worker-{worker.index}"
+
+
 def forwarded_headers(headers: object) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}  # type: ignore[attr-defined]
 
@@ -250,7 +262,7 @@ async def relay(
         async with cluster.session.post(
             url, data=raw, headers=forwarded_headers(request.headers)
         ) as up:
-            headers = forwarded_headers(up.headers)
+            headers = {**forwarded_headers(up.headers), WORKER_HEADER: worker_name(worker)}
             if up.content_type != "text/event-stream":
                 return web.Response(status=up.status, body=await up.read(), headers=headers)
             response = web.StreamResponse(status=up.status, headers=headers)
@@ -401,11 +413,13 @@ async def serve_cluster(
     on_listening: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     tokenizer_loader: Callable[[str], ServedTokenizer] | None = None,
+    ray_address: str | None = None,
 ) -> None:
     """Start `replicas` workers serving `config`, serve the router on `config`'s host and
     port until `stop` is set, then stop every worker (on every exit path).
     `tokenizer_loader(model)` loads the served tokenizer for prefix-affinity
-    (default: `engine_ref.loading.tokenizer_files.load_tokenizer`)."""
+    (default: `engine_ref.loading.tokenizer_files.load_tokenizer`). With `ray_address` the
+    workers are Ray actors on that cluster (`ray_placement`); the router is the same."""
     try:
         chosen = make_policy(policy)
     except ValueError as exc:
@@ -417,12 +431,20 @@ async def serve_cluster(
             from engine_ref.loading.tokenizer_files import load_tokenizer as tokenizer_loader
         tokenizer = await loop.run_in_executor(None, tokenizer_loader, config.engine.model)
     start = functools.partial(start_workers, config, replicas, log_level=log_level)
+    stop_all: Callable[[list], None] = stop_workers
+    if ray_address is not None:  # Ray loads only when asked for
+        from engine_ref.cluster.ray_placement import start_ray_workers, stop_ray_workers
+
+        start = functools.partial(
+            start_ray_workers, config, replicas, ray_address, log_level=log_level
+        )
+        stop_all = stop_ray_workers
     workers = await loop.run_in_executor(None, start)
     try:
         cluster = Cluster(workers, chosen, config, tokenizer)
         await serve_app(create_router_app(cluster), config, on_listening, stop)
     finally:
-        await loop.run_in_executor(None, stop_workers, workers)
+        await loop.run_in_executor(None, stop_all, workers)
 
 
 async def serve_app(

@@ -235,6 +235,14 @@ def _engine_options(command: Any) -> Any:
     default=None,
     help="P/D mode, with --prefill-workers: workers that decode from handed-off KV.",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="With --replicas 2 or more: start the workers as Ray actors on the Ray cluster at "
+    "ADDRESS (`local` starts one here; needs the ray extra).",
+)
 def serve(
     host: str,
     port: int,
@@ -246,6 +254,7 @@ def serve(
     router: str | None,
     prefill_workers: int | None,
     decode_workers: int | None,
+    ray_address: str | None,
     **options: Any,
 ) -> None:
     """Serve the reference engine over an OpenAI-compatible HTTP API until interrupted:
@@ -293,6 +302,10 @@ def serve(
         raise click.UsageError("P/D workers run the engine in thread mode (--engine-loop thread).")
     if router is not None and replicas < 2:
         raise click.UsageError("--router needs --replicas 2 or more.")
+    if ray_address is not None and pd:
+        raise click.UsageError("--ray places --replicas workers; P/D workers run on this host.")
+    if ray_address is not None and replicas < 2:
+        raise click.UsageError("--ray needs --replicas 2 or more.")
     if replicas >= 2:
         from engine_ref.cluster.routing import POLICIES  # the cluster loads only when used
 
@@ -319,7 +332,7 @@ def serve(
 
             await serve_cluster(
                 config, replicas=replicas, policy=router, log_level=log_level,
-                on_listening=announce, stop=stop,
+                on_listening=announce, stop=stop, ray_address=ray_address,
             )  # fmt: skip
             return
         await run_server(config, on_listening=announce, stop=stop)

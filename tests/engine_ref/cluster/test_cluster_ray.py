@@ -1,21 +1,28 @@
 """Workers placed as Ray actors (`engine_ref.cluster.ray_placement`) on a local two-node Ray
 cluster: one worker per node, each serving the single server's greedy outputs over HTTP, a
-worker whose server dies reported once through `watch`, and nothing left after `stop`.
-Without Ray installed the module skips with the allow-listed reason (CI installs the extra)."""
+worker whose server dies reported once through `watch`, and nothing left after `stop`; the
+router over Ray-placed workers (`bench serve --replicas 2 --ray ADDRESS`) answers as a single
+engine, and `--ray` with P/D or alone is one sentence.
+Without Ray installed the Ray tests skip with the allow-listed reason (CI installs the extra)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
 import sys
 
 import pytest
-from cluster_util import post_json
+from click.testing import CliRunner
+from cluster_util import post_json, running_router, worker_processes
+from server_fixtures import running_server
 
+from engine_ref.cluster.router import serve_cluster
 from engine_ref.serving.interface import EngineConfig
 from engine_ref.serving.server import ServerConfig, ServerError
+from harness.cli import bench
 
 pytestmark = pytest.mark.slow  # starts Ray nodes and worker processes
 
@@ -85,6 +92,40 @@ def test_one_worker_per_node_serves_and_a_dead_one_is_reported(two_nodes):
     finally:
         stop_ray_workers(workers)
     assert not workers[1].alive
+
+
+def test_the_router_serves_through_ray_placed_workers(two_nodes):
+    import ray
+
+    config = ServerConfig(engine=ENGINE, port=0)
+    serving = functools.partial(
+        serve_cluster, config, replicas=2, policy="round-robin", ray_address=two_nodes.address
+    )
+    with running_server(config) as single:
+        expected = _greedy(single)
+    with running_router(serving, startup_timeout_s=120) as url:
+        assert worker_processes() == []  # no worker started on this host's process tree
+        assert ray.available_resources().get("CPU", 0) == 0  # both nodes' CPU: one actor each
+        texts = [_greedy(url), _greedy(url)]  # round-robin: each worker once
+        status, info = post_json(url, "/info", None)
+    assert texts == [expected, expected] and expected
+    assert status == 200 and info["cluster"]["replicas"] == 2
+    assert len(info["cluster"]["workers"]) == 2
+    assert len(set(info["cluster"]["workers"])) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--ray", "local"], "--ray needs --replicas 2 or more."),
+        (["--replicas", "1", "--ray", "local"], "--ray needs --replicas 2 or more."),
+        (["--prefill-workers", "1", "--decode-workers", "1", "--ray", "local"],
+         "--ray places --replicas workers; P/D workers run on this host."),
+    ],
+)  # fmt: skip
+def test_ray_without_replicas_is_one_sentence(args, says):
+    result = CliRunner().invoke(bench, ["serve", "--model", "tiny-random", *args])
+    assert result.exit_code == 2 and says in result.output, result.output
 
 
 def _server_pid(url: str) -> int:

@@ -137,6 +137,30 @@ def test_metrics_merge_the_workers_with_a_label_and_count_what_was_routed(cluste
     assert [_total(after, "router_worker_up", worker=w) for w in ("0", "1")] == [1, 1]
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"prompt": "Say which worker", "max_tokens": 2}),
+        ("/v1/completions", {"prompt": "Say which worker", "max_tokens": 2, "stream": True}),
+        ("/v1/embeddings", {"input": "Say which worker"}),
+    ],
+)
+def test_each_answer_names_the_worker_that_served_it(cluster, path, body):
+    before = _samples(cluster)
+    status, headers, _ = request(cluster, path, {"model": "tiny-random", **body})
+    assert status == 200
+    name = headers["x-bench-worker"]
+    assert name in ("worker-0", "worker-1")
+    after = _samples(cluster)
+    index = name.removeprefix("worker-")
+    routed = {
+        w: _total(after, "router_requests_total", worker=w)
+        - _total(before, "router_requests_total", worker=w)
+        for w in ("0", "1")
+    }
+    assert routed == {index: 1, str(1 - int(index)): 0}
+
+
 def test_a_shared_prefix_stays_on_one_workers_cache(cluster):
     """Five prompts sharing three full blocks (48 tokens), sent one after another: all go to
     one worker, and every one after the first finds those 48 tokens in its cache."""

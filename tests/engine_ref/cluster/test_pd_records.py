@@ -1,11 +1,9 @@
 """`bench run` against a real P/D cluster (tiny-random, one prefill and one decode worker): every
-ok request's record carries the router's `usage.kv_transfer` (bytes on the link > 0, a transfer
-and a prefill time, the serving worker), and the card's effective bandwidth is the records'
-sum(bytes) / sum(transfer_ms), summed here from requests.parquet.
-
-`--no-chunk-usage`: the router prefills and decodes apart only requests without
-`continuous_usage_stats` (`engine_ref.cluster.pd._pd_capable`), which `bench run` asks a
-reference engine for by default."""
+ok request's record carries the router's `usage.kv_transfer` (bytes on the link > 0, a
+transfer, a prefill and an install time, the decode worker that served it), and the card's
+effective bandwidth is the records' sum(bytes) / sum(transfer_ms), summed here from
+requests.parquet. `bench run`'s default options (usage in every chunk) are prefilled and
+decoded apart like any other."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ def test_bench_run_records_each_handoff_and_the_card_divides_their_sums(tmp_path
         result = CliRunner().invoke(bench, [
             "run", "--url", url, "--model", "tiny-random", "--workload", "random",
             "--input-len", "20", "--output-len", "4", "--num-requests", "4",
-            "--request-rate", "inf", "--no-chunk-usage", "--out", str(out), "--quiet",
+            "--request-rate", "inf", "--out", str(out), "--quiet",
         ])  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = pq.read_table(out / "requests.parquet").to_pylist()
@@ -39,7 +37,8 @@ def test_bench_run_records_each_handoff_and_the_card_divides_their_sums(tmp_path
     for r in rows:
         assert r["kv_transfer_bytes"] > 0 and r["kv_transfer_ok"] is True, r
         assert r["kv_transfer_ms"] > 0 and r["kv_prefill_ms"] >= 0
-        assert r["served_by"] is not None and r["kv_transfer_retried"] is None
+        assert r["served_by"] == "decode-0" and r["kv_transfer_retried"] is None
+        assert r["kv_install_ms"] is not None and r["kv_install_ms"] >= 0
     total_bytes = sum(r["kv_transfer_bytes"] for r in rows)
     total_ms = sum(r["kv_transfer_ms"] for r in rows)
     result = CliRunner().invoke(bench, ["report", str(out), "--json", str(card_json)])

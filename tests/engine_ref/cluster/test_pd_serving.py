@@ -3,6 +3,9 @@ greedy outputs equal a single engine's (completions and chat, streamed and not, 
 below, at and above a block, max_tokens 1 and 2), the stream is one well-formed response with
 the `kv_transfer` usage extension, a flipped bit on the KV link is caught by its checksum and
 the request recomputed with the same output, and no worker holds a KV block afterwards.
+A stream asking for usage in every chunk (`bench run`'s default) is handed off too, each chunk's
+usage the single engine's; every answer names its worker (`x-bench-worker`, and the decode
+worker and its install time in `kv_transfer`).
 
 One P/D cluster (fault injection on) and one single server serve the whole module."""
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from cluster_util import post_json, request, sse_events
@@ -102,10 +106,60 @@ def test_greedy_outputs_equal_a_single_engine(cluster, single, kind, length, max
         assert kv["ok"] is True and kv["error"] is None and kv["retried"] is None
         assert kv["bytes"] > 0 and kv["worker"] == "prefill-0"
         assert kv["transfer_ms"] >= 0 and kv["prefill_ms"] >= 0
+        assert kv["decode_worker"] == "decode-0" and kv["install_ms"] >= 0
         assert "first_token_ids" not in kv
     streamed, reference = _streamed(cluster, path, body), _streamed(single, path, body)
     assert streamed[:3] == reference[:3]
     assert streamed[3]["completion_tokens"] == max_tokens
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+def test_continuous_usage_is_handed_off_and_reads_as_a_single_engines(cluster, single, kind):
+    # vLLM's continuous_usage_stats (`bench run`'s default): usage in every chunk.
+    path, body = _body(kind, BLOCK + 1, 4)
+    body = {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    before = transfers(cluster).get(("1", "ok"), 0)
+    ours, theirs = sse_events(cluster, path, body), sse_events(single, path, body)
+    assert transfers(cluster).get(("1", "ok"), 0) == before + 1  # a handoff really happened
+    usages = [e["usage"] for e in ours[:-1]]
+    assert [_without_kv(u) for u in usages] == [_without_kv(e["usage"]) for e in theirs[:-1]]
+    # A finished request's kv_memory, on the same chunks (the decode worker's own record).
+    assert ["kv_memory" in u for u in usages] == ["kv_memory" in e["usage"] for e in theirs[:-1]]
+    prompt = usages[0]["prompt_tokens"]
+    # Chunk for chunk: (chat: the role chunk, 0 tokens), then 1, 2, 3, 4 tokens, then the final.
+    counts = [u["completion_tokens"] for u in usages]
+    assert counts == ([0] if kind == "chat" else []) + [1, 2, 3, 4, 4]
+    assert all(u["total_tokens"] == prompt + u["completion_tokens"] for u in usages)
+    assert ["kv_transfer" in u for u in usages] == [False] * (len(usages) - 1) + [True]
+    assert usages[-1]["kv_transfer"]["ok"] is True
+
+
+def _without_kv(usage: dict) -> dict:
+    """A usage without the router's kv_transfer extension (the final one has it) and the
+    serving worker's kv_memory record (a decode worker ran fewer steps than one engine)."""
+    return {k: v for k, v in usage.items() if k not in ("kv_transfer", "kv_memory")}
+
+
+@pytest.mark.parametrize(("max_tokens", "stream"), [(1, False), (3, False), (1, True), (3, True)])
+def test_each_answer_names_the_worker_that_served_it(cluster, max_tokens, stream):
+    path, body = _body("completions", 20, max_tokens)
+    body = {**body, "stream": stream, "stream_options": {"include_usage": True}}
+    if not stream:
+        body.pop("stream_options")
+    status, headers, raw = request(cluster, path, body)
+    assert status == 200
+    if stream:  # the headers went out before the prefill leg: they name the decode worker
+        assert headers["x-bench-worker"] == "decode-0"
+        usage = json.loads(raw.decode().split("data: ")[-2])["usage"]
+    else:  # the worker that answered last
+        assert headers["x-bench-worker"] == ("prefill-0" if max_tokens == 1 else "decode-0")
+        usage = json.loads(raw)["usage"]
+    kv = usage.get("kv_transfer")
+    if max_tokens == 1:
+        assert kv is None
+    else:
+        assert kv["decode_worker"] == "decode-0" and kv["worker"] == "prefill-0"
+        assert isinstance(kv["install_ms"], float) and kv["install_ms"] >= 0
 
 
 def test_a_request_ending_at_its_first_token_never_reaches_the_decode_worker(cluster):
@@ -127,6 +181,7 @@ def test_a_flipped_bit_on_the_link_is_caught_and_the_request_recomputed(cluster,
     kv = ours[4]["usage"]["kv_transfer"]
     assert kv["ok"] is False and kv["retried"] == "recompute"
     assert "block 0 failed its CRC-32C checksum" in kv["error"]
+    assert kv["decode_worker"] == "decode-0" and kv["install_ms"] is None  # nothing installed
     assert ours[4]["usage"]["completion_tokens"] == 6
     after = transfers(cluster)
     assert after.get(("1", "failed"), 0) - before.get(("1", "failed"), 0) == 1
@@ -136,6 +191,15 @@ def test_a_flipped_bit_on_the_link_is_caught_and_the_request_recomputed(cluster,
     streamed = _streamed(cluster, path, faulty)
     assert streamed[:3] == _streamed(single, path, body)[:3]
     assert streamed[3]["kv_transfer"]["retried"] == "recompute"
+    # Usage in every chunk: the recompute worker counts the first token as prompt; the chunks
+    # read as the single engine's all the same (1 to 6 tokens, then the final usage).
+    continuous = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    ours = sse_events(cluster, path, {**faulty, **continuous})
+    theirs = sse_events(single, path, {**body, **continuous})
+    usages = [_without_kv(e["usage"]) for e in ours[:-1]]
+    assert usages == [_without_kv(e["usage"]) for e in theirs[:-1]]
+    assert [u["completion_tokens"] for u in usages] == [1, 2, 3, 4, 5, 6, 6]
+    assert ours[-2]["usage"]["kv_transfer"]["retried"] == "recompute"
 
 
 def test_a_client_cannot_set_the_transfer_itself(cluster, single):
@@ -179,6 +243,7 @@ def test_info_and_metrics_describe_the_layout(cluster):
 
 def test_bench_run_checks_the_outputs_through_the_pd_router(cluster, tmp_path):
     out = tmp_path / "run"
+    before = transfers(cluster).get(("1", "ok"), 0)
     result = CliRunner().invoke(
         bench,
         ["run", "--url", cluster, "--model", "tiny-random", "--workload", "mixed",
@@ -188,6 +253,12 @@ def test_bench_run_checks_the_outputs_through_the_pd_router(cluster, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["correctness"]["n_compared"], summary["correctness"]["n_wrong"]) == (4, 0)
+    # Its default options (usage in every chunk) are prefilled and decoded apart: each of the
+    # 4 requests was handed off once.
+    rows = pq.read_table(out / "requests.parquet").to_pylist()
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    assert all(r["kv_transfer_bytes"] > 0 and r["kv_transfer_ok"] is True for r in rows), rows
+    assert transfers(cluster).get(("1", "ok"), 0) == before + 4
 
 
 def test_a_bad_transfer_field_on_a_worker_is_one_sentence(cluster):
