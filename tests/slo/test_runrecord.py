@@ -138,10 +138,29 @@ def test_parts_are_readable_while_open_and_merged_on_close(tmp_path):
     writer.close(complete=True, reason=None)
     run = writer.run_dir
     assert not (run / ".parts").exists()
-    assert pq.ParquetFile(run / "requests.parquet").num_row_groups == 3
+    assert pq.ParquetFile(run / "requests.parquet").num_row_groups == 1  # small parts, joined
     done = open_run(run)
     assert done.requests.num_rows == 6 and done.manifest.complete is True
     assert done.manifest.num_requests_recorded == 6 and done.manifest.config == {"seed": 1}
+
+
+@pytest.mark.parametrize(("parts_per_group", "groups"), [(1, 5), (2, 3), (4, 2), (5, 1), (9, 1)])
+def test_close_joins_consecutive_parts_into_row_groups_of_the_size_set(
+    tmp_path, monkeypatch, parts_per_group, groups
+):
+    """Parts are joined in order until a group holds ROW_GROUP_BYTES (here set to that many
+    parts' bytes): five parts make ceil(5 / k) groups, and the rows keep their order."""
+    from slo.runrecord import writer as writer_module
+
+    writer = _writer(tmp_path)
+    for part in range(5):
+        writer.append_requests([RequestRecord(request_id=f"p{part}", status=RequestStatus.OK)])
+    one_part = pq.read_table(next((writer.run_dir / ".parts").glob("requests-*.parquet"))).nbytes
+    monkeypatch.setattr(writer_module, "ROW_GROUP_BYTES", parts_per_group * one_part)
+    writer.close(complete=True, reason=None)
+    assert pq.ParquetFile(writer.run_dir / "requests.parquet").num_row_groups == groups
+    ids = open_run(writer.run_dir).requests.column(RequestColumn.REQUEST_ID).to_pylist()
+    assert ids == [f"p{part}" for part in range(5)]
 
 
 def test_chunk_columns_write_the_same_rows_as_chunk_tuples(tmp_path):
