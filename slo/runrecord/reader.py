@@ -125,10 +125,10 @@ def open_run(run_dir: Path | str, *, chunks: bool = True) -> RunTables:
 
 def release_free_memory() -> None:
     """Hand back to the system what was freed, glibc's malloc and Arrow's pool keeping it
-    otherwise. Reading a run's `requests.parquet` (one row group per writer flush) leaves
-    about 3 KB a request of freed heap behind, beyond the table itself: a summary of 30,000
-    requests peaked 45 MB above one of 15,000 with it, 18 MB with it given back (issue "Runs
-    that last"). No-op where glibc is not the allocator."""
+    otherwise. Reading a run's `requests.parquet` leaves 1-3 KB a request of freed heap
+    behind, beyond the table itself: a summary of 30,000 requests peaked 45 MB above one of
+    15,000 with it kept, 18 MB with it given back (issue "Runs that last", measured when the
+    writer still wrote a row group per flush). No-op where glibc is not the allocator."""
     gc.collect()
     pa.default_memory_pool().release_unused()
     try:
