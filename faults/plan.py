@@ -37,7 +37,7 @@ from bench_common import yaml_spec as ys
 from bench_common.yaml_spec import Where
 from faults.plan_checks import FaultPlanError, at
 from faults.retry import RetryPolicy
-from faults.window import FaultKind, Layer, Window
+from faults.window import CLUSTER_KINDS, FaultKind, Layer, Window
 
 # The window types live in faults.window and the retry policy in faults.retry: import them from
 # there. FaultPlanError is named here too, for the CLI, which reports it as a user's error.
@@ -104,9 +104,9 @@ class FaultPlan:
     @property
     def managed_engine_args(self) -> tuple[str, ...]:
         """What a managed engine's command line gets for this plan: `engine_args`, and the
-        fault-injection route when a `slow_steps` window needs it."""
-        slow = any(w.kind is FaultKind.SLOW_STEPS for w in self.windows)
-        return (*self.engine_args, *(("--enable-fault-injection",) if slow else ()))
+        fault-injection routes when a `slow_steps` or cluster window needs them."""
+        admin = any(w.kind is FaultKind.SLOW_STEPS or w.kind in CLUSTER_KINDS for w in self.windows)
+        return (*self.engine_args, *(("--enable-fault-injection",) if admin else ()))
 
     @property
     def has_client_faults(self) -> bool:

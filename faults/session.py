@@ -19,6 +19,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from faults.client import ClientFaults
+from faults.cluster import (
+    check_cluster_target,
+    cluster_fault_off,
+    cluster_fault_on,
+    kv_link_toxic_off,
+    kv_link_toxic_on,
+    root_url,
+)
 from faults.plan import FaultPlan
 from faults.proxy import FaultProxy
 from faults.toxics import Toxic
@@ -72,6 +80,14 @@ ENGINE_FAULTS: dict[FaultKind, EngineFault] = {
     FaultKind.KILL_ENGINE: EngineFault(_restart, outage=True),
     FaultKind.PAUSE_ENGINE: EngineFault(_pause, _resume),
     FaultKind.SLOW_STEPS: EngineFault(_slow_steps, _normal_steps, undo_at_exit=True),
+    FaultKind.KILL_DECODE_WORKER: EngineFault(cluster_fault_on),
+    FaultKind.KILL_PREFILL_WORKER: EngineFault(cluster_fault_on),
+    FaultKind.CORRUPT_KV: EngineFault(cluster_fault_on, cluster_fault_off, undo_at_exit=True),
+    FaultKind.CUT_KV_LINK: EngineFault(cluster_fault_on, cluster_fault_off, undo_at_exit=True),
+    FaultKind.KV_LINK_LATENCY: EngineFault(kv_link_toxic_on, kv_link_toxic_off, undo_at_exit=True),
+    FaultKind.KV_LINK_BANDWIDTH: EngineFault(
+        kv_link_toxic_on, kv_link_toxic_off, undo_at_exit=True
+    ),
 }
 
 
@@ -110,6 +126,9 @@ class FaultSession(BaseTransport):
 
     async def __aenter__(self) -> FaultSession:
         try:
+            if self.server is not None:
+                kinds = set(self.plan.kinds_by_layer.get(Layer.ENGINE, ()))
+                await asyncio.to_thread(check_cluster_target, root_url(self.server), kinds)
             if self.plan.needs_proxy:
                 url = urllib.parse.urlsplit(self.options.base_url)
                 proxy = FaultProxy(url.hostname, url.port or 80, seed=self.plan.seed)

@@ -63,6 +63,12 @@ class FaultKind(StrEnum):
     KILL_ENGINE = "kill_engine"
     PAUSE_ENGINE = "pause_engine"
     SLOW_STEPS = "slow_steps"
+    KILL_DECODE_WORKER = "kill_decode_worker"
+    KILL_PREFILL_WORKER = "kill_prefill_worker"
+    CORRUPT_KV = "corrupt_kv"
+    CUT_KV_LINK = "cut_kv_link"
+    KV_LINK_LATENCY = "kv_link_latency"
+    KV_LINK_BANDWIDTH = "kv_link_bandwidth"
 
     @property
     def layer(self) -> Layer:
@@ -70,7 +76,15 @@ class FaultKind(StrEnum):
 
 
 _CLIENT = {FaultKind.CANCEL, FaultKind.DISCONNECT_STORM, FaultKind.SLOW_READER}
-_ENGINE = {FaultKind.KILL_ENGINE, FaultKind.PAUSE_ENGINE, FaultKind.SLOW_STEPS}
+# Kinds acting on a P/D cluster's workers or KV link (the router's /admin/cluster_fault);
+# the kv_link ones are the proxy's toxics on the link (`faults.cluster`).
+CLUSTER_KINDS = frozenset(
+    {FaultKind.KILL_DECODE_WORKER, FaultKind.KILL_PREFILL_WORKER, FaultKind.CORRUPT_KV,
+     FaultKind.CUT_KV_LINK, FaultKind.KV_LINK_LATENCY, FaultKind.KV_LINK_BANDWIDTH}
+)  # fmt: skip
+_ENGINE = {FaultKind.KILL_ENGINE, FaultKind.PAUSE_ENGINE, FaultKind.SLOW_STEPS, *CLUSTER_KINDS}
+# The issue's dashed spellings of the cluster kinds.
+_ALIASES = {k.value.replace("_", "-"): k for k in CLUSTER_KINDS}
 _LAYERS = {
     k: Layer.CLIENT if k in _CLIENT else Layer.ENGINE if k in _ENGINE else Layer.NETWORK
     for k in FaultKind
@@ -97,9 +111,13 @@ class Param:
 
 
 # Network parameters are those of the proxy's toxics (faults/toxics.py), spelled the same.
+_LATENCY = (Param("latency_ms"), Param("jitter_ms", 0.0))
+_BANDWIDTH = (Param("rate_kbps", strict=True),)
+# A cluster worker by its index in the cluster (as /metrics' `worker` label counts them).
+_WORKER = Param("worker", integer=True, optional=True)
 PARAMS: dict[FaultKind, tuple[Param, ...]] = {
-    FaultKind.LATENCY: (Param("latency_ms"), Param("jitter_ms", 0.0)),
-    FaultKind.BANDWIDTH: (Param("rate_kbps", strict=True),),
+    FaultKind.LATENCY: _LATENCY,
+    FaultKind.BANDWIDTH: _BANDWIDTH,
     FaultKind.SLICER: (
         Param("average_size", low=1.0),
         Param("size_variation", 0.0),
@@ -121,6 +139,12 @@ PARAMS: dict[FaultKind, tuple[Param, ...]] = {
     FaultKind.KILL_ENGINE: (Param("restart_delay_ms", 0.0),),
     FaultKind.PAUSE_ENGINE: (),
     FaultKind.SLOW_STEPS: (Param("delay_ms", strict=True),),
+    FaultKind.KILL_DECODE_WORKER: (_WORKER,),
+    FaultKind.KILL_PREFILL_WORKER: (_WORKER,),
+    FaultKind.CORRUPT_KV: (),
+    FaultKind.CUT_KV_LINK: (),
+    FaultKind.KV_LINK_LATENCY: (*_LATENCY, _WORKER),
+    FaultKind.KV_LINK_BANDWIDTH: (*_BANDWIDTH, _WORKER),
 }
 # Kinds with two parameters where the first must be below the second.
 _BELOW = {
@@ -156,7 +180,8 @@ class Window:
     params: tuple[tuple[str, float | int], ...] = ()
 
     def __post_init__(self) -> None:
-        kind = ys.enum_member(self.kind, at("kind"), FaultKind)
+        kind = _ALIASES.get(self.kind, self.kind) if isinstance(self.kind, str) else self.kind
+        kind = ys.enum_member(kind, at("kind"), FaultKind)
         object.__setattr__(self, "kind", kind)
         if self.at_s is not None and self.after_requests is not None:
             at("after_requests").fail("given with at", _ONE_START)

@@ -19,6 +19,9 @@ refused: nothing was delivered) is routed again among the other workers, once. A
 flight on a worker that dies gets a 502 whose body says which worker died and how; a stream
 already under way ends with an error event in its API's shape instead. A dead worker is taken
 out of routing the moment its process exits (`replicas.LocalWorker.watch`).
+
+With --enable-fault-injection, `POST /admin/step_delay` goes to every live worker and
+`POST /admin/cluster_fault` kills a worker or breaks the P/D KV link (`cluster_faults`).
 """
 
 from __future__ import annotations
