@@ -179,7 +179,8 @@ def main() -> None:
     for r in range(args.repeats):
         order = list(layouts) if r % 2 == 0 else list(reversed(layouts))
         for name in order:
-            proc, url = start_server([*engine, *layouts[name]], logs / f"{r}-{name}.log")
+            log = logs / f"{r}-{name.replace('/', '').replace(' ', '-')}.log"
+            proc, url = start_server([*engine, *layouts[name]], log)
             try:
                 out = Path(tempfile.mkdtemp(prefix="pd-bench-run-")) / "run"
                 results[name].append(bench_run(url, args.model, args, out))
