@@ -119,17 +119,20 @@ def open_run(run_dir: Path | str, *, chunks: bool = True) -> RunTables:
         server_metrics=_read_table(run_dir / SERVER_METRICS_FILE, SERVER_METRICS_SCHEMA),
         schedule=_read_table(run_dir / SCHEDULE_FILE, SCHEDULE_SCHEMA),
     )
-    release_free_memory()
+    release_free_memory(collect=False)
     return tables
 
 
-def release_free_memory() -> None:
+def release_free_memory(*, collect: bool = True) -> None:
     """Hand back to the system what was freed, glibc's malloc and Arrow's pool keeping it
     otherwise. Reading a run's `requests.parquet` leaves 1-3 KB a request of freed heap
     behind, beyond the table itself: a summary of 30,000 requests peaked 45 MB above one of
     15,000 with it kept, 18 MB with it given back (issue "Runs that last", measured when the
-    writer still wrote a row group per flush). No-op where glibc is not the allocator."""
-    gc.collect()
+    writer still wrote a row group per flush). No-op where glibc is not the allocator.
+    `collect` runs the garbage collector first (about 0.1 s in a process of many objects: not
+    after every read, which made `bench history add` of 30 runs 2.6 times slower)."""
+    if collect:
+        gc.collect()
     pa.default_memory_pool().release_unused()
     try:
         ctypes.CDLL(None).malloc_trim(0)

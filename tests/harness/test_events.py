@@ -226,6 +226,7 @@ def test_records_take_the_mapped_usage_and_first_token_time():
         error_class: object = None
         error_message: object = None
         engine_request_id: object = None
+        worker: object = None
 
     ctx = RecordContext(t0_ns=900, is_chat=False, endpoint=M)
     record, chunks = to_rows(Raw(), 12, ctx)

@@ -227,20 +227,22 @@ def _ids_of(results: list[RawResult]) -> list[str]:
     return sorted(r.request_id for r in results)
 
 
-def test_each_flush_appends_one_row_group(tmp_path):
+def _part_rows(run_dir) -> list[int]:
+    """Rows of each requests part the writer holds until it closes, in order."""
+    parts = sorted((run_dir / ".parts").glob("requests-*.parquet"))
+    return [pq.ParquetFile(p).metadata.num_rows for p in parts]
+
+
+def test_each_flush_appends_one_part(tmp_path):
     results, t0 = _ok_results([f"r{i}" for i in range(5)])
     recorder = _recorder(tmp_path, t0)
     for batch in (results[:2], results[2:4], [], results[4:]):
         for raw in batch:
             recorder.add(raw)
         recorder.flush()  # the empty batch writes nothing
-    recorder.close(complete=True)
-    requests = pq.ParquetFile(tmp_path / "requests.parquet")
-    assert [requests.metadata.row_group(i).num_rows for i in range(requests.num_row_groups)] == [
-        2,
-        2,
-        1,
-    ]
+    assert _part_rows(tmp_path) == [2, 2, 1]
+    recorder.close(complete=True)  # small parts joined into one row group (the writer's)
+    assert pq.ParquetFile(tmp_path / "requests.parquet").num_row_groups == 1
     assert _ids(open_run(tmp_path).requests) == _ids_of(results)
 
 
@@ -359,7 +361,6 @@ def test_results_holding_the_pending_byte_bound_are_flushed_when_added(tmp_path)
     assert recorder.writer.num_requests == 3
     recorder.add(results[3])  # the count starts again from zero
     assert recorder.writer.num_requests == 3
-    recorder.close(complete=True)
+    recorder.close(complete=True)  # flushes the fourth as a part of its own
     run = open_run(tmp_path / "run")
     assert _ids(run.requests) == ["r0", "r1", "r2", "r3"]
-    assert pq.ParquetFile(tmp_path / "run" / "requests.parquet").num_row_groups == 2
