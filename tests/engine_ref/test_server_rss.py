@@ -76,7 +76,7 @@ def _stall_round(url: str, pid: int, stall_s: float) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.soak  # two 20 s stalls: a soak
+@pytest.mark.soak  # three 20 s stalls: a soak
 def test_clients_that_stop_reading_leave_rss_where_it_was(tmp_path):
     with server_process(tmp_path, *SERVER_ARGS) as (url, pid):
         asyncio.run(_read_all(url, max_tokens=1000))  # warm-up: the same load, read
@@ -88,7 +88,10 @@ def test_clients_that_stop_reading_leave_rss_where_it_was(tmp_path):
         # with an 8 s one; repeated rounds of the same length plateau).
         # "Before" is the high-water mark so far: RSS itself wanders by several percent
         # between idle moments (the allocator trims and regrows), which is not a leak.
-        warm_peak_kib = _stall_round(url, pid, STALL_S)
+        # Two such rounds since the engine stopped importing TorchDynamo: its import left about
+        # 140 MB freed inside the heap, which the first round's backlog reused; without it the
+        # mark rises over two rounds, then plateaus (peaks 345, 360, 363, 366 MiB over four).
+        warm_peak_kib = max(_stall_round(url, pid, STALL_S), _stall_round(url, pid, STALL_S))
         rss_before_kib = max(rss_kib(pid), warm_peak_kib)
         aborts_before = metric(scrape(url), "vllm:request_success_total", finished_reason="abort")
         peak_kib = _stall_round(url, pid, STALL_S)
