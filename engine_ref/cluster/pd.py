@@ -59,13 +59,12 @@ from engine_ref.cluster.router import (
     forwarded_headers,
     relay,
     routed_error,
-    serve_app,
     worker_name,
 )
 from engine_ref.cluster.routing import make_policy
 from engine_ref.serving.errors import ApiError, error_body
 from engine_ref.serving.requests import decode_json_body
-from engine_ref.serving.server import ServerConfig
+from engine_ref.serving.server import ServerConfig, serve_app
 
 __all__ = ["PD_PATHS", "PDRouting", "serve_pd_cluster"]
 
@@ -494,6 +493,7 @@ async def serve_pd_cluster(
     try:
         routing = PDRouting(workers, fault_injection=config.enable_fault_injection)
         cluster = Cluster(workers, make_policy("least-loaded"), config, None, pd=routing)
-        await serve_app(create_router_app(cluster), config, on_listening, stop)
+        what = f"routing to {len(workers)} P/D workers"
+        await serve_app(create_router_app(cluster), config, on_listening, stop, what)
     finally:
         await loop.run_in_executor(None, stop_workers, workers)

@@ -43,7 +43,6 @@ from engine_ref.cluster.cluster_faults import add_cluster_fault_route
 from engine_ref.cluster.exposition import RouterCounts, merge_expositions, router_families
 from engine_ref.cluster.replicas import LocalWorker, start_workers, stop_workers
 from engine_ref.cluster.routing import Policy, make_policy, prompt_block_keys
-from engine_ref.serving.connection import listen
 from engine_ref.serving.embeddings import DENSE_PATHS
 from engine_ref.serving.endpoints import ENDPOINTS, Endpoint
 from engine_ref.serving.errors import ApiError, error_body
@@ -52,7 +51,7 @@ from engine_ref.serving.interface import ServedTokenizer
 from engine_ref.serving.metrics import CONTENT_TYPE
 from engine_ref.serving.middlewares import api_key_guard, json_errors, json_response
 from engine_ref.serving.requests import decode_json_body
-from engine_ref.serving.server import ServerConfig, ServerError
+from engine_ref.serving.server import ServerConfig, ServerError, serve_app
 
 __all__ = [
     "Cluster",
@@ -62,7 +61,6 @@ __all__ = [
     "forwarded_headers",
     "relay",
     "routed_error",
-    "serve_app",
     "serve_cluster",
     "worker_name",
 ]
@@ -445,38 +443,7 @@ async def serve_cluster(
     workers = await loop.run_in_executor(None, start)
     try:
         cluster = Cluster(workers, chosen, config, tokenizer)
-        await serve_app(create_router_app(cluster), config, on_listening, stop)
+        what = f"routing to {len(workers)} workers"
+        await serve_app(create_router_app(cluster), config, on_listening, stop, what)
     finally:
         await loop.run_in_executor(None, stop_all, workers)
-
-
-async def serve_app(
-    app: web.Application,
-    config: ServerConfig,
-    on_listening: Callable[[str], None] | None,
-    stop: asyncio.Event | None,
-) -> None:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    listener: asyncio.AbstractServer | None = None
-    try:
-        try:
-            listener = await listen(
-                runner.server, config.host, config.port, header_timeout_s=config.header_timeout_s
-            )
-        except OSError as exc:
-            raise ServerError(
-                f"Cannot listen on {config.host}:{config.port}: {exc.strerror}."
-            ) from None
-        port = listener.sockets[0].getsockname()[1]
-        url = f"http://{config.host}:{port}"
-        if config.port_file is not None:
-            config.port_file.write_text(f"{port}\n")
-        LOG.info("routing to %d workers at %s", len(app[_CLUSTER].workers), url)
-        if on_listening is not None:
-            on_listening(url)
-        await (stop or asyncio.Event()).wait()
-    finally:
-        if listener is not None:
-            listener.close()
-        await runner.cleanup()

@@ -325,6 +325,19 @@ async def serve(
     if engine_loop is None:
         engine_loop = build_engine_loop(config)
     app = create_app(engine_loop, config, run_factory=run_factory)
+    await serve_app(app, config, on_listening, stop, f"serving {app[_STATE].served_model_name}")
+
+
+async def serve_app(
+    app: web.Application,
+    config: ServerConfig,
+    on_listening: Callable[[str], None] | None,
+    stop: asyncio.Event | None,
+    what: str,
+) -> None:
+    """Listen on `config`'s host and port with `app` (a server's or a router's) until `stop`
+    is set (or forever): the bound port goes to `config.port_file` and `on_listening`, and
+    the log says `what` at which URL."""
     # Requests still streaming at shutdown get 2 s, then are cancelled (and aborted), so a
     # SIGTERM stops the server well within a launcher's grace period.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
@@ -343,7 +356,7 @@ async def serve(
         url = f"http://{config.host}:{port}"
         if config.port_file is not None:
             config.port_file.write_text(f"{port}\n")
-        LOG.info("serving %s at %s", app[_STATE].served_model_name, url)
+        LOG.info("%s at %s", what, url)
         if on_listening is not None:
             on_listening(url)
         await (stop or asyncio.Event()).wait()
