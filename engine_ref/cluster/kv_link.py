@@ -310,6 +310,15 @@ def decode(chunks: Iterable[bytes | bytearray | memoryview]) -> KVHandoff:
 
 
 # -- TCP ----------------------------------------------------------------------------------------
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close a connection; a peer already gone (reset) is not an error here."""
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+
+
 # Rewrites a handoff's frames on their way to the socket (`send_handoff`'s fault seam).
 FrameTransform = Callable[[Iterator[bytes | memoryview]], Iterable[bytes | memoryview]]
 
@@ -339,11 +348,7 @@ async def send_handoff(
     except ConnectionError:
         line = b""  # the receiver went away mid-transfer: no reply
     finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
+        await _close(writer)
     if not line:
         raise KVLinkCut(0, "the receiver's reply")
     reply = json.loads(line)
@@ -415,11 +420,7 @@ class KVReceiver:
         except OSError:
             pass  # the sender is gone (a cut transfer): nothing to tell
         finally:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
+            await _close(writer)
 
     async def _discard_rest(self, reader: asyncio.StreamReader) -> None:
         """Read what the sender still sends after a failed block, up to `max_bytes`, so the

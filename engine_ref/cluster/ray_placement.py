@@ -167,14 +167,20 @@ class RayWorker:
 
     def stop(self) -> None:
         """Stop the server process and the actor (blocking up to the grace period)."""
-        import ray
-
-        with contextlib.suppress(Exception):
-            ray.get(self.actor.stop.remote(), timeout=STOP_GRACE_S + 10)
-        with contextlib.suppress(Exception):
-            ray.kill(self.actor)
+        stop_actor(self.actor)
         if self._ended is None:
             self._ended = "was stopped"
+
+
+def stop_actor(actor) -> None:
+    """Stop an actor's server process (its grace period), then the actor; what Ray raises
+    for an actor already gone is ignored."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.get(actor.stop.remote(), timeout=STOP_GRACE_S + 10)
+    with contextlib.suppress(Exception):
+        ray.kill(actor)
 
 
 def start_ray_workers(
@@ -206,10 +212,7 @@ def start_ray_workers(
             workers.append(RayWorker(index, info["url"], info["node"], actor))
     except BaseException:
         for actor in actors:
-            with contextlib.suppress(Exception):
-                ray.get(actor.stop.remote(), timeout=STOP_GRACE_S + 10)
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
+            stop_actor(actor)
         raise
     return workers
 

@@ -86,3 +86,22 @@ def sse_data(url: str, path: str, body: dict, timeout_s: float = 60.0) -> list[s
     _, _, raw = request(url, path, {**body, "stream": True}, timeout_s=timeout_s)
     lines = raw.decode().splitlines()
     return [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+
+
+def bench_run_mixed_checked(url: str, out: Path) -> dict:
+    """`bench run --workload mixed --check-outputs` (4 requests, all at once) against `url`;
+    asserts it exited 0 with the 4 outputs compared and none wrong; returns summary.json."""
+    from click.testing import CliRunner
+
+    from harness.cli import bench
+
+    result = CliRunner().invoke(
+        bench,
+        ["run", "--url", url, "--model", "tiny-random", "--workload", "mixed",
+         "--num-requests", "4", "--request-rate", "inf", "--check-outputs", "--out", str(out),
+         "--quiet"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["correctness"]["n_compared"], summary["correctness"]["n_wrong"]) == (4, 0)
+    return summary

@@ -9,14 +9,19 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
-from cluster_util import post_json, request, running_cluster, sse_events, worker_processes
+from cluster_util import (
+    bench_run_mixed_checked,
+    post_json,
+    request,
+    running_cluster,
+    sse_events,
+    worker_processes,
+)
 from prometheus_client.parser import text_string_to_metric_families
 from server_fixtures import running_server
 
 from engine_ref.serving.interface import EngineConfig
 from engine_ref.serving.server import ServerConfig
-from harness.cli import bench
 
 pytestmark = pytest.mark.slow  # starts worker processes
 
@@ -99,15 +104,7 @@ def test_greedy_outputs_equal_a_single_engines(cluster, single, kind, stream):
 
 def test_bench_run_checks_the_mixed_workloads_outputs_through_the_router(cluster, tmp_path):
     out = tmp_path / "run"
-    result = CliRunner().invoke(
-        bench,
-        ["run", "--url", cluster, "--model", "tiny-random", "--workload", "mixed",
-         "--num-requests", "4",
-         "--request-rate", "inf", "--check-outputs", "--out", str(out), "--quiet"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    summary = json.loads((out / "summary.json").read_text())
-    assert (summary["correctness"]["n_compared"], summary["correctness"]["n_wrong"]) == (4, 0)
+    bench_run_mixed_checked(cluster, out)
 
 
 def test_metrics_merge_the_workers_with_a_label_and_count_what_was_routed(cluster):

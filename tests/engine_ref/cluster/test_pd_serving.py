@@ -15,14 +15,12 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
-from cluster_util import post_json, request, sse_events
+from cluster_util import bench_run_mixed_checked, post_json, request, sse_events
 from pd_cluster import assert_no_block_held, running_pd_cluster, samples, transfers
 from server_fixtures import running_server
 
 from engine_ref.serving.interface import EngineConfig
 from engine_ref.serving.server import ServerConfig
-from harness.cli import bench
 
 pytestmark = pytest.mark.slow  # starts worker processes
 
@@ -244,15 +242,7 @@ def test_info_and_metrics_describe_the_layout(cluster):
 def test_bench_run_checks_the_outputs_through_the_pd_router(cluster, tmp_path):
     out = tmp_path / "run"
     before = transfers(cluster).get(("1", "ok"), 0)
-    result = CliRunner().invoke(
-        bench,
-        ["run", "--url", cluster, "--model", "tiny-random", "--workload", "mixed",
-         "--num-requests", "4",
-         "--request-rate", "inf", "--check-outputs", "--out", str(out), "--quiet"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    summary = json.loads((out / "summary.json").read_text())
-    assert (summary["correctness"]["n_compared"], summary["correctness"]["n_wrong"]) == (4, 0)
+    bench_run_mixed_checked(cluster, out)
     # Its default options (usage in every chunk) are prefilled and decoded apart: each of the
     # 4 requests was handed off once.
     rows = pq.read_table(out / "requests.parquet").to_pylist()
