@@ -198,6 +198,11 @@ def metrics_url(base_url: str) -> str:
     return base_url.rstrip("/").removesuffix("/v1") + "/metrics"
 
 
+def payload_of(options: ClientOptions, row: dict) -> RequestPayload:
+    """One workload row as the client sends it: its body and its own headers."""
+    return RequestPayload(row["request_id"], build_body(options, row), headers=request_headers(row))
+
+
 class StreamedPayloads(Sequence[RequestPayload]):
     """The plan's requests, each body built from its workload row when the load reaches it:
     a plan holds the workload's Arrow table (columns) and the ids, not a body per request
@@ -213,9 +218,7 @@ class StreamedPayloads(Sequence[RequestPayload]):
     def __iter__(self) -> Iterator[RequestPayload]:
         options = self._options
         for r in self._rows():
-            yield RequestPayload(
-                r["request_id"], build_body(options, r), headers=request_headers(r)
-            )
+            yield payload_of(options, r)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -257,10 +260,7 @@ def load_plan(
         rows = list(iter_request_rows(config, workload))
         seed = load.seed if load.seed is not None else workload.manifest.get("seed") or 0
         rows = dense_rows(rows, options.endpoint, batch_sizes(load.batch_size, len(rows), seed))
-        payloads = [
-            RequestPayload(r["request_id"], build_body(options, r), headers=request_headers(r))
-            for r in rows
-        ]
+        payloads = [payload_of(options, r) for r in rows]
         input_tokens = {r["request_id"]: r["input_tokens"] for r in rows}
         closed = any(r["arrival_s"] is None for r in rows)
         arrivals = None if closed else [float(r["arrival_s"]) for r in rows]
