@@ -180,3 +180,27 @@ def test_a_built_library_is_loaded_as_it_is_without_asking_ninja(monkeypatch):
     assert (
         kernels._state["reason"] is None and kernels._state["isa"] == kernels.select_isa()[0].name
     )
+
+
+def test_a_compile_error_in_a_source_names_the_compilers_error_and_keeps_torchs_kernels(
+    monkeypatch, tmp_path
+):
+    """Every source is built as one translation unit (`_unity_source`); a source that does not
+    compile must leave the kernels off with the compiler's own first error as the reason (what
+    `/info`, the manifest and the card print), not a traceback nor ninja's command line.
+    Negative control: `test_a_built_library_is_loaded_as_it_is_without_asking_ninja` loads the
+    real sources with reason None."""
+    if kernels.missing_prerequisite() is not None:
+        pytest.skip(f"the kernels cannot run here: {kernels.missing_prerequisite()}")
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("int refkern_broken() { return undeclared_name; }\n")
+    monkeypatch.setenv("BENCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "SOURCES", (broken,))
+    monkeypatch.setattr(kernels, "HEADERS", ())
+    monkeypatch.setattr(kernels, "_state", {})
+    assert kernels.available() is False
+    reason = kernels.unavailable_reason()
+    assert reason.startswith(f"the {kernels.select_isa()[0].name} kernel build failed: ")
+    assert "broken.cpp" in reason and "error:" in reason and "undeclared_name" in reason
+    assert "\n" not in reason and "ninja" not in reason
+    assert kernels.describe() == f"off: {reason}"

@@ -383,7 +383,7 @@ void for_blocks(int64_t M, int64_t blocks, F&& f) {
   });
 }
 
-void check_x(const at::Tensor& x) {
+void check_activations(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(),
               "x must be a contiguous float32 [M, K] tensor");
 }
@@ -394,7 +394,7 @@ void check_n(int64_t n, int64_t blocks) {
 }
 
 at::Tensor q4_i8_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
-  check_x(x);
+  check_activations(x);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
                   packed.size(1) % kQ4I8ChunkBytes == 0,
               "packed must be contiguous uint8 [ceil(N/16), K/32 * 320] (pack_q4_i8)");
@@ -407,7 +407,7 @@ at::Tensor q4_i8_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n) 
 }
 
 at::Tensor q8_i8_gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n) {
-  check_x(x);
+  check_activations(x);
   const int64_t K = x.size(1), M = x.size(0);
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kChar && packed.is_contiguous(),
               "packed must be contiguous int8 [ceil(N/16), ceil(K/4) * 64 + 128] (pack_q8_i8)");
