@@ -38,7 +38,9 @@ attainment_min: 0.9
 
 
 # The search starts at 50/s (one doubling to 100 brackets the knee): probes at 20 and 40/s took
-# 8 and 4 s of the serial tier and told the search nothing the 50/s probe does not.
+# 8 and 4 s of the serial tier and told the search nothing the 50/s probe does not. A bracket of
+# 5% (the assertion's tolerance) ends it after 9 probes (bisection, re-checks, confirmation):
+# 2.5% took 13 probes and 33 s of the serial tier, against 24 s.
 @pytest.mark.serial
 def test_capacity_search_finds_the_saturation_rate(mock_server, tmp_path):
     (tmp_path / "w.yaml").write_text(WORKLOAD)
@@ -48,7 +50,7 @@ def test_capacity_search_finds_the_saturation_rate(mock_server, tmp_path):
     ) as url:
         result = CliRunner().invoke(bench, [
             "capacity", "--url", url, "--workload", str(tmp_path / "w.yaml"), "--slo", str(tmp_path / "slo.yaml"),
-            "--tokenizer", "tiny-random", "--start-rate", "50", "--max-iterations", "14", "--rel-width", "0.025",
+            "--tokenizer", "tiny-random", "--start-rate", "50", "--max-iterations", "14", "--rel-width", "0.05",
             "--out", str(tmp_path / "cap"), "--quiet",
         ])  # fmt: skip
     assert result.exit_code == 0, result.output
