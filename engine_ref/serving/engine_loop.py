@@ -12,19 +12,10 @@ Two modes share one async face (`EngineLoop`, here, with the engine-side `Engine
 Both keep the engine's latest `stats()` snapshot (taken after every step and after every batch
 of commands), so /metrics never touches the engine from the HTTP thread.
 
-The server defaults to the thread mode, with the engine built on its engine thread. That
-matters: with the model loaded on the main thread and stepped on another, libgomp keeps two
-OpenMP teams, counts more threads than cores and parks its workers after a few spins at every
-barrier. `benchmarks/engine_thread_placement.py` (64 x 128 x 64 smollm2-135m, in process, no
-HTTP, medians of 2 rounds) measured 446 output tokens/s on the main thread, 327 built on the
-main thread and stepped on another, and 391 built and stepped on one other thread. Over HTTP
-(`benchmarks/server_loop_modes.py --model smollm2-135m -n 64 --input-len 128 --output-len
-128 --repeats 2`, modes alternating), the thread mode then streamed 317 output tokens/s
-against the process mode's 259 (ITL p50 142 vs 194 ms), and it starts sooner and holds one
-copy of torch. (Before the engine was built on its own thread the two modes tied, 130 vs
-133 at 32 x 128 x 64.) What matters for the process mode: idle OpenMP workers must sleep, not
-spin, on a loaded machine (`OMP_WAIT_POLICY=PASSIVE`, set for the engine process: 227 ->
-4,141 tokens/s on tiny-random), and output batches go over a bare pipe (through a
+The server defaults to the thread mode, for the reasons and figures in `engine_thread`.
+What matters for the process mode: idle OpenMP workers must sleep, not spin, on a loaded
+machine (`OMP_WAIT_POLICY=PASSIVE`, set for the engine process: 227 -> 4,141 tokens/s on
+tiny-random), and output batches go over a bare pipe (through a
 `multiprocessing.Queue`, whose feeder thread waits for a core behind the OpenMP workers,
 batches arrived 11-200 ms apart instead of a steady 10 ms).
 """
@@ -115,10 +106,9 @@ class Pool:
 @dataclass(frozen=True)
 class EngineCall:
     """Run `fn(engine)` on the engine's thread between steps (a KV handoff's export, install
-    or release: `engine_ref.cluster.pd_worker`); its result, or what it raised, comes back in
-    `StepBatch.called[call_id]`. Thread mode only: `fn` is any callable. `request_id`: the
-    request `fn` adds to the engine, live from then on (failed with the others if a step
-    raises)."""
+    or release: `cluster.pd_worker`); its outcome goes back before the step (`on_called`: an
+    install waited 17 ms of 36 for the step it added a decode to), else in `StepBatch.called`.
+    Thread mode only. `request_id`: the request `fn` adds, live from then on."""
 
     call_id: str
     fn: Callable[[Any], Any]
@@ -152,6 +142,7 @@ class EngineDriver:
         self.latest_stats = engine.stats()
         self.step_delay_s = 0.0
         self.waiting_pools: list[Pool] = []  # one `Pool` runs per iteration; the rest wait
+        self.on_called: Callable[[dict[str, Any], ServedStats], None] | None = None
 
     def has_work(self) -> bool:
         """Whether an iteration would do something without new commands: a step to take or
@@ -188,6 +179,9 @@ class EngineDriver:
             else:  # an abort: the request id
                 self.engine.abort(command)
                 self.live_ids.discard(command)
+        if called and self.on_called is not None:
+            self.on_called(called, self.engine.stats())  # the gauges as the calls left them
+            called = {}
         outputs: list[RequestOutput] = []
         failed: tuple[str, ...] = ()
         error = None
@@ -376,6 +370,18 @@ class EngineLoop:
         if self._sinks.pop(request_id, None) is not None and self._dead is None:
             self._submit([request_id])
 
+    def _resolve_calls(self, called: dict[str, Any], stats: ServedStats | None = None) -> None:
+        """Runs on the event loop: answer `EngineCall`s (`stats`: taken after them)."""
+        if stats is not None:
+            self.latest_stats = stats
+        for call_id, outcome in called.items():
+            future = self._pending_calls.pop(call_id, None)
+            if future is not None and not future.done():
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+
     def _on_batch(self, batch: StepBatch) -> None:
         """Runs on the event loop, once per engine iteration."""
         self.latest_stats = batch.stats
@@ -386,13 +392,7 @@ class EngineLoop:
                     future.set_exception(vectors)
                 else:
                     future.set_result(vectors)
-        for call_id, outcome in batch.called.items():
-            future = self._pending_calls.pop(call_id, None)
-            if future is not None and not future.done():
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+        self._resolve_calls(batch.called)
         for group_id, exc in batch.add_results.items():
             request_ids = self._groups.pop(group_id, ())
             future = self._pending_adds.get(group_id)

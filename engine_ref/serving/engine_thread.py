@@ -1,5 +1,17 @@
 """The thread mode of the engine loop: the engine steps in a daemon thread of the server
-process (see `engine_loop` for why the engine is best built on that thread too)."""
+process.
+
+The server defaults to this mode, with the engine built on its engine thread. That
+matters: with the model loaded on the main thread and stepped on another, libgomp keeps two
+OpenMP teams, counts more threads than cores and parks its workers after a few spins at every
+barrier. `benchmarks/engine_thread_placement.py` (64 x 128 x 64 smollm2-135m, in process, no
+HTTP, medians of 2 rounds) measured 446 output tokens/s on the main thread, 327 built on the
+main thread and stepped on another, and 391 built and stepped on one other thread. Over HTTP
+(`benchmarks/server_loop_modes.py --model smollm2-135m -n 64 --input-len 128 --output-len
+128 --repeats 2`, modes alternating), the thread mode then streamed 317 output tokens/s
+against the process mode's 259 (ITL p50 142 vs 194 ms), and it starts sooner and holds one
+copy of torch.
+"""
 
 from __future__ import annotations
 
@@ -50,8 +62,17 @@ class ThreadEngineLoop(EngineLoop):
 
     def _adopt(self, engine: EngineInterface) -> None:
         self._driver = EngineDriver(engine)
+        self._driver.on_called = self._answer_calls
         self.info = engine_info(engine)
         self.latest_stats = self._driver.latest_stats
+
+    def _answer_calls(self, called: dict, stats) -> None:
+        """Runs on the engine thread: `EngineCall` outcomes to the event loop, before the step
+        (with the stats after them: /metrics shows an install's blocks once it is answered)."""
+        try:
+            self._loop.call_soon_threadsafe(self._resolve_calls, called, stats)
+        except RuntimeError:  # the event loop closed under us
+            pass
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -69,6 +69,25 @@ def test_a_call_runs_on_the_engine_thread_and_raises_what_fn_raised(tiny_model):
     asyncio.run(_with_decode_worker(tiny_model, body))
 
 
+def test_a_call_is_answered_before_the_step_after_it(tiny_model):
+    """An install's caller (the KV sender waits on it) must not wait for the decode step the
+    install just added: with every step slowed by 1 s, the call's answer arrives while that
+    step runs, so the loop's stats still show the steps counted inside the call. Negative
+    control: with `EngineDriver.on_called` unset, the answer rides on the step's batch and the
+    stats show one step more."""
+    _, handoff = _handoff(tiny_model)
+
+    async def body(worker, engine):
+        worker.engine_loop.set_step_delay(1.0)
+        await worker.on_handoff(handoff, _extra("t1"))  # a running request: 1 s steps follow
+        steps_in_call = await worker.engine_loop.call(lambda e: e.stats().num_steps)
+        assert engine.has_unfinished()
+        assert worker.engine_loop.latest_stats.num_steps == steps_in_call
+        worker.engine_loop.set_step_delay(0.0)
+
+    asyncio.run(_with_decode_worker(tiny_model, body))
+
+
 def test_an_installed_handoff_decodes_and_its_outputs_wait_for_the_attaching_caller(tiny_model):
     first, handoff = _handoff(tiny_model)
     expected = run_single(make(tiny_model), prompt_of(20), PARAMS).tokens
