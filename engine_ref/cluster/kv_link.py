@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import inspect
+import itertools
 import json
+import socket
 import struct
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -38,6 +40,7 @@ import crc32c
 import torch
 
 from engine_ref.core.kv_handoff import KV_STORAGE, KVBlock, KVHandoff
+from engine_ref.core.staging import StagingBuffers
 
 __all__ = [
     "HandoffDecoder",
@@ -143,12 +146,20 @@ class HandoffDecoder:
     verified when its last byte arrives; the first failure raises and ends the decoder. Refuses
     a header announcing more than `max_bytes` of KV."""
 
-    def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self, *, max_bytes: int = DEFAULT_MAX_BYTES, staging: StagingBuffers | None = None
+    ) -> None:
         self.max_bytes = max_bytes
         self.received_bytes = 0
+        self.staging = staging
+        # Every block's payload, one after the other (from `staging` when given, after the
+        # header): the blocks are views of it. `release_area` gives it back to `staging`.
+        self.area: torch.Tensor | None = None
+        self._offsets: list[int] = []
         self._meta: dict | None = None
         self._blocks: list[KVBlock] = []
-        self._buf = bytearray(_PREFIX.size)
+        self._payload: torch.Tensor | None = None  # the area's part the block being read fills
+        self._buf: bytearray | memoryview = bytearray(_PREFIX.size)
         self._filled = 0
         self._stage = "prefix"  # prefix, header, record, payload, done, failed
         self._expected_crc = 0
@@ -219,6 +230,13 @@ class HandoffDecoder:
     def _expect(self, stage: str, num_bytes: int) -> None:
         self._stage, self._buf, self._filled = stage, bytearray(num_bytes), 0
 
+    def release_area(self) -> None:
+        """Give the payload area to `staging` for the next transfer: only once nothing reads
+        the handoff's blocks any more (installed, or dropped)."""
+        if self.area is not None and self.staging is not None:
+            self.staging.give(self.area)
+        self.area = None
+
     def _advance(self) -> None:
         if self._stage == "prefix":
             magic, length, self._expected_crc = _PREFIX.unpack(self._buf)
@@ -231,23 +249,33 @@ class HandoffDecoder:
             if crc32c.crc32c(self._buf) != self._expected_crc:
                 raise KVChecksumError(None)
             self._meta = _check_meta(self._buf, self.max_bytes)
+            sizes = self._meta["block_nbytes"]
+            total = sum(sizes)
+            self._offsets = [0, *itertools.accumulate(sizes[:-1])]
+            take = self.staging.take if self.staging is not None else _fresh
+            self.area = take(total)
             self._next_block()
         elif self._stage == "record":
             index, self._expected_crc = _RECORD.unpack(self._buf)
             self._record_index = index
-            self._expect("payload", self._meta["block_nbytes"][len(self._blocks)])
+            j = len(self._blocks)
+            start, size = self._offsets[j], self._meta["block_nbytes"][j]
+            self._stage, self._filled = "payload", 0
+            self._payload = self.area[start : start + size]
+            self._buf = memoryview(self._payload.numpy())
         elif self._stage == "payload":
             expected = len(self._blocks)
             prefix = struct.pack("<I", self._record_index)
             crc = crc32c.crc32c(self._buf, crc32c.crc32c(prefix))
             if crc != self._expected_crc or self._record_index != expected:
                 raise KVChecksumError(expected)
-            self._blocks.append(_block(self._meta, expected, self._buf))
+            self._blocks.append(_block(self._meta, expected, self._payload))
             self._next_block()
 
     def _next_block(self) -> None:
         if len(self._blocks) == len(self._meta["block_nbytes"]):
             self._stage, self._buf = "done", bytearray()
+            self._payload = None
         else:
             self._expect("record", _RECORD.size)
 
@@ -285,18 +313,27 @@ def _block_nbytes(meta: dict, num_tokens: int) -> int:
     return rows * meta["head_dim"] * storage.itemsize + scales
 
 
-def _block(meta: dict, index: int, payload: bytearray) -> KVBlock:
-    """Block `index`'s tensors over its verified payload (no copy)."""
+def _fresh(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8)
+
+
+def _block(meta: dict, index: int, payload: torch.Tensor) -> KVBlock:
+    """Block `index`'s tensors over its verified payload (uint8; no copy)."""
     storage = KV_STORAGE[meta["kv_dtype"]]
     num_tokens = meta["block_num_tokens"][index]
     rows = (meta["num_layers"], 2 * meta["num_kv_heads"], num_tokens)
     kv_bytes = rows[0] * rows[1] * num_tokens * meta["head_dim"] * storage.itemsize
-    raw = torch.frombuffer(payload, dtype=torch.uint8, count=kv_bytes)
-    kv = raw.view(storage).view(*rows, meta["head_dim"])
-    if kv_bytes == len(payload):
+    kv = _as(payload[:kv_bytes], storage).view(*rows, meta["head_dim"])
+    if kv_bytes == payload.numel():
         return KVBlock(kv)
-    scales = torch.frombuffer(payload, dtype=torch.float32, offset=kv_bytes)
-    return KVBlock(kv, scales.view(rows))
+    return KVBlock(kv, _as(payload[kv_bytes:], torch.float32).view(rows))
+
+
+def _as(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 bytes as `dtype`: a view where the offset is aligned for it, else a copy."""
+    if data.storage_offset() % dtype.itemsize == 0:
+        return data.view(dtype)
+    return data.clone().view(dtype)
 
 
 def decode(chunks: Iterable[bytes | bytearray | memoryview]) -> KVHandoff:
@@ -337,23 +374,58 @@ async def send_handoff(
     failed its checksum, the install's error), KVLinkCut when the connection ends without a
     reply, OSError when it cannot connect, TimeoutError past `timeout_s` for any one wait.
     `transform` rewrites the frames on their way: the seam a fault plugs into (a flipped bit)."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    loop = asyncio.get_running_loop()
+    sock = await asyncio.wait_for(_connect(loop, host, port), timeout_s)
     try:
         frames = encode(handoff) if extra is None else encode(handoff, extra=extra)
+        # Straight from the frames' views to the socket: a stream writer copies what the
+        # socket does not take at once into its own buffer, most of 47 MB for a 2,048-token
+        # SmolLM2 handoff, where `sock_sendall` waits and sends from the view.
         for chunk in frames if transform is None else transform(frames):
-            writer.write(chunk)
-            await asyncio.wait_for(writer.drain(), timeout_s)
-        writer.write_eof()
-        line = await asyncio.wait_for(reader.readline(), timeout_s)
+            await asyncio.wait_for(loop.sock_sendall(sock, chunk), timeout_s)
+        sock.shutdown(socket.SHUT_WR)
+        line = await asyncio.wait_for(_read_line(loop, sock), timeout_s)
     except ConnectionError:
         line = b""  # the receiver went away mid-transfer: no reply
     finally:
-        await _close(writer)
+        sock.close()
     if not line:
         raise KVLinkCut(0, "the receiver's reply")
     reply = json.loads(line)
     if not reply.get("ok"):
         raise KVTransferRejected(str(reply.get("kind")), str(reply.get("error")))
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket connected to `host`:`port` (the first address that takes it;
+    OSError, as `asyncio.open_connection` raises, when none does)."""
+    error: OSError | None = None
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+        except BaseException:
+            sock.close()
+            raise
+    raise error or OSError(f"Cannot resolve {host}:{port}.")
+
+
+async def _read_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+    """The peer's reply: bytes up to the first newline, or all it sent before closing."""
+    data = b""
+    while b"\n" not in data and len(data) < MAX_HEADER_BYTES:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0]
 
 
 @dataclass
@@ -371,6 +443,9 @@ class KVReceiver:
     max_bytes: int = DEFAULT_MAX_BYTES
     on_error: Callable[[Exception], None] | None = None
     with_extra: bool = False
+    # Reuse the buffers transfers are read into (`core.staging`): then a handoff's blocks are
+    # valid only until `on_handoff` returns (an install copies them out).
+    staging: StagingBuffers | None = None
 
     def __post_init__(self) -> None:
         self._server: asyncio.Server | None = None
@@ -394,8 +469,8 @@ class KVReceiver:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         reply: dict = {"ok": True}
+        decoder = HandoffDecoder(max_bytes=self.max_bytes, staging=self.staging)
         try:
-            decoder = HandoffDecoder(max_bytes=self.max_bytes)
             while not decoder.done:
                 chunk = await asyncio.wait_for(reader.read(_READ_CHUNK), self.timeout_s)
                 if not chunk:
@@ -414,6 +489,9 @@ class KVReceiver:
                 self.on_error(exc)
             if isinstance(exc, KVLinkError):
                 await self._discard_rest(reader)
+        finally:
+            handoff = args = None  # `on_handoff` is done with the blocks: their area is free
+            decoder.release_area()
         try:
             writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()

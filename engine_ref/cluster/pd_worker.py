@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_ref.cluster.kv_link import KVLinkError, KVReceiver, KVTransferRejected, send_handoff
+from engine_ref.core.staging import StagingBuffers
 from engine_ref.serving.engine_loop import EngineLoop, EngineLoopError
 from engine_ref.serving.engine_thread import ThreadEngineLoop
 from engine_ref.serving.errors import ApiError
@@ -166,10 +167,14 @@ class PrefillRun(GenerationRun):
             "prefill_ms": round((t_start_s - self.t_arrival_s) * 1e3, 3),
             "worker": self.worker.name, "first_token_ids": [],
         }  # fmt: skip
+        staging, taken = self.worker.staging, []
+
+        def export(engine) -> KVHandoff:  # into a buffer a previous handoff used (`core.staging`)
+            taken.append(staging.take(engine.exporter.export_nbytes(engine_id)))
+            return engine.exporter.export(engine_id, out=taken[0])
+
         try:
-            handoff: KVHandoff = await self.engine_loop.call(
-                lambda engine: engine.exporter.export(engine_id)
-            )
+            handoff: KVHandoff = await self.engine_loop.call(export)
             record["first_token_ids"] = list(handoff.token_ids[handoff.num_prompt_tokens :])
             extra = {
                 "transfer_id": self.transfer_id,
@@ -189,6 +194,9 @@ class PrefillRun(GenerationRun):
             record["error"], record["error_kind"] = str(exc) or kind, kind
         finally:
             self.engine_loop.call(lambda engine: engine.exporter.release(engine_id))
+            handoff = None  # its blocks are views of the buffer given back here
+            for buffer in taken:
+                staging.give(buffer)
         record["transfer_ms"] = round((time.perf_counter() - t_start_s) * 1e3, 3)
         self.kv_transfer = record
 
@@ -297,6 +305,8 @@ class PDWorker:
         self.park_timeout_s, self.install_wait_s = park_timeout_s, install_wait_s
         self.parked: dict[str, _Parked] = {}
         self._arrivals: dict[str, asyncio.Event] = {}
+        # Buffers of past handoffs: exported into (prefill), received into (decode).
+        self.staging = StagingBuffers()
 
     def make_run(self, endpoint, gen, raw_body: bytes, **kwargs) -> GenerationRun:
         """The server's `run_factory` (`serving.server.create_app`)."""
@@ -447,7 +457,8 @@ async def serve_worker(
     )  # fmt: skip
     receiver = None
     if role == "decode":
-        receiver = await KVReceiver(worker.on_handoff, with_extra=True).start()
+        receiver = KVReceiver(worker.on_handoff, with_extra=True, staging=worker.staging)
+        await receiver.start()
     kv_port = None if receiver is None else receiver.port
     try:
         await serve(

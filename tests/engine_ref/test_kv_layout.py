@@ -1,0 +1,100 @@
+"""`engine_ref.core.kv_layout`'s copies between KV pools and per-block tensors: a gather into a
+reused buffer equals a fresh gather, bit for bit, and its blocks are views of that buffer; and
+`write_blocks` writes the same pools whether its blocks lie evenly spaced in one buffer (the
+indexed-copy path a received handoff takes) or each in its own tensor (block by block), at
+token counts just below, at and above a block boundary, for every KV storage."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_ref.core import kv_layout
+from engine_ref.core.kv_dtype import KVFormat, QuantizedKVPool, allocate_pool
+
+LAYERS, HEADS, NUM_BLOCKS, BS, HD = 3, 4, 12, 4, 8
+STORAGES = [torch.float32, torch.bfloat16, torch.int8]
+
+
+def _random_pools(storage: torch.dtype, seed: int = 0) -> list:
+    gen = torch.Generator().manual_seed(seed)
+    fmt = KVFormat(storage)
+    pools = [allocate_pool(fmt, (HEADS, NUM_BLOCKS, BS, HD), torch.device("cpu"))
+             for _ in range(LAYERS)]  # fmt: skip
+    for pool in pools:
+        if isinstance(pool, QuantizedKVPool):
+            pool.values.copy_(torch.randint(-127, 128, pool.values.shape, generator=gen))
+            pool.scales.copy_(torch.rand(pool.scales.shape, generator=gen) + 0.5)
+        else:
+            pool.copy_(torch.randn(pool.shape, generator=gen))
+    return pools
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, QuantizedKVPool):
+        return torch.equal(a.values, b.values) and torch.equal(a.scales, b.scales)
+    return torch.equal(a, b)
+
+
+TOKENS = [BS - 1, BS, BS + 1, 3 * BS, 3 * BS + 1]  # below, at and above a block boundary
+TABLE = [7, 2, 9, 0]
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("num_tokens", TOKENS)
+def test_a_gather_into_a_used_buffer_equals_a_fresh_one(storage, num_tokens):
+    pools, fmt = _random_pools(storage), KVFormat(storage)
+    fresh = kv_layout.gather(pools, fmt, TABLE, num_tokens, BS)
+    out = torch.full(
+        (kv_layout.gather_nbytes(pools, fmt, num_tokens, BS),), 0xA5, dtype=torch.uint8
+    )
+    reused = kv_layout.gather(pools, fmt, TABLE, num_tokens, BS, out)
+    assert len(fresh) == len(reused) == -(-num_tokens // BS)
+    assert sum(b.shape[2] for b, _ in reused) == num_tokens
+    lo, hi = out.data_ptr(), out.data_ptr() + out.numel()
+    for (kv, scales), (kv2, scales2) in zip(fresh, reused, strict=True):
+        assert kv2.dtype == storage and torch.equal(kv, kv2)
+        assert (scales is None) == (scales2 is None) == (not fmt.scaled)
+        assert scales is None or torch.equal(scales, scales2)
+        if kv2.shape[2] == BS:  # full blocks: views of `out`, no copy of their own
+            assert lo <= kv2.data_ptr() < hi
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("num_tokens", TOKENS)
+def test_write_blocks_from_one_buffer_equals_block_by_block(storage, num_tokens):
+    source, fmt = _random_pools(storage, seed=1), KVFormat(storage)
+    # Blocks evenly spaced in one buffer, as a received handoff's are, and the same blocks
+    # each in a tensor of its own.
+    out = torch.empty(kv_layout.gather_nbytes(source, fmt, num_tokens, BS), dtype=torch.uint8)
+    shared = kv_layout.gather(source, fmt, TABLE, num_tokens, BS, out)
+    separate = [(kv.clone(), None if s is None else s.clone()) for kv, s in shared]
+    run = kv_layout._evenly_spaced(shared)
+    full = num_tokens // BS
+    assert (run is None) == (fmt.scaled or full < 2)  # the fast path is taken where it applies
+    assert kv_layout._evenly_spaced(separate) is None
+    target = [5, 11, 1, 3]
+    a, b = _random_pools(storage, seed=2), _random_pools(storage, seed=2)
+    kv_layout.write_blocks(a, target, shared)
+    kv_layout.write_blocks(b, target, separate)
+    assert all(_same(x, y) for x, y in zip(a, b, strict=True))
+    # ... and both hold the source's tokens in the target blocks, untouched elsewhere.
+    back = kv_layout.gather(a, fmt, target, num_tokens, BS)
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(back, shared, strict=True))
+    untouched = _random_pools(storage, seed=2)
+    others = [i for i in range(NUM_BLOCKS) if i not in target[: len(shared)]]
+    for x, y in zip(a, untouched, strict=True):
+        xv, yv = (x.values, y.values) if isinstance(x, QuantizedKVPool) else (x, y)
+        assert torch.equal(xv[:, others], yv[:, others])
+
+
+def test_blocks_out_of_step_are_not_taken_as_one_run():
+    pools, fmt = _random_pools(torch.float32), KVFormat(torch.float32)
+    blocks = kv_layout.gather(pools, fmt, TABLE, 3 * BS, BS)
+    assert kv_layout._evenly_spaced(blocks) is not None
+    assert kv_layout._evenly_spaced([blocks[1], blocks[0]]) is None  # a step backwards
+    skipping = kv_layout._evenly_spaced([blocks[0], blocks[2]])  # every other block: one run
+    assert skipping is not None and torch.equal(skipping[1], blocks[2][0])
+    assert kv_layout._evenly_spaced([blocks[0], blocks[0]]) is None  # the same block twice
+    run = kv_layout._evenly_spaced([blocks[0], blocks[1], blocks[0]])  # stops where it breaks
+    assert run is not None and run.shape[0] == 2
