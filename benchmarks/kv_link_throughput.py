@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine_ref.cluster import kv_link  # noqa: E402
+from engine_ref.cluster import kv_link, kv_tcp  # noqa: E402
 from engine_ref.core.kv_handoff import KV_STORAGE, KVBlock, KVHandoff  # noqa: E402
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 30, 3, 64, 16
@@ -63,8 +63,8 @@ def in_memory(handoff: KVHandoff) -> None:
 
 def over_tcp(handoff: KVHandoff) -> None:
     async def go() -> None:
-        async with kv_link.KVReceiver(lambda h: None) as receiver:
-            await kv_link.send_handoff("127.0.0.1", receiver.port, handoff)
+        async with kv_tcp.KVReceiver(lambda h: None) as receiver:
+            await kv_tcp.send_handoff("127.0.0.1", receiver.port, handoff)
 
     asyncio.run(go())
 

@@ -6,7 +6,7 @@ in its body (any other body is served as the single server serves it):
 - `{"do_remote_decode": true, "transfer_id": T, "decode_kv": "host:port"}`, on a prefill
   worker: the prompt runs through `HandoffExporter`; its first token streams to the caller as
   soon as it is sampled (finish_reason "handoff"); the KV is then exported, sent over the KV
-  link (`kv_link.send_handoff`, each block checksummed) to the decode worker's `KVReceiver`,
+  link (`kv_tcp.send_handoff`, each block checksummed) to the decode worker's `KVReceiver`,
   and released, whether the transfer succeeded or not. The answer's usage carries
   `kv_transfer`: transfer_id, ok, error (one sentence or null), error_kind, bytes (on the
   wire), transfer_ms, prefill_ms (arrival to first token), worker, first_token_ids. A request
@@ -41,7 +41,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine_ref.cluster.kv_link import KVLinkError, KVReceiver, KVTransferRejected, send_handoff
+from engine_ref.cluster.kv_link import KVLinkError, KVTransferRejected
+from engine_ref.cluster.kv_tcp import KVReceiver, send_handoff
 from engine_ref.core.staging import StagingBuffers
 from engine_ref.serving.engine_loop import EngineLoop, EngineLoopError
 from engine_ref.serving.engine_thread import ThreadEngineLoop

@@ -27,15 +27,15 @@ from pd_util import (
     run_to_end,
 )
 
-from engine_ref.cluster import kv_link
+from engine_ref.cluster import kv_link, kv_tcp
 from engine_ref.cluster.kv_link import (
     HandoffDecoder,
     KVChecksumError,
     KVLinkCut,
     KVLinkError,
-    KVReceiver,
     KVTransferRejected,
 )
+from engine_ref.cluster.kv_tcp import KVReceiver
 from engine_ref.core import kv_handoff
 from engine_ref.core.kv_handoff import HandoffExporter, KVBlock, KVHandoff, NoFreeBlocks
 
@@ -235,7 +235,7 @@ async def _send_raw(port: int, data: bytes) -> dict:
 def _over_tcp(worker: DecodeWorker, handoff: KVHandoff) -> None:
     async def go():
         async with KVReceiver(worker.on_handoff, on_error=worker.errors.append) as receiver:
-            await kv_link.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
+            await kv_tcp.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
 
     asyncio.run(go())
 
@@ -293,7 +293,7 @@ def test_over_tcp_decode_never_starts_on_a_block_that_failed(
             }
             _no_trace_on(worker)
             # The same receiver then takes the intact handoff, installs and decodes it.
-            await kv_link.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
+            await kv_tcp.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
 
     asyncio.run(go())
     (error,) = worker.errors
@@ -332,7 +332,7 @@ def test_over_tcp_the_sender_learns_why_an_install_failed(tiny_model, three_bloc
 
     async def go():
         async with KVReceiver(worker.on_handoff) as receiver:
-            await kv_link.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
+            await kv_tcp.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
 
     with pytest.raises(KVTransferRejected) as caught:
         asyncio.run(go())
@@ -354,12 +354,12 @@ def test_over_tcp_the_sender_learns_a_block_failed(engines, three_blocks, monkey
         for i, chunk in enumerate(encode(h)):  # header, then record and payload per block
             yield bytes([chunk[0] ^ 1]) + bytes(chunk[1:]) if i == 4 else chunk
 
-    monkeypatch.setattr(kv_link, "encode", corrupting_encode)
+    monkeypatch.setattr(kv_tcp, "encode", corrupting_encode)
     worker = DecodeWorker(b, monkeypatch)
 
     async def go():
         async with KVReceiver(worker.on_handoff) as receiver:
-            await kv_link.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
+            await kv_tcp.send_handoff("127.0.0.1", receiver.port, handoff, timeout_s=10)
 
     with pytest.raises(KVTransferRejected) as caught:
         asyncio.run(go())
