@@ -44,6 +44,7 @@ __all__ = [
     "KVLinkCut",
     "KVLinkError",
     "KVTransferRejected",
+    "StagingBuffers",
     "decode",
     "encode",
     "encoded_size",

@@ -17,14 +17,15 @@ from engine_ref.cluster.kv_link import (
     DEFAULT_MAX_BYTES,
     MAX_HEADER_BYTES,
     HandoffDecoder,
+    KVHandoff,
     KVLinkCut,
     KVLinkError,
     KVTransferRejected,
+    StagingBuffers,
     encode,
 )
-from engine_ref.core.kv_handoff import KVHandoff
-from engine_ref.core.staging import StagingBuffers
 
+# (KVHandoff and StagingBuffers via kv_link: the cluster reaches the core through it alone.)
 __all__ = ["FrameTransform", "KVReceiver", "send_handoff"]
 
 _READ_CHUNK = 1 << 20

@@ -41,9 +41,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from engine_ref.cluster.kv_link import KVLinkError, KVTransferRejected
+from engine_ref.cluster.kv_link import KVLinkError, KVTransferRejected, StagingBuffers
 from engine_ref.cluster.kv_tcp import KVReceiver, send_handoff
-from engine_ref.core.staging import StagingBuffers
 from engine_ref.serving.engine_loop import EngineLoop, EngineLoopError
 from engine_ref.serving.engine_thread import ThreadEngineLoop
 from engine_ref.serving.errors import ApiError
