@@ -96,7 +96,11 @@ class ServerSampler:
             if pid in paused and ticks > paused[pid][1]
         }  # fmt: skip
         idle = {
-            pid: (self.cmdlines.get(pid, b"?")[:120], paused[pid], [tree.get(pid) for tree in after])
+            pid: (
+                self.cmdlines.get(pid, b"?")[:120],
+                paused[pid],
+                [tree.get(pid) for tree in after],
+            )
             for pid in set(paused) - self.trackers - ran_again
         }  # named, so a failure says which process and what it did (a CI run once failed here)
         assert not idle, f"a process did not run after the pause: {idle}"
