@@ -347,15 +347,18 @@ def _set_counted_chunks(
     none per event without text. A text event counts at least one, an event never below 0.
     """
     has_text = chars > 0
-    if not has_text.any():
+    # the first text event (argmax finds the first True), checked first: a server that sends no
+    # usage so far (or no token_ids) shows it there, without a pass over every event
+    first = int(has_text.argmax()) if has_text.size else 0
+    if not has_text.size or not has_text[first]:
         out.set_chunks(t_ns, np.zeros(len(t_ns), np.int64), chars, text_id)
         return
-    if (usage[has_text] != NO_USAGE).all():
+    if usage[first] != NO_USAGE and (usage[has_text] != NO_USAGE).all():
         out.chunk_tokens_source = TokenSource.USAGE
         counted = usage != NO_USAGE
         n_tokens = np.zeros(len(t_ns), np.int64)
         n_tokens[counted] = np.diff(usage[counted], prepend=0)
-    elif (n_ids[has_text] >= 0).all():
+    elif n_ids[first] >= 0 and (n_ids[has_text] >= 0).all():
         out.chunk_tokens_source = TokenSource.TOKEN_IDS
         n_tokens = np.maximum(n_ids.astype(np.int64), 0)  # -1: the event has no token_ids
     else:  # one token per text event: the common case

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def library() -> ctypes.CDLL | None:
     p = ctypes.c_void_p
     i64 = ctypes.c_int64
     lib.sse_scan.restype = i64
-    lib.sse_scan.argtypes = [p, i64, p, p, i64, ctypes.c_int32, i64, *[p] * 10, i64, p]
+    lib.sse_scan.argtypes = [p, i64, p, p, i64, ctypes.c_int32, ctypes.POINTER(_Buffers)]
     _lib = lib
     return lib
 
@@ -110,8 +111,23 @@ def available() -> bool:
     return library() is not None
 
 
-def _ptr(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
+def _ptr(values: np.ndarray) -> int:
+    return values.__array_interface__["data"][0]
+
+
+_BUFFER_POINTERS = ("ev_t", "ev_usage", "ev_chars", "ev_bytes", "ev_text", "ev_ids", "text",
+                    "first_of_text", "slot_of_text", "text_start", "table")  # fmt: skip
+
+
+class _Buffers(ctypes.Structure):
+    """`sse_scan.c`'s Buffers: where the scanner writes, set once per size of the scratch."""
+
+    _fields_ = [
+        ("cap", ctypes.c_int64),
+        *((name, ctypes.c_void_p) for name in _BUFFER_POINTERS),
+        ("table_size", ctypes.c_int64),
+        ("info", ctypes.c_void_p),
+    ]
 
 
 class _Scratch(threading.local):
@@ -119,19 +135,27 @@ class _Scratch(threading.local):
 
     def __init__(self) -> None:
         self.cap = self.n = 0
+        self.buffers = _Buffers()
 
     def ensure(self, n: int, cap: int) -> None:
+        if n <= self.n and cap <= self.cap:
+            return
         if n > self.n:
             self.n = max(n, 2 * self.n)
             self.text = np.empty(self.n, np.uint8)
         if cap > self.cap:
             self.cap = max(cap, 2 * self.cap)
             self.wide = np.empty((3, self.cap), np.int64)  # time, usage, text start
-            self.ints = np.empty((5, self.cap), np.int32)  # chars, bytes, text id, ids, first
-            self.table = np.empty(1 << (2 * self.cap - 1).bit_length(), np.int32)
+            self.ints = np.empty((6, self.cap), np.int32)  # chars, bytes, text id, ids, first, slot
+            # every slot -1 between scans (the scanner empties the ones it fills)
+            self.table = np.full(1 << (2 * self.cap - 1).bit_length(), -1, np.int32)
             self.info = np.empty(10, np.int64)
-            self.wide_ptrs = [_ptr(self.wide) + i * self.wide.strides[0] for i in range(3)]
-            self.int_ptrs = [_ptr(self.ints) + i * self.ints.strides[0] for i in range(5)]
+        wide = [_ptr(self.wide) + i * self.wide.strides[0] for i in range(3)]
+        ints = [_ptr(self.ints) + i * self.ints.strides[0] for i in range(6)]
+        self.buffers = _Buffers(
+            self.cap, wide[0], wide[1], ints[0], ints[1], ints[2], ints[3], _ptr(self.text),
+            ints[4], ints[5], wide[2], _ptr(self.table), len(self.table), _ptr(self.info),
+        )  # fmt: skip
 
 
 _scratch = _Scratch()
@@ -142,22 +166,18 @@ def scan(reads: list[tuple[int, bytes]], *, chat: bool) -> Scan | None:
     lib = library()
     if lib is None or not reads:
         return None
-    stream = b"".join([data for _, data in reads])
+    times, datas = zip(*reads, strict=True)
+    stream = b"".join(datas)
     n = len(stream)
     if n == 0:
         return None
-    ends = np.cumsum(np.fromiter((len(d) for _, d in reads), np.int64, len(reads)))
-    times = np.fromiter((t for t, _ in reads), np.int64, len(reads))
-    cap = n // 9 + 1  # the most events `n` bytes can hold: `data: X\n\n` is 9 bytes
+    read_lengths = array("q", map(len, datas))
+    read_times = array("q", times)
     b = _scratch
-    b.ensure(n, cap)
-    table_size = 1 << (2 * cap - 1).bit_length()  # at most the scratch table's size
-    t_ptr, usage_ptr, start_ptr = b.wide_ptrs
-    chars_ptr, bytes_ptr, text_ptr, ids_ptr, first_ptr = b.int_ptrs
+    b.ensure(n, n // 9 + 1)  # the most events `n` bytes can hold: `data: X\n\n` is 9 bytes
     status = lib.sse_scan(
-        stream, n, _ptr(ends), _ptr(times), len(reads), int(chat), cap,
-        t_ptr, chars_ptr, bytes_ptr, text_ptr, usage_ptr, ids_ptr,
-        _ptr(b.text), first_ptr, start_ptr, _ptr(b.table), table_size, _ptr(b.info),
+        stream, n, read_lengths.buffer_info()[0], read_times.buffer_info()[0], len(reads), chat,
+        b.buffers,
     )  # fmt: skip
     if status != 0:
         return None
@@ -167,7 +187,7 @@ def scan(reads: list[tuple[int, bytes]], *, chat: bool) -> Scan | None:
     if _OPEN_TAG_BYTES in text_bytes:
         return None
     wide = b.wide[:, :count].copy()
-    ints = b.ints[:, :count].copy()
+    ints = b.ints[:4, :count].copy()
     starts = b.wide[2, :n_distinct].tolist()
     lengths = b.ints[1][b.ints[4, :n_distinct]].tolist() if n_distinct else []
     distinct = [text_bytes[s : s + k] for s, k in zip(starts, lengths, strict=True)]

@@ -1,6 +1,6 @@
 /* The common OpenAI streamed response, scanned without a Python object per event.
  *
- * `sse_scan` takes one whole stream (every socket read joined) with the end offset and time of
+ * `sse_scan` takes one whole stream (every socket read joined) with the length and time of
  * each read, and fills per-event arrays: the time of the read that brought the event's closing
  * blank line, its text's code points and UTF-8 bytes (the text decoded into `text`), an id per
  * distinct text, the usage so far it carries and the length of its `token_ids`. It accepts only
@@ -8,7 +8,8 @@
  * anything else (another SSE field, a comment, \r, invalid JSON or UTF-8, an `error` event, a
  * field of an unexpected type, a number that does not fit, a delta's `reasoning_content`,
  * `reasoning` or `tool_calls` that is not null) returns FALLBACK and the Python parser decides.
- * The JSON grammar is RFC 8259's, checked in full for every event.
+ * The JSON grammar is RFC 8259's, checked in full for every event (an event that repeats the
+ * one before it but for its text string is checked as that one was: `repeat_event`).
  *
  * Built by `harness.sse_native` with the C compiler when there is one; plain C99, no Python
  * headers, loaded with ctypes. */
@@ -37,7 +38,15 @@ typedef struct { /* one event's findings */
     const uint8_t *id_start, *id_end;         /* a string id (raw, quotes included) */
     const uint8_t *finish_start, *finish_end; /* a non-empty finish_reason string */
     const uint8_t *usage_start, *usage_end;   /* a non-empty usage object */
+    const uint8_t *text_at, *text_end; /* the string the text came from (quotes included) */
 } Event;
+
+/* No text (yet): a null text, a delta or `choices` that replaces an earlier one's. */
+static inline void forget_text(Event *e) {
+    e->has_text = 0;
+    e->text_bytes = e->text_chars = 0;
+    e->text_at = e->text_end = NULL;
+}
 
 static inline void skip_ws(Cur *c) {
     while (c->p < c->end && (*c->p == ' ' || *c->p == '\t')) c->p++;
@@ -323,14 +332,15 @@ static int parse_key(Cur *c) {
 /* A text field's value: a string (decoded to `text`) or null; anything else falls back. */
 static int text_value(Cur *c, uint8_t *text, Event *e) {
     if (c->p < c->end && *c->p == '"') {
+        e->text_at = c->p;
         if (parse_string(c, text, &e->text_bytes, &e->text_chars)) return FALLBACK;
+        e->text_end = c->p;
         e->has_text = e->text_bytes > 0;
         return 0;
     }
     if (is_null(c)) {
         c->p += 4;
-        e->has_text = 0;
-        e->text_bytes = e->text_chars = 0;
+        forget_text(e);
         return 0;
     }
     return FALLBACK;
@@ -379,8 +389,7 @@ static int parse_choice(Cur *c, int chat, uint8_t *text, Event *e) {
         if (!chat && key == KEY_TEXT) {
             if (text_value(c, text, e)) return FALLBACK;
         } else if (chat && key == KEY_DELTA) {
-            e->has_text = 0; /* the last delta decides; a delta that is not an object: no text */
-            e->text_bytes = e->text_chars = 0;
+            forget_text(e); /* the last delta decides; a delta that is not an object: no text */
             if (c->p < c->end && *c->p == '{') {
                 if (parse_delta(c, text, e)) return FALLBACK;
             } else if (skip_value(c)) return FALLBACK;
@@ -428,8 +437,7 @@ static int parse_usage(Cur *c, Event *e) {
 /* `choices`: null, [] or a list whose first item is an object (the one read). */
 static int parse_choices(Cur *c, int chat, uint8_t *text, Event *e) {
     /* the last `choices` key decides: forget an earlier one's findings */
-    e->has_text = 0;
-    e->text_bytes = e->text_chars = 0;
+    forget_text(e);
     e->n_ids = -1;
     e->finish_start = e->finish_end = NULL;
     if (is_null(c)) { c->p += 4; return 0; }
@@ -486,79 +494,150 @@ static int parse_event(Cur *c, int chat, uint8_t *text, Event *e) {
     return 0;
 }
 
-/* info: [0] events (not counting [DONE]), [1] 1 if [DONE] ended the stream, [2] text bytes,
+/* An event read in full whose text came from one string, kept to read the events after it
+ * that repeat it byte for byte but for that string: a server's chunks differ in their text
+ * only (the id, model, index and nulls repeat), so most events are read with two compares
+ * and one string instead of the whole grammar. */
+typedef struct {
+    const uint8_t *payload; /* NULL: no template yet */
+    int64_t head;           /* bytes up to the text string's opening quote, included */
+    int64_t tail;           /* bytes after its closing quote, the `\n\n` included */
+    Event e;
+} Template;
+
+static void keep_template(Template *t, const uint8_t *payload, const uint8_t *event_end,
+                          const Event *e) {
+    if (!e->text_at) return;
+    t->payload = payload;
+    t->head = e->text_at - payload + 1;
+    t->tail = event_end - e->text_end;
+    t->e = *e;
+}
+
+/* The event at `payload` read as a repeat of the template: its end (after the `\n\n`), or
+ * NULL when it is not one (the full parser reads it then). The bytes before the string being
+ * the template's, the parser stands in the same state at the string; the bytes after it
+ * being the template's too, it makes the same findings there: the full parse's result. The
+ * spans (id, finish reason, usage) stay the template's: no span holds the text string, so
+ * each one's bytes are the same in both events. */
+static const uint8_t *repeat_event(const Template *t, const uint8_t *payload, const uint8_t *end,
+                                   uint8_t *text, Event *e) {
+    if (!t->payload || end - payload < t->head + t->tail || memcmp(payload, t->payload, t->head))
+        return NULL;
+    Cur c = {payload + t->head - 1, end, 0};
+    int64_t n_bytes, n_chars;
+    if (parse_string(&c, text, &n_bytes, &n_chars)) return NULL;
+    if (end - c.p < t->tail || memcmp(c.p, t->e.text_end, (size_t)t->tail)) return NULL;
+    *e = t->e;
+    e->has_text = n_bytes > 0;
+    e->text_bytes = n_bytes;
+    e->text_chars = n_chars;
+    return c.p + t->tail;
+}
+
+/* The caller's buffers, kept from stream to stream: per-event arrays of `cap` entries, the
+ * decoded text (room for the stream's bytes), per distinct text its first event, its start in
+ * `text` and its slot in `table`, and `info`. `table` (`table_size` slots, a power of two of
+ * at least 2 * cap) holds the distinct texts' ids and is all -1 between calls: a call empties
+ * the slots it filled, so no call clears the whole table.
+ *
+ * info: [0] events (not counting [DONE]), [1] 1 if [DONE] ended the stream, [2] text bytes,
  * [3] distinct texts, [4..5] the first string id's span, [6..7] the last non-empty
- * finish_reason's span, [8..9] the last non-empty usage object's span (offsets into `s`;
- * -1: none). Returns 0, or FALLBACK for anything the Python parser must decide. */
-int64_t sse_scan(const uint8_t *s, int64_t n, const int64_t *read_ends, const int64_t *read_t,
-                 int64_t n_reads, int32_t chat, int64_t cap, int64_t *ev_t, int32_t *ev_chars,
-                 int32_t *ev_bytes, int32_t *ev_text, int64_t *ev_usage, int32_t *ev_ids,
-                 uint8_t *text, int32_t *first_of_text, int64_t *text_start, int32_t *table,
-                 int64_t table_size, int64_t *info) {
+ * finish_reason's span, [8..9] the last non-empty usage object's span (offsets into the
+ * stream; -1: none). */
+typedef struct {
+    int64_t cap;
+    int64_t *ev_t;     /* the time of the read that completed the event */
+    int64_t *ev_usage; /* the usage so far it carries; NONE_I64: none */
+    int32_t *ev_chars; /* its text's code points (0: no text) */
+    int32_t *ev_bytes; /* its text's UTF-8 bytes */
+    int32_t *ev_text;  /* its distinct text's id; -1: none */
+    int32_t *ev_ids;   /* the length of its token_ids; -1: none */
+    uint8_t *text;
+    int32_t *first_of_text;
+    int32_t *slot_of_text;
+    int64_t *text_start;
+    int32_t *table;
+    int64_t table_size;
+    int64_t *info;
+} Buffers;
+
+/* The id of the text just decoded at `text + text_pos` (FNV-1a, open addressing, compared
+ * byte for byte), a new one if it is the first of its kind. */
+static int32_t text_id(Buffers *b, int64_t event, int64_t text_pos, int64_t n_bytes,
+                       int64_t *n_distinct) {
+    const uint8_t *t = b->text + text_pos;
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t k = 0; k < n_bytes; k++) h = (h ^ t[k]) * 1099511628211ULL;
+    int64_t mask = b->table_size - 1;
+    for (int64_t slot = (int64_t)(h & (uint64_t)mask);; slot = (slot + 1) & mask) {
+        int32_t id = b->table[slot];
+        if (id < 0) {
+            id = (int32_t)(*n_distinct)++;
+            b->table[slot] = id;
+            b->slot_of_text[id] = (int32_t)slot;
+            b->first_of_text[id] = (int32_t)event;
+            b->text_start[id] = text_pos;
+            return id;
+        }
+        if (b->ev_bytes[b->first_of_text[id]] == n_bytes &&
+            !memcmp(b->text + b->text_start[id], t, (size_t)n_bytes))
+            return id;
+    }
+}
+
+static int64_t scan_events(const uint8_t *s, int64_t n, const int64_t *read_lengths,
+                           const int64_t *read_t, int64_t n_reads, int32_t chat, Buffers *b,
+                           int64_t *n_distinct) {
     const uint8_t *p = s, *end = s + n;
-    int64_t n_events = 0, text_pos = 0, n_distinct = 0, read = 0;
+    int64_t n_events = 0, text_pos = 0, read = 0, read_end = n_reads ? read_lengths[0] : 0;
+    int64_t *info = b->info;
     int saw_done = 0;
+    Template tpl = {NULL, 0, 0, {0}};
     for (int i = 4; i < 10; i++) info[i] = -1;
-    for (int64_t i = 0; i < table_size; i++) table[i] = -1;
     if (n == 0) return FALLBACK;
     while (p < end) {
         if (saw_done) return FALLBACK; /* data after [DONE] */
         if (end - p < 6 || memcmp(p, "data: ", 6)) return FALLBACK;
         const uint8_t *payload = p + 6;
-        if (end - payload >= 8 && !memcmp(payload, "[DONE]\n\n", 8)) {
-            saw_done = 1;
-            p = payload + 8;
-            while (read < n_reads && read_ends[read] <= (p - 1) - s) read++;
-            if (read >= n_reads) return FALLBACK;
-            continue;
-        }
-        if (n_events >= cap) return FALLBACK;
+        const uint8_t *next;
         Event e;
-        /* The event is parsed up to the stream's end: neither the grammar (space and tab are
-         * its only whitespace here) nor a string (no raw control character) takes a newline or
-         * a \r, so a good event stops exactly before its `\n\n`. */
-        Cur c = {payload, end, 0};
-        if (parse_event(&c, chat, text + text_pos, &e)) return FALLBACK;
-        if (end - c.p < 2 || c.p[0] != '\n' || c.p[1] != '\n') return FALLBACK;
-        p = c.p + 2;
+        int is_done = end - payload >= 8 && !memcmp(payload, "[DONE]\n\n", 8);
+        if (is_done) {
+            saw_done = 1;
+            next = payload + 8;
+        } else if (n_events >= b->cap) {
+            return FALLBACK;
+        } else if (!(next = repeat_event(&tpl, payload, end, b->text + text_pos, &e))) {
+            /* The event is parsed up to the stream's end: neither the grammar (space and tab
+             * are its only whitespace here) nor a string (no raw control character) takes a
+             * newline or a \r, so a good event stops exactly before its `\n\n`. */
+            Cur c = {payload, end, 0};
+            if (parse_event(&c, chat, b->text + text_pos, &e)) return FALLBACK;
+            if (end - c.p < 2 || c.p[0] != '\n' || c.p[1] != '\n') return FALLBACK;
+            next = c.p + 2;
+            keep_template(&tpl, payload, next, &e);
+        }
+        p = next;
         /* the event's time: the read that brought its second newline */
-        while (read < n_reads && read_ends[read] <= (p - 1) - s) read++;
+        while (read < n_reads && read_end <= (p - 1) - s)
+            if (++read < n_reads) read_end += read_lengths[read];
         if (read >= n_reads) return FALLBACK;
+        if (is_done) continue;
         int64_t i = n_events++;
-        ev_t[i] = read_t[read];
-        ev_usage[i] = e.usage_completion;
-        ev_ids[i] = (int32_t)e.n_ids;
+        b->ev_t[i] = read_t[read];
+        b->ev_usage[i] = e.usage_completion;
+        b->ev_ids[i] = (int32_t)e.n_ids;
         if (e.has_text) {
             if (e.text_chars > INT32_MAX) return FALLBACK;
-            ev_chars[i] = (int32_t)e.text_chars;
-            ev_bytes[i] = (int32_t)e.text_bytes;
-            /* the id of this text: FNV-1a, open addressing, compared byte for byte */
-            uint64_t h = 1469598103934665603ULL;
-            const uint8_t *t = text + text_pos;
-            for (int64_t k = 0; k < e.text_bytes; k++) h = (h ^ t[k]) * 1099511628211ULL;
-            int64_t slot = (int64_t)(h & (uint64_t)(table_size - 1));
-            for (;;) {
-                int32_t id = table[slot];
-                if (id < 0) {
-                    table[slot] = (int32_t)n_distinct;
-                    first_of_text[n_distinct] = (int32_t)i;
-                    text_start[n_distinct] = text_pos;
-                    ev_text[i] = (int32_t)n_distinct++;
-                    break;
-                }
-                int32_t first = first_of_text[id];
-                if (ev_bytes[first] == e.text_bytes &&
-                    !memcmp(text + text_start[id], t, (size_t)e.text_bytes)) {
-                    ev_text[i] = id;
-                    break;
-                }
-                slot = (slot + 1) & (table_size - 1);
-            }
+            b->ev_chars[i] = (int32_t)e.text_chars;
+            b->ev_bytes[i] = (int32_t)e.text_bytes;
+            b->ev_text[i] = text_id(b, i, text_pos, e.text_bytes, n_distinct);
             text_pos += e.text_bytes;
         } else {
-            ev_chars[i] = 0;
-            ev_bytes[i] = 0;
-            ev_text[i] = -1;
+            b->ev_chars[i] = 0;
+            b->ev_bytes[i] = 0;
+            b->ev_text[i] = -1;
         }
         if (e.id_start && info[4] < 0) { info[4] = e.id_start - s; info[5] = e.id_end - s; }
         if (e.finish_start) { info[6] = e.finish_start - s; info[7] = e.finish_end - s; }
@@ -567,6 +646,17 @@ int64_t sse_scan(const uint8_t *s, int64_t n, const int64_t *read_ends, const in
     info[0] = n_events;
     info[1] = saw_done;
     info[2] = text_pos;
-    info[3] = n_distinct;
+    info[3] = *n_distinct;
     return 0;
+}
+
+/* Scan one whole stream `s` of `n` bytes, read in `n_reads` reads of `read_lengths` bytes at
+ * times `read_t`, into `b` (see Buffers). Returns 0, or FALLBACK for anything the Python
+ * parser must decide. */
+int64_t sse_scan(const uint8_t *s, int64_t n, const int64_t *read_lengths, const int64_t *read_t,
+                 int64_t n_reads, int32_t chat, Buffers *b) {
+    int64_t n_distinct = 0;
+    int64_t status = scan_events(s, n, read_lengths, read_t, n_reads, chat, b, &n_distinct);
+    for (int64_t i = 0; i < n_distinct; i++) b->table[b->slot_of_text[i]] = -1;
+    return status;
 }

@@ -22,6 +22,9 @@ from harness.http.reasoning import Part
 from harness.http.sse import ParsedStream
 from slo.runrecord import RequestRecord
 
+# plain ints: numpy compares an int8 array with an IntEnum member several times slower
+_ANSWER, _REASONING = int(Part.ANSWER), int(Part.REASONING)
+
 
 def usage_reasoning_tokens(usage: dict) -> int | None:
     """`usage.completion_tokens_details.reasoning_tokens` when it is a count, else None."""
@@ -58,13 +61,16 @@ def set_reasoning(
         if reasoning is not None and total is not None:
             record.output_answer_tokens = max(total - reasoning, 0)
         return np.zeros(len(part), bool)
-    is_reasoning = part == Part.REASONING
     has_tokens = parsed.n_tokens > 0
+    if not part.any():  # every chunk answer (Part.ANSWER is 0): the common stream
+        record.output_reasoning_tokens = 0
+        record.output_answer_tokens = int(parsed.n_tokens.sum())
+        record.t_first_answer_token_ns = _first(parsed.t_ns, has_tokens, t0_ns)
+        return np.zeros(len(part), bool)
+    is_reasoning = part == _REASONING
     record.output_reasoning_tokens = int(parsed.n_tokens[is_reasoning].sum())
     record.output_answer_tokens = int(parsed.n_tokens[~is_reasoning].sum())
-    record.t_first_reasoning_token_ns = _first(
-        parsed.t_ns, has_tokens & (part != Part.ANSWER), t0_ns
-    )
+    record.t_first_reasoning_token_ns = _first(parsed.t_ns, has_tokens & (part != _ANSWER), t0_ns)
     record.t_first_answer_token_ns = _first(parsed.t_ns, has_tokens & ~is_reasoning, t0_ns)
     reasoning_times = parsed.t_ns[has_tokens & is_reasoning]
     if reasoning_times.size:

@@ -5,13 +5,14 @@ timestamps the transport stamped), never on how long the machine took."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections import Counter
 
 import pytest
 from fake_transport import FakeTransport, Stream, stream
 
 from harness.http.client import RawResult, RequestPayload
-from harness.load.loadgen import LoadPlan, LoadResult, run_load
+from harness.load.loadgen import LOAD_GC_THRESHOLD, LoadPlan, LoadResult, run_load
 from slo.runrecord import RequestStatus
 
 LOOSE_LAG_NS = 1_000_000_000  # sanity bound only: far above any schedule here
@@ -308,3 +309,33 @@ def test_cancelling_during_warmup_reports_the_warmup_requests():
         **not_sent,
     }
     assert all(r.t_scheduled_ns is None for r in run.results if r.request_id in not_sent)
+
+
+class ResultsWatchingGc(list):
+    """A results list that notes the collector's first threshold as each result comes in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thresholds: list[int] = []
+
+    def append(self, raw: RawResult) -> None:
+        self.thresholds.append(gc.get_threshold()[0])
+        super().append(raw)
+
+
+@pytest.mark.parametrize("cancel", [False, True], ids=["finished", "cancelled"])
+def test_the_young_generation_is_collected_less_often_while_the_load_runs(cancel):
+    """The collector's first threshold is LOAD_GC_THRESHOLD while requests are answered (r0
+    ends during the load either way), and the caller's again once the load ends, also when
+    it is cancelled."""
+    script = _quick_or_hang if cancel else stream(["a"])
+    run = Run(FakeTransport(script), LoadPlan(_payloads(3), None, concurrency=2))
+    run.results = ResultsWatchingGc()
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, *before[1:])
+        asyncio.run(_cancel_when(run, in_flight=2, reported=1) if cancel else run.go())
+        assert gc.get_threshold() == (700, *before[1:])
+    finally:
+        gc.set_threshold(*before)
+    assert run.results.thresholds[0] == LOAD_GC_THRESHOLD

@@ -185,6 +185,16 @@ def test_records_of_a_stream_without_reasoning_put_every_token_in_the_answer():
     assert not chunks.reasoning.any()
 
 
+def test_records_of_a_stream_without_reasoning_start_the_answer_at_its_first_token():
+    """A role-only first event carries no token: the first answer token is the next event's."""
+    reads = _chat({"role": "assistant", "content": ""}, {"content": "a"}, {"content": "b"})
+    record, chunks = to_rows(_raw(reads), 3, RecordContext(t0_ns=0, is_chat=True))
+    assert record.t_first_answer_token_ns == record.t_first_token_ns == 20
+    assert (record.output_reasoning_tokens, record.output_answer_tokens) == (0, 2)
+    assert record.t_first_reasoning_token_ns is None and record.t_last_reasoning_token_ns is None
+    assert chunks.reasoning.tolist() == [False, False, False]
+
+
 def test_records_of_a_whole_answer_take_the_servers_reasoning_count():
     body = {"id": "c", "choices": [{"index": 0, "finish_reason": "stop", "message": {
         "content": "yes", "reasoning_content": "hmm"}}],
