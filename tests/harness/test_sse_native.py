@@ -422,6 +422,12 @@ def test_random_streams_parse_alike(events, done, chat, ascii_only, cut):
     ) + (DONE if done else b"")
     if not blob:
         return
+    assert_parse_alike(blob, chat, cut)
+
+
+def assert_parse_alike(blob: bytes, chat: bool, cut: int) -> None:
+    """The scanner and the Python parser give the same parse of `blob`, read whole and in
+    reads of `cut` bytes (no monkeypatch: Hypothesis tests call it once per example)."""
     for sizes in ([len(blob)], [cut] * (len(blob) // cut + 1)):
         reads = _reads(blob, sizes)
         native = sse.parse_stream(reads, chat=chat)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sse import _reads
-from test_sse_native import DONE, _agree, _event, event, json_text
+from test_sse_native import DONE, _agree, _event, assert_parse_alike, event, json_text
 
 from harness.http import sse, sse_native
 
@@ -187,13 +187,4 @@ def test_random_events_repeated_with_other_texts_parse_alike(
         )
         + DONE
     )
-    for sizes in ([len(blob)], [cut] * (len(blob) // cut + 1)):
-        reads = _reads(blob, sizes)
-        native = sse.parse_stream(reads, chat=chat)
-        sse_native._tried, saved = True, sse_native._lib
-        sse_native._lib = None  # no scanner: the Python parser
-        try:
-            python = sse.parse_stream(reads, chat=chat)
-        finally:
-            sse_native._lib = saved
-        assert native == python
+    assert_parse_alike(blob, chat, cut)
