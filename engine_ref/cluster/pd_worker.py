@@ -169,12 +169,14 @@ class PrefillRun(GenerationRun):
         }  # fmt: skip
         staging, taken = self.worker.staging, []
 
-        def export(engine) -> KVHandoff:  # into a buffer a previous handoff used (`core.staging`)
-            taken.append(staging.take(engine.exporter.export_nbytes(engine_id)))
-            return engine.exporter.export(engine_id, out=taken[0])
+        def take(nbytes: int):  # a buffer a previous handoff used (`core.staging`)
+            taken.append(staging.take(nbytes))
+            return taken[-1]
 
         try:
-            handoff: KVHandoff = await self.engine_loop.call(export)
+            handoff: KVHandoff = await self.engine_loop.call(
+                lambda engine: engine.exporter.export(engine_id, allocate=take)
+            )
             record["first_token_ids"] = list(handoff.token_ids[handoff.num_prompt_tokens :])
             extra = {
                 "transfer_id": self.transfer_id,

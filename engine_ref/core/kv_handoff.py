@@ -41,6 +41,7 @@ evicted KV (`core.kv_eviction`). An install passes the engine's admission like a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -216,22 +217,12 @@ class HandoffExporter:
             output.kv_memory = None if acc is None else acc.report(accounting.geometry)
         return outputs
 
-    def export_nbytes(self, request_id: str) -> int:
-        """Bytes of the `out` buffer `export` takes for this held request (0 if not held)."""
-        seq = self._held.get(request_id)
-        if seq is None:
-            return 0
-        runner = self.engine.model_runner
-        return kv_layout.gather_nbytes(
-            runner.kv_caches,
-            runner.kv_format,
-            seq.num_computed_tokens,
-            self.engine.config.block_size,
-        )
-
-    def export(self, request_id: str, out: torch.Tensor | None = None) -> KVHandoff:
+    def export(
+        self, request_id: str, allocate: Callable[[int], torch.Tensor] | None = None
+    ) -> KVHandoff:
         """A copy of a held request's KV and state (its blocks stay held until `release`);
-        `out` (uint8, `export_nbytes` bytes) holds the blocks' copies (`kv_layout.gather`)."""
+        `allocate(nbytes)` gives the uint8 buffer the blocks' copies go into
+        (`kv_layout.gather`)."""
         seq = self._held.get(request_id)
         if seq is None:
             if request_id in self._prefilling:
@@ -270,7 +261,7 @@ class HandoffExporter:
                     seq.block_table,
                     seq.num_computed_tokens,
                     engine.config.block_size,
-                    out,
+                    allocate,
                 )
             ),
             generator_state=None if generator is None else generator.get_state().numpy().tobytes(),

@@ -12,7 +12,7 @@ torch's CPU copies and index ops do not all take float8.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -23,7 +23,6 @@ __all__ = [
     "convert",
     "dequantize",
     "gather",
-    "gather_nbytes",
     "join",
     "raw",
     "reblock",
@@ -39,8 +38,8 @@ def raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
-def gather_nbytes(pools: Sequence[KVPool], fmt: KVFormat, num_tokens: int, block_size: int) -> int:
-    """Bytes of the buffer `gather` fills for `num_tokens` tokens (`out`)."""
+def _gather_nbytes(pools: Sequence[KVPool], fmt: KVFormat, num_tokens: int, block_size: int) -> int:
+    """Bytes of the buffer `gather` fills for `num_tokens` tokens."""
     num_blocks = -(-num_tokens // block_size)
     heads, _, _, head_dim = pools[0].shape
     rows = num_blocks * len(pools) * heads * block_size
@@ -53,21 +52,21 @@ def gather(
     table: list[int],
     num_tokens: int,
     block_size: int,
-    out: torch.Tensor | None = None,
+    allocate: Callable[[int], torch.Tensor] | None = None,
 ) -> Blocks:
     """Copies, on the CPU, of the blocks `table` that hold `num_tokens` tokens: per block kv
     [L, 2 * kvh, tokens, hd] in `fmt.storage` and, when scaled, scales [L, 2 * kvh, tokens]
-    (the last block cut to the tokens it holds). `out`, a uint8 tensor of `gather_nbytes`
-    bytes, holds the copies (a buffer written before copies several times faster than a fresh
-    one: `core.staging`); the blocks are views of it."""
+    (the last block cut to the tokens it holds). The copies go into one uint8 buffer that
+    `allocate(nbytes)` returns (a buffer written before copies several times faster than a
+    fresh one: `core.staging`), by default a new one; the blocks are views of it."""
     num_blocks = -(-num_tokens // block_size)
     device = pools[0].device
     index = torch.tensor(table[:num_blocks], dtype=torch.long, device=device)
     heads, _, _, head_dim = pools[0].shape
     raw_dtype = raw(torch.empty(0, dtype=fmt.storage)).dtype
     shape = (num_blocks, len(pools), heads, block_size, head_dim)
-    if out is None:
-        out = torch.empty(gather_nbytes(pools, fmt, num_tokens, block_size), dtype=torch.uint8)
+    nbytes = _gather_nbytes(pools, fmt, num_tokens, block_size)
+    out = allocate(nbytes) if allocate is not None else torch.empty(nbytes, dtype=torch.uint8)
     kv_bytes = shape[0] * shape[1] * shape[2] * shape[3] * head_dim * fmt.storage.itemsize
     kv = out[:kv_bytes].view(raw_dtype).view(shape)
     scales = None

@@ -45,10 +45,14 @@ TABLE = [7, 2, 9, 0]
 def test_a_gather_into_a_used_buffer_equals_a_fresh_one(storage, num_tokens):
     pools, fmt = _random_pools(storage), KVFormat(storage)
     fresh = kv_layout.gather(pools, fmt, TABLE, num_tokens, BS)
-    out = torch.full(
-        (kv_layout.gather_nbytes(pools, fmt, num_tokens, BS),), 0xA5, dtype=torch.uint8
-    )
-    reused = kv_layout.gather(pools, fmt, TABLE, num_tokens, BS, out)
+    given: list[torch.Tensor] = []
+
+    def allocate(nbytes: int) -> torch.Tensor:  # a used buffer: every byte already written
+        given.append(torch.full((nbytes,), 0xA5, dtype=torch.uint8))
+        return given[-1]
+
+    reused = kv_layout.gather(pools, fmt, TABLE, num_tokens, BS, allocate)
+    (out,) = given
     assert len(fresh) == len(reused) == -(-num_tokens // BS)
     assert sum(b.shape[2] for b, _ in reused) == num_tokens
     lo, hi = out.data_ptr(), out.data_ptr() + out.numel()
@@ -66,8 +70,7 @@ def test_write_blocks_from_one_buffer_equals_block_by_block(storage, num_tokens)
     source, fmt = _random_pools(storage, seed=1), KVFormat(storage)
     # Blocks evenly spaced in one buffer, as a received handoff's are, and the same blocks
     # each in a tensor of its own.
-    out = torch.empty(kv_layout.gather_nbytes(source, fmt, num_tokens, BS), dtype=torch.uint8)
-    shared = kv_layout.gather(source, fmt, TABLE, num_tokens, BS, out)
+    shared = kv_layout.gather(source, fmt, TABLE, num_tokens, BS)  # one buffer for all
     separate = [(kv.clone(), None if s is None else s.clone()) for kv, s in shared]
     run = kv_layout._evenly_spaced(shared)
     full = num_tokens // BS
