@@ -26,6 +26,7 @@ __all__ = [
     "join",
     "raw",
     "reblock",
+    "slot_runs",
     "write",
     "write_blocks",
 ]
@@ -74,12 +75,22 @@ def gather(
         aligned = kv_bytes % 4 == 0
         scales = out[kv_bytes:].view(torch.float32) if aligned else torch.empty(shape[:-1])
         scales = scales.view(shape[:-1])
+    runs = slot_runs(table[:num_blocks])
     for layer, pool in enumerate(pools):
-        values = pool.values if isinstance(pool, QuantizedKVPool) else pool
-        kv[:, layer] = raw(values).index_select(1, index).transpose(0, 1).cpu()
-        if scales is not None:
-            assert isinstance(pool, QuantizedKVPool)
-            scales[:, layer] = pool.scales.index_select(1, index).transpose(0, 1).cpu()
+        if isinstance(pool, QuantizedKVPool):
+            assert scales is not None
+            pairs = [(raw(pool.values), kv), (pool.scales, scales)]
+        else:
+            pairs = [(raw(pool), kv)]
+        for source, buffer in pairs:
+            target = buffer[:, layer]  # [nb, 2 * kvh, bs(, hd)]
+            if runs is not None:  # consecutive slots: plain strided copies
+                for start, slot, count in runs:
+                    target[start : start + count] = source[:, slot : slot + count].transpose(0, 1)
+            elif device.type == "cpu":  # scattered: one indexed copy straight into the buffer
+                torch.index_select(source, 1, index, out=target.transpose(0, 1))
+            else:
+                target.copy_(source.index_select(1, index).transpose(0, 1))
     kv = kv.view(fmt.storage)
     blocks: Blocks = []
     for j in range(num_blocks):
@@ -161,14 +172,23 @@ def write_blocks(pools: Sequence[KVPool], table: list[int], blocks: Blocks) -> N
     blocks `table`: each straight into its slot. The general path (`join`, `reblock`, `write`)
     makes three fresh copies of the whole KV first; for a 2,048-token SmolLM2 handoff (47 MB)
     that was 110 ms of the install against about 20 ms this way. Full blocks that lie evenly
-    spaced in one buffer (a received handoff's: `cluster.kv_link`) go in with one indexed copy
-    per layer (14.6 against 18.3 ms of block-by-block copies for that handoff)."""
+    spaced in one buffer (a received handoff's: `cluster.kv_link`) go in together: one strided
+    copy per layer and run of consecutive slots (`slot_runs`), or one indexed copy per layer
+    when the slots are scattered (3.9 ms for that handoff, against 10.0 with indexed copies
+    only and 18 block by block)."""
     run = _evenly_spaced(blocks)
     if run is not None:
-        index = torch.tensor(table[: run.shape[0]], dtype=torch.long, device=pools[0].device)
+        n = run.shape[0]
+        runs = slot_runs(table[:n])
+        index = torch.tensor(table[:n], dtype=torch.long, device=pools[0].device)
         for layer, pool in enumerate(pools):
-            raw(pool)[:, index] = raw(run[:, layer]).transpose(0, 1).to(pool.device)
-        table, blocks = table[run.shape[0] :], blocks[run.shape[0] :]
+            source = raw(run[:, layer]).transpose(0, 1).to(pool.device)  # [2 * kvh, n, bs, hd]
+            if runs is None:
+                raw(pool).index_copy_(1, index, source)
+                continue
+            for start, slot, count in runs:
+                raw(pool)[:, slot : slot + count] = source[:, start : start + count]
+        table, blocks = table[n:], blocks[n:]
     for j, (kv, scales) in enumerate(blocks):
         slot, count = table[j], kv.shape[2]
         for layer, pool in enumerate(pools):
@@ -178,6 +198,20 @@ def write_blocks(pools: Sequence[KVPool], table: list[int], blocks: Blocks) -> N
                 pool.scales[:, slot, :count].copy_(scales[layer])
             else:
                 pool[:, slot, :count].copy_(kv[layer])
+
+
+def slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
+    """`slots` as runs of consecutive block ids, (position in `slots`, first id, length) each,
+    or None when they are too scattered for that to pay: a run is one strided copy per layer
+    (3.0 against 7.0 ms of indexed copies for a 128-block SmolLM2 gather on one thread, 3.1
+    against 13.2 for the write), each with a few microseconds of Python around it."""
+    runs: list[tuple[int, int, int]] = []
+    for i, slot in enumerate(slots):
+        if runs and slot == runs[-1][1] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((i, slot, 1))
+    return runs if 4 * len(runs) <= len(slots) else None
 
 
 def _evenly_spaced(blocks: Blocks) -> torch.Tensor | None:

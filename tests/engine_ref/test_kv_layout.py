@@ -38,6 +38,73 @@ def _same(a, b) -> bool:
 
 TOKENS = [BS - 1, BS, BS + 1, 3 * BS, 3 * BS + 1]  # below, at and above a block boundary
 TABLE = [7, 2, 9, 0]
+# Block tables by the copies they take (`slot_runs`): scattered slots an indexed copy, runs of
+# consecutive slots one strided copy each (a run of all, two runs, runs at the 1-in-4 limit).
+TABLES = {
+    "scattered": [7, 2, 9, 0, 5, 11, 1, 3, 6],
+    "one run": [3, 4, 5, 6, 7, 8, 9, 10, 11],
+    "two runs": [8, 9, 10, 11, 0, 1, 2, 3, 4],
+    "three runs": [0, 1, 2, 5, 6, 7, 9, 10, 11, 4, 3, 8],  # 12 slots in 6 runs: too scattered
+}
+
+
+def _reference_gather(pools, num_tokens: int, table: list[int]) -> list:
+    """The blocks `gather` returns, cut out of the pools one block and layer at a time."""
+    blocks = []
+    for j, slot in enumerate(table[: -(-num_tokens // BS)]):
+        count = min(BS, num_tokens - j * BS)
+        values = [p.values if isinstance(p, QuantizedKVPool) else p for p in pools]
+        kv = torch.stack([kv_layout.raw(v)[:, slot, :count] for v in values])
+        scales = None
+        if isinstance(pools[0], QuantizedKVPool):
+            scales = torch.stack([p.scales[:, slot, :count] for p in pools])
+        blocks.append((kv, scales))
+    return blocks
+
+
+def test_slot_runs_by_hand():
+    assert kv_layout.slot_runs([3, 4, 5, 6]) == [(0, 3, 4)]
+    assert kv_layout.slot_runs([8, 9, 10, 11, 0, 1, 2, 3]) == [(0, 8, 4), (4, 0, 4)]
+    assert kv_layout.slot_runs([5]) is None  # 1 run for 1 slot: 4 * 1 > 1
+    assert kv_layout.slot_runs([]) == []
+    assert kv_layout.slot_runs([4, 3, 2, 1]) is None  # descending: four runs of one
+    assert kv_layout.slot_runs([0, 1, 2, 5, 6, 7, 9, 10]) is None  # 3 runs for 8: just over
+    assert kv_layout.slot_runs([0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14]) == [
+        (0, 0, 6), (6, 9, 6),  # 2 runs for 12: under the limit
+    ]  # fmt: skip
+    assert kv_layout.slot_runs(TABLES["three runs"]) is None
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("num_tokens", [BS - 1, BS, BS + 1, 4 * BS + 1, 8 * BS - 1, 8 * BS])
+@pytest.mark.parametrize("table", list(TABLES))
+def test_gather_equals_a_block_by_block_copy(storage, num_tokens, table):
+    pools, fmt = _random_pools(storage, seed=3), KVFormat(storage)
+    slots = TABLES[table]
+    got = kv_layout.gather(pools, fmt, slots, num_tokens, BS)
+    expected = _reference_gather(pools, num_tokens, slots)
+    assert len(got) == len(expected)
+    for (kv, scales), (ref_kv, ref_scales) in zip(got, expected, strict=True):
+        assert kv.dtype == storage and torch.equal(kv_layout.raw(kv), ref_kv)
+        assert (scales is None) == (ref_scales is None)
+        assert scales is None or torch.equal(scales, ref_scales)
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("table", list(TABLES))
+def test_write_blocks_lands_each_block_in_its_slot(storage, table):
+    """Received blocks (one buffer) written to every kind of table, read back block by block."""
+    source, fmt = _random_pools(storage, seed=4), KVFormat(storage)
+    num_tokens = 9 * BS - 3  # 8 full blocks (their runs as in the table's name), a partial one
+    blocks = kv_layout.gather(source, fmt, TABLES["one run"], num_tokens, BS)
+    slots = TABLES[table]
+    pools = _random_pools(storage, seed=5)
+    kv_layout.write_blocks(pools, slots, blocks)
+    for (kv, scales), (got, got_scales) in zip(
+        blocks, _reference_gather(pools, num_tokens, slots), strict=True
+    ):
+        assert torch.equal(kv_layout.raw(kv), got)
+        assert scales is None or torch.equal(scales, got_scales)
 
 
 @pytest.mark.parametrize("storage", STORAGES)
