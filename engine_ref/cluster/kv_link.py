@@ -15,7 +15,9 @@ so a block out of place fails like a block with a flipped bit.
 `encode` yields the frames as views of the handoff's tensors (no copy of all blocks at once);
 `HandoffDecoder` takes bytes as they come, verifies each block's checksum as soon as the block is
 complete (`KVChecksumError` names it) and returns the handoff only when every block has passed;
-a stream that ends early is `KVLinkCut`. Transports: TCP (`cluster.kv_tcp`: `send_handoff` and
+a stream that ends early is `KVLinkCut`. Once the header has given every block's size, the rest
+of the stream lands in one area laid out as on the wire (records and payloads), so a socket can
+receive into it directly (`writable`, `wrote`) and the blocks are views of it. Transports: TCP (`cluster.kv_tcp`: `send_handoff` and
 `KVReceiver`) and shared memory (`write_shm` / `read_shm`: the same frames in a
 `multiprocessing.shared_memory` segment that the reader unlinks after reading, on success and on
 error alike).
@@ -136,9 +138,10 @@ def encoded_size(handoff: KVHandoff) -> int:
 
 
 class HandoffDecoder:
-    """Incremental decoding: `feed` bytes as they arrive, then `result()`. A block's checksum is
-    verified when its last byte arrives; the first failure raises and ends the decoder. Refuses
-    a header announcing more than `max_bytes` of KV."""
+    """Incremental decoding: `feed` bytes as they arrive (or receive straight into `writable()`
+    and report with `wrote(n)`), then `result()`. A block's checksum is verified when its last
+    byte arrives; the first failure raises and ends the decoder. Refuses a header announcing
+    more than `max_bytes` of KV."""
 
     def __init__(
         self, *, max_bytes: int = DEFAULT_MAX_BYTES, staging: StagingBuffers | None = None
@@ -146,18 +149,17 @@ class HandoffDecoder:
         self.max_bytes = max_bytes
         self.received_bytes = 0
         self.staging = staging
-        # Every block's payload, one after the other (from `staging` when given, after the
-        # header): the blocks are views of it. `release_area` gives it back to `staging`.
+        # Everything after the header as it comes off the wire, records and payloads (from
+        # `staging` when given): the blocks are views of its payloads. `release_area` gives it
+        # back to `staging`.
         self.area: torch.Tensor | None = None
-        self._offsets: list[int] = []
+        self._records: list[int] = []  # each block's record offset in the area
         self._meta: dict | None = None
         self._blocks: list[KVBlock] = []
-        self._payload: torch.Tensor | None = None  # the area's part the block being read fills
         self._buf: bytearray | memoryview = bytearray(_PREFIX.size)
         self._filled = 0
-        self._stage = "prefix"  # prefix, header, record, payload, done, failed
+        self._stage = "prefix"  # prefix, header, blocks, done, failed
         self._expected_crc = 0
-        self._record_index = 0
 
     @property
     def done(self) -> bool:
@@ -168,29 +170,52 @@ class HandoffDecoder:
         """The sender's `extra` (`encode`), once the header has arrived."""
         return None if self._meta is None else self._meta.get("extra")
 
+    @property
+    def header(self) -> dict | None:
+        """The header's metadata (checked), once it has arrived: the handoff's fields but its
+        blocks, `block_num_tokens` and `block_nbytes`."""
+        return self._meta
+
+    @property
+    def verified_blocks(self) -> list[KVBlock]:
+        """The blocks that have passed their checksum so far, in order (views of the area)."""
+        return self._blocks
+
+    def writable(self) -> memoryview:
+        """Where the next bytes of the stream go (empty once done): a socket can receive
+        into it directly, then `wrote(n)`. After the header it is the rest of the area."""
+        if self._stage == "failed":
+            raise KVLinkError("The KV transfer already failed; start a new decoder.")
+        return memoryview(self._buf)[self._filled :]
+
+    def wrote(self, num_bytes: int) -> None:
+        """`num_bytes` were written at the start of `writable()`: verify what they complete.
+        Raises KVChecksumError or KVLinkError."""
+        self._filled += num_bytes
+        self.received_bytes += num_bytes
+        try:
+            if self._stage == "blocks":
+                self._verify_blocks()
+            elif self._filled == len(self._buf):
+                self._advance()
+        except KVLinkError:
+            self._stage = "failed"
+            raise
+
     def feed(self, data: bytes | bytearray | memoryview) -> int:
         """Take bytes; returns how many were used (fewer than given once the handoff is
         complete). Raises KVChecksumError or KVLinkError."""
-        if self._stage == "failed":
-            raise KVLinkError("The KV transfer already failed; start a new decoder.")
         with memoryview(data) as outer, outer.cast("B") as view:  # released even on errors
-            return self._feed(view)
-
-    def _feed(self, view: memoryview) -> int:
-        pos = 0
-        while pos < len(view) and not self.done:
-            take = min(len(view) - pos, len(self._buf) - self._filled)
-            self._buf[self._filled : self._filled + take] = view[pos : pos + take]
-            self._filled += take
-            pos += take
-            self.received_bytes += take
-            if self._filled == len(self._buf):
-                try:
-                    self._advance()
-                except KVLinkError:
-                    self._stage = "failed"
-                    raise
-        return pos
+            pos = 0
+            while pos < len(view):
+                with self.writable() as target:
+                    take = min(len(view) - pos, len(target))
+                    if take == 0:
+                        break
+                    target[:take] = view[pos : pos + take]
+                pos += take
+                self.wrote(take)
+            return pos
 
     def result(self) -> KVHandoff:
         """The verified handoff; raises KVLinkCut when the stream is incomplete."""
@@ -221,15 +246,14 @@ class HandoffDecoder:
             return "the header"
         return f"block {len(self._blocks)}"
 
-    def _expect(self, stage: str, num_bytes: int) -> None:
-        self._stage, self._buf, self._filled = stage, bytearray(num_bytes), 0
-
     def release_area(self) -> None:
-        """Give the payload area to `staging` for the next transfer: only once nothing reads
-        the handoff's blocks any more (installed, or dropped)."""
+        """Give the area to `staging` for the next transfer: only once nothing reads the
+        handoff's blocks any more (installed, or dropped)."""
         if self.area is not None and self.staging is not None:
             self.staging.give(self.area)
         self.area = None
+        if self._stage == "blocks":
+            self._stage = "failed"  # its bytes would land in a buffer it no longer owns
 
     def _advance(self) -> None:
         if self._stage == "prefix":
@@ -238,40 +262,34 @@ class HandoffDecoder:
                 raise KVLinkError("The stream is not a KV handoff (bad magic bytes).")
             if length > MAX_HEADER_BYTES:
                 raise KVChecksumError(None)  # a corrupted length: the header cannot be trusted
-            self._expect("header", length)
+            self._stage, self._buf, self._filled = "header", bytearray(length), 0
         elif self._stage == "header":
             if crc32c.crc32c(self._buf) != self._expected_crc:
                 raise KVChecksumError(None)
             self._meta = _check_meta(self._buf, self.max_bytes)
             sizes = self._meta["block_nbytes"]
-            total = sum(sizes)
-            self._offsets = [0, *itertools.accumulate(sizes[:-1])]
+            self._records = [0, *itertools.accumulate(_RECORD.size + n for n in sizes)]
             take = self.staging.take if self.staging is not None else _fresh
-            self.area = take(total)
-            self._next_block()
-        elif self._stage == "record":
-            index, self._expected_crc = _RECORD.unpack(self._buf)
-            self._record_index = index
-            j = len(self._blocks)
-            start, size = self._offsets[j], self._meta["block_nbytes"][j]
-            self._stage, self._filled = "payload", 0
-            self._payload = self.area[start : start + size]
-            self._buf = memoryview(self._payload.numpy())
-        elif self._stage == "payload":
-            expected = len(self._blocks)
-            prefix = struct.pack("<I", self._record_index)
-            crc = crc32c.crc32c(self._buf, crc32c.crc32c(prefix))
-            if crc != self._expected_crc or self._record_index != expected:
-                raise KVChecksumError(expected)
-            self._blocks.append(_block(self._meta, expected, self._payload))
-            self._next_block()
+            self.area = take(self._records[-1])
+            self._stage, self._filled = "blocks", 0
+            self._buf = memoryview(self.area.numpy())
+            self._verify_blocks()  # a handoff of no blocks is complete here
 
-    def _next_block(self) -> None:
-        if len(self._blocks) == len(self._meta["block_nbytes"]):
-            self._stage, self._buf = "done", bytearray()
-            self._payload = None
-        else:
-            self._expect("record", _RECORD.size)
+    def _verify_blocks(self) -> None:
+        """Check every block the bytes so far complete, in order; done after the last."""
+        meta, area = self._meta, self._buf
+        assert meta is not None and self.area is not None
+        while (j := len(self._blocks)) < len(meta["block_nbytes"]):
+            start, end = self._records[j], self._records[j + 1]
+            if end > self._filled:
+                return
+            index, expected_crc = _RECORD.unpack_from(area, start)
+            payload = area[start + _RECORD.size : end]
+            crc = crc32c.crc32c(payload, crc32c.crc32c(struct.pack("<I", index)))
+            if crc != expected_crc or index != j:
+                raise KVChecksumError(j)
+            self._blocks.append(_block(meta, j, self.area[start + _RECORD.size : end]))
+        self._stage, self._buf, self._filled = "done", bytearray(), 0
 
 
 def _check_meta(header: bytearray, max_bytes: int) -> dict:

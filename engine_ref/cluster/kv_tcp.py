@@ -1,7 +1,10 @@
 """The KV link over TCP: `send_handoff` writes a handoff's frames (`kv_link.encode`) to a
-`KVReceiver`, which decodes them as they arrive (`kv_link.HandoffDecoder`: each block's checksum
-verified as soon as the block is complete), hands only verified handoffs to its callback and
-replies one JSON line, so the sender learns whether the handoff was installed or why not.
+`KVReceiver`, which reads them straight into the decoder's area (`HandoffDecoder.writable`),
+verifies each block's checksum as soon as the block is complete, hands only verified handoffs
+to its callback and replies one JSON line, so the sender learns whether the handoff was
+installed or why not. With `on_header`, the receiver also lands verified blocks in blocks
+reserved for them (`core.kv_landing`) while the rest arrives, so the install after the last
+block has little left to copy.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ import json
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
+
+import torch
 
 from engine_ref.cluster.kv_link import (
     DEFAULT_MAX_BYTES,
@@ -26,9 +32,10 @@ from engine_ref.cluster.kv_link import (
 )
 
 # (KVHandoff and StagingBuffers via kv_link: the cluster reaches the core through it alone.)
-__all__ = ["FrameTransform", "KVReceiver", "send_handoff"]
+__all__ = ["FrameTransform", "KVReceiver", "Landing", "send_handoff"]
 
-_READ_CHUNK = 1 << 20
+LAND_BATCH = 16  # verified blocks written to a landing at a time (16 SmolLM2 blocks: 5.9 MB)
+_READ_CHUNK = 1 << 16  # reads dropped after the end or a failure
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -38,6 +45,18 @@ async def _close(writer: asyncio.StreamWriter) -> None:
         await writer.wait_closed()
     except OSError:
         pass
+
+
+class Landing(Protocol):
+    """Where a receiver writes verified blocks before the install (`KVReceiver.on_header`)."""
+
+    written: int  # blocks written so far
+
+    def write(self, first: int, blocks: list[tuple[torch.Tensor, torch.Tensor | None]]) -> None:
+        """Blocks `first`, `first + 1`, ... (kv, scales), in order."""
+
+    def release(self) -> None:
+        """The transfer failed: give the reserved blocks back."""
 
 
 # Rewrites a handoff's frames on their way to the socket (`send_handoff`'s fault seam).
@@ -118,7 +137,11 @@ class KVReceiver:
     `on_handoff` (plain or async) gets each verified handoff and installs it; what it raises is
     replied to the sender (class name and message). A transfer that fails verification, is cut,
     or stalls past `timeout_s` never reaches `on_handoff`; `on_error`, if given, sees its error.
-    With `with_extra`, `on_handoff(handoff, extra)` also gets the sender's `extra` (or None)."""
+    With `with_extra`, `on_handoff(handoff, extra)` also gets the sender's `extra` (or None).
+
+    The socket reads straight into the decoder's area (`HandoffDecoder.writable`): after the
+    header, each read lands where the bytes belong and the blocks it completes are verified
+    while the sender sends on, so nothing is copied on this side but by the socket itself."""
 
     on_handoff: Callable[..., object | Awaitable[object]]
     host: str = "127.0.0.1"
@@ -130,12 +153,19 @@ class KVReceiver:
     # Reuse the buffers transfers are read into (`core.staging`): then a handoff's blocks are
     # valid only until `on_handoff` returns (an install copies them out).
     staging: StagingBuffers | None = None
+    # Land blocks while the rest arrives: `on_header(header, extra)` (async) runs once the
+    # header has arrived and returns None or a landing (`write(first, blocks)`, `release()`);
+    # each verified block is then written through it (LAND_BATCH at a time, the rest before
+    # `on_handoff`), and a transfer that fails releases it. `on_handoff` finds it by itself.
+    on_header: Callable[[dict, dict | None], Awaitable[Landing | None]] | None = None
 
     def __post_init__(self) -> None:
         self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> KVReceiver:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Transfer(self), self.host, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -144,6 +174,8 @@ class KVReceiver:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
 
     async def __aenter__(self) -> KVReceiver:
         return await self.start()
@@ -151,45 +183,159 @@ class KVReceiver:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        reply: dict = {"ok": True}
-        decoder = HandoffDecoder(max_bytes=self.max_bytes, staging=self.staging)
+
+class _Transfer(asyncio.BufferedProtocol):
+    """One connection of a `KVReceiver`: reading, then installing (`on_handoff` runs), then
+    replied; or failed, then discarding what the sender still sends (up to `max_bytes`, so
+    the reply is not lost to a reset) until it half-closes or goes quiet for a second."""
+
+    def __init__(self, receiver: KVReceiver) -> None:
+        self.receiver = receiver
+        self.decoder = HandoffDecoder(max_bytes=receiver.max_bytes, staging=receiver.staging)
+        self.state = "reading"  # then installing (and replied), or failed
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.last_read_s = self.loop.time()
+        self.discarded = 0
+        self._scratch: bytearray | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.landing: Landing | None = None
+        self._landing_task: asyncio.Task | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self._arm(self.receiver.timeout_s)
+
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        if self.state == "reading" and not self.decoder.done:
+            return self.decoder.writable()
+        if self._scratch is None:  # past the end, or after a failure: read and dropped
+            self._scratch = bytearray(_READ_CHUNK)
+        return self._scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_read_s = self.loop.time()
+        if self.state != "reading":
+            self.discarded += nbytes
+            if self.state == "failed" and self.discarded > self.receiver.max_bytes:
+                self._close()
+            return
         try:
-            while not decoder.done:
-                chunk = await asyncio.wait_for(reader.read(_READ_CHUNK), self.timeout_s)
-                if not chunk:
-                    break
-                decoder.feed(chunk)
-            handoff = decoder.result()  # KVLinkCut unless every block arrived and passed
-            args = (handoff, decoder.extra) if self.with_extra else (handoff,)
-            result = self.on_handoff(*args)
+            self.decoder.wrote(nbytes)
+        except KVLinkError as exc:
+            self._fail(exc)
+            return
+        on_header = self.receiver.on_header
+        if on_header is not None and self._landing_task is None and self.decoder.header:
+            decoder = self.decoder
+            self._landing_task = self.loop.create_task(on_header(decoder.header, decoder.extra))
+            self._landing_task.add_done_callback(self._landing_ready)
+        self._land(LAND_BATCH)
+        if self.decoder.done:
+            self.state = "installing"
+            task = self.loop.create_task(self._install())
+            self.receiver._tasks.add(task)
+            task.add_done_callback(self.receiver._tasks.discard)
+
+    def eof_received(self) -> bool:
+        if self.state == "reading":
+            self._fail(KVLinkCut(self.decoder.received_bytes, self.decoder._where()))
+        if self.state == "failed":
+            self._close()  # the sender sends nothing more: the reply was its last word
+        return True  # keep the write side open: the reply may still be on its way
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self.state == "reading":  # reset by the sender: nobody to reply to
+            self.state = "failed"
+            self._release_landing()
+            self._report(KVLinkCut(self.decoder.received_bytes, self.decoder._where()))
+        if self.state != "installing":
+            self.decoder.release_area()
+
+    def _landing_ready(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return  # no landing (no free blocks, say): the install writes every block
+        self.landing = task.result()
+        if self.state == "failed":
+            self._release_landing()
+        else:
+            self._land(LAND_BATCH)
+
+    def _land(self, at_least: int) -> None:
+        """Write the verified blocks not landed yet, when there are `at_least` of them."""
+        landing = self.landing
+        if landing is None or self.state == "failed":
+            return
+        blocks = self.decoder.verified_blocks
+        first = landing.written
+        if len(blocks) - first >= max(at_least, 1):
+            landing.write(first, [(b.kv, b.scales) for b in blocks[first:]])
+
+    def _release_landing(self) -> None:
+        if self.landing is not None:
+            self.landing.release()
+            self.landing = None
+
+    async def _install(self) -> None:
+        receiver = self.receiver
+        reply: dict = {"ok": True}
+        try:
+            if self._landing_task is not None:
+                await asyncio.wait([self._landing_task])
+                self._land(1)  # the last blocks: all landed before the install
+            handoff = self.decoder.result()
+            args = (handoff, self.decoder.extra) if receiver.with_extra else (handoff,)
+            result = receiver.on_handoff(*args)
             if inspect.isawaitable(result):
                 await result
         except Exception as exc:  # replied to the sender, never raised into the server
-            if isinstance(exc, TimeoutError):
-                exc = KVLinkError(f"The KV transfer stalled for more than {self.timeout_s} s.")
             reply = {"ok": False, "kind": type(exc).__name__, "error": str(exc)}
-            if self.on_error is not None:
-                self.on_error(exc)
-            if isinstance(exc, KVLinkError):
-                await self._discard_rest(reader)
+            self._report(exc)
         finally:
+            self._release_landing()  # a no-op for one the install took
             handoff = args = None  # `on_handoff` is done with the blocks: their area is free
-            decoder.release_area()
-        try:
-            writer.write(json.dumps(reply).encode() + b"\n")
-            await writer.drain()
-        except OSError:
-            pass  # the sender is gone (a cut transfer): nothing to tell
-        finally:
-            await _close(writer)
+            self.decoder.release_area()
+        self._reply(reply)
+        self._close()
 
-    async def _discard_rest(self, reader: asyncio.StreamReader) -> None:
-        """Read what the sender still sends after a failed block, up to `max_bytes`, so the
-        reply reaches it (closing with unread input would reset the connection and drop it)."""
-        left = self.max_bytes
-        try:
-            while left > 0 and (chunk := await asyncio.wait_for(reader.read(_READ_CHUNK), 1.0)):
-                left -= len(chunk)
-        except (TimeoutError, OSError):
-            pass
+    def _fail(self, exc: Exception) -> None:
+        """A transfer that cannot be used: tell the sender, then drop what it still sends."""
+        self.state = "failed"
+        self._release_landing()
+        self.decoder.release_area()
+        self._report(exc)
+        self._reply({"ok": False, "kind": type(exc).__name__, "error": str(exc)})
+        self._arm(1.0)
+
+    def _report(self, exc: Exception) -> None:
+        if self.receiver.on_error is not None:
+            self.receiver.on_error(exc)
+
+    def _reply(self, reply: dict) -> None:
+        assert self.transport is not None
+        if not self.transport.is_closing():
+            self.transport.write(json.dumps(reply).encode() + b"\n")
+
+    def _close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # after what is buffered (the reply) is written
+
+    def _arm(self, delay_s: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog = self.loop.call_later(delay_s, self._check_stall)
+
+    def _check_stall(self) -> None:
+        quiet_s = self.loop.time() - self.last_read_s
+        limit_s = self.receiver.timeout_s if self.state == "reading" else 1.0
+        if self.state == "installing":
+            self._arm(limit_s)  # `on_handoff` runs: not the link's to time out
+        elif quiet_s < limit_s:
+            self._arm(limit_s - quiet_s)
+        elif self.state == "reading":
+            timeout_s = self.receiver.timeout_s
+            self._fail(KVLinkError(f"The KV transfer stalled for more than {timeout_s} s."))
+        else:
+            self._close()
