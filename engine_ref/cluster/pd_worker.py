@@ -12,8 +12,10 @@ in its body (any other body is served as the single server serves it):
   wire), transfer_ms, prefill_ms (arrival to first token), worker, first_token_ids. A request
   that ends at its first token holds nothing and sends nothing (no `kv_transfer`).
 - `{"do_remote_prefill": true, "transfer_id": T}`, on a decode worker: the request attaches to
-  the request installed under T and streams the tokens after the first. The install happens
-  when the handoff arrives, on the engine thread between steps (`EngineLoop.call`), with the
+  the request installed under T and streams the tokens after the first. Blocks for it are
+  reserved when the handoff's header arrives and each block is written into its slot as it
+  passes its checksum (`pd_landing`); the install happens when the whole handoff has arrived
+  and passed, on the engine thread between steps (`EngineLoop.call`), with the
   sampling parameters the prefill worker parsed (they travel in the link's header, `extra`),
   so the request decodes from the next step on and its outputs wait in a `_ParkedSink` until
   the caller attaches; the answer's usage carries `kv_transfer: {install_ms, worker}` (the
@@ -41,6 +43,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from engine_ref.cluster import pd_landing
 from engine_ref.cluster.kv_link import KVLinkError, KVTransferRejected, StagingBuffers
 from engine_ref.cluster.kv_tcp import KVReceiver, send_handoff
 from engine_ref.serving.engine_loop import EngineLoop, EngineLoopError
@@ -309,6 +312,17 @@ class PDWorker:
         self._arrivals: dict[str, asyncio.Event] = {}
         # Buffers of past handoffs: exported into (prefill), received into (decode).
         self.staging = StagingBuffers()
+        self._landings: dict[str, pd_landing.EngineLanding] = {}  # by transfer id
+
+    async def on_header(self, header: dict, extra: dict | None) -> pd_landing.EngineLanding | None:
+        """`KVReceiver`'s `on_header`: blocks reserved for the handoff on its way."""
+        transfer_id = extra.get("transfer_id") if isinstance(extra, dict) else None
+        if not isinstance(transfer_id, str):
+            return None  # refused by `on_handoff` once it has arrived
+        landing = await pd_landing.reserve(self.engine_loop, header)
+        if landing is not None:
+            self._landings[transfer_id] = landing
+        return landing
 
     def make_run(self, endpoint, gen, raw_body: bytes, **kwargs) -> GenerationRun:
         """The server's `run_factory` (`serving.server.create_app`)."""
@@ -341,6 +355,7 @@ class PDWorker:
         if not isinstance(extra, dict) or not isinstance(extra.get("transfer_id"), str):
             raise KVHandoffError("The handoff carries no transfer id and request parameters.")
         transfer_id = extra["transfer_id"]
+        landing = self._landings.pop(transfer_id, None)  # the receiver releases it if unused
         try:
             params = params_from_json(extra["params"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -349,7 +364,7 @@ class PDWorker:
         install = functools.partial(
             install_handoff, request_id=engine_id, handoff=handoff, params=params,
             priority=extra.get("priority") or 0, cache_salt=extra.get("cache_salt"),
-            tenant=extra.get("tenant"),
+            tenant=extra.get("tenant"), landing=None if landing is None else landing.landing,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
         t_start_s = time.perf_counter()
@@ -459,7 +474,9 @@ async def serve_worker(
     )  # fmt: skip
     receiver = None
     if role == "decode":
-        receiver = KVReceiver(worker.on_handoff, with_extra=True, staging=worker.staging)
+        receiver = KVReceiver(
+            worker.on_handoff, with_extra=True, staging=worker.staging, on_header=worker.on_header
+        )
         await receiver.start()
     kv_port = None if receiver is None else receiver.port
     try:

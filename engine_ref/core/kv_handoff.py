@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -52,6 +53,9 @@ from engine_ref.core.engine_config import SamplingParams
 from engine_ref.core.kv_dtype import KVFormat
 from engine_ref.core.outputs import RequestOutput
 from engine_ref.core.sequence import Request, Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from engine_ref.core.kv_landing import Landing
 
 __all__ = [
     "KV_STORAGE",
@@ -295,11 +299,27 @@ def install(
     priority: int = 0,
     cache_salt: str | None = None,
     tenant: str | None = None,
+    landing: Landing | None = None,
 ) -> Installed:
     """Install `handoff` on `engine` as running request `request_id` with `params` (the
     request's own, `max_tokens` counting the tokens already sampled); module doc. Raises
     KVHandoffError (one sentence) for a handoff that does not fit, NoFreeBlocks, and what
-    `engine.add_request` raises; in every case nothing is left allocated or added."""
+    `engine.add_request` raises; in every case nothing is left allocated or added. With a
+    `landing` (`core.kv_landing`, reserved for this handoff) its blocks become the request's,
+    the ones not written yet written now; whatever happens, the landing is used or released."""
+    try:
+        installed = _install(
+            engine, request_id, handoff, params, priority, cache_salt, tenant, landing
+        )
+    finally:
+        if landing is not None:
+            landing.release(engine.block_manager)  # a no-op once the request holds them
+    return installed
+
+
+def _install(
+    engine, request_id, handoff, params, priority, cache_salt, tenant, landing
+) -> Installed:
     runner = engine.model_runner
     existing = engine.requests.get(request_id)
     if existing is not None and not _is_installed(existing, handoff):
@@ -308,7 +328,9 @@ def install(
         raise KVHandoffError(problem)
     bm = engine.block_manager
     needed = blocks_needed(engine, handoff)
-    if existing is None and needed > bm.num_free_blocks:
+    if landing is not None and (landing.released or len(landing.blocks) != needed):
+        landing = None  # not this handoff's: given back by the caller
+    if existing is None and landing is None and needed > bm.num_free_blocks:
         raise NoFreeBlocks(needed, bm.num_free_blocks)
     blocks = [(b.kv, b.scales) for b in handoff.blocks]
     converted = bool(blocks) and blocks[0][0].dtype != runner.kv_format.storage
@@ -332,12 +354,17 @@ def install(
     request = engine.requests[request_id]
     try:
         seq = _running_sequence(engine, request, handoff)
-        bm.append_slots(seq, handoff.num_computed_tokens)  # `needed` fresh blocks
+        written = 0
+        if landing is not None and not converted and handoff.block_size == bm.block_size:
+            seq.block_table, written = list(landing.blocks), landing.written
+            landing.released = True  # the request holds them now: its abort frees them
+        else:
+            bm.append_slots(seq, handoff.num_computed_tokens)  # `needed` fresh blocks
         if converted or handoff.block_size != engine.config.block_size:
             blocked = kv_layout.reblock(kv, scales, engine.config.block_size)
             kv_layout.write(runner.kv_caches, seq.block_table, *blocked)
         else:  # this engine's own layout: each block straight into its slot
-            kv_layout.write_blocks(runner.kv_caches, seq.block_table, blocks)
+            kv_layout.write_blocks(runner.kv_caches, seq.block_table[written:], blocks[written:])
         seq.num_computed_tokens = handoff.num_computed_tokens
         bm.register_full_blocks(seq)
     except BaseException:

@@ -50,6 +50,8 @@ from engine_ref.core.kv_handoff import (
 )
 from engine_ref.core.kv_handoff import free as free_handoff
 from engine_ref.core.kv_handoff import install as install_handoff
+from engine_ref.core.kv_landing import Landing
+from engine_ref.core.kv_landing import reserve as reserve_landing
 from engine_ref.core.overload import SHED_REASONS, DeadlineInfeasibleError
 from engine_ref.core.policy import SCHEDULING_POLICIES
 from engine_ref.core.pooling import embed
@@ -76,6 +78,7 @@ __all__ = [
     "HandoffExporter",
     "KVHandoff",
     "KVHandoffError",
+    "Landing",
     "MAX_DEADLINE_MS",
     "MAX_STOP_STRINGS",
     "MAX_STOP_STRING_CHARS",
@@ -97,6 +100,7 @@ __all__ = [
     "kernel_level",
     "pooled_embeddings",
     "prefix_block_hash",
+    "reserve_landing",
 ]
 
 

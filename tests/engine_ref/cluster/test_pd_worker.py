@@ -13,6 +13,9 @@ import pytest
 from click.testing import CliRunner
 from pd_util import GREEDY, make, prefill, prompt_of, run_single
 
+from engine_ref.cluster import kv_tcp, pd_landing
+from engine_ref.cluster.kv_link import KVTransferRejected
+from engine_ref.cluster.kv_tcp import KVReceiver, send_handoff
 from engine_ref.cluster.pd_worker import HandoffEngine, PDWorker, params_to_json
 from engine_ref.core.kv_handoff import HandoffExporter, KVHandoffError, NoFreeBlocks
 from engine_ref.serving.engine_thread import ThreadEngineLoop
@@ -189,3 +192,57 @@ def test_bench_serve_refuses_a_pd_layout_it_cannot_start_in_one_sentence(args, m
     result = CliRunner().invoke(bench, ["serve", "--model", "tiny-random", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+@pytest.mark.parametrize(("corrupt", "batch"), [(False, 2), (False, 100), (True, 2)])
+def test_over_tcp_blocks_land_before_the_install_or_go_back(
+    tiny_model, monkeypatch, corrupt, batch
+):
+    """The worker's receiver as `bench serve` wires it: blocks reserved when the header
+    arrives, each written as it passes its checksum, all of them before the install, which
+    adopts them; a transfer that fails gives them back and installs nothing."""
+    _, handoff = _handoff(tiny_model, length=100)  # 7 blocks
+    expected = run_single(make(tiny_model), prompt_of(100), PARAMS).tokens
+    monkeypatch.setattr(kv_tcp, "LAND_BATCH", batch)  # 100: all land just before the install
+    landings = []
+    reserve = pd_landing.reserve
+
+    async def spy(engine_loop, header):
+        landings.append(await reserve(engine_loop, header))
+        return landings[-1]
+
+    monkeypatch.setattr(pd_landing, "reserve", spy)
+
+    def flip_block_5(frames):  # header, then a record and a payload per block
+        for i, frame in enumerate(frames):
+            yield (
+                bytes([memoryview(frame).cast("B")[0] ^ 1]) + bytes(frame[1:]) if i == 12 else frame
+            )
+
+    async def body(worker, engine):
+        receiver = KVReceiver(worker.on_handoff, with_extra=True, on_header=worker.on_header)
+        async with receiver:
+            send = send_handoff("127.0.0.1", receiver.port, handoff, extra=_extra("t5"),
+                                transform=flip_block_5 if corrupt else None)  # fmt: skip
+            if corrupt:
+                with pytest.raises(KVTransferRejected, match="block 5 failed"):
+                    await send
+                for _ in range(200):  # the release runs on the engine thread
+                    if engine.stats().num_blocks_used == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                assert engine.stats().num_blocks_used == 0 and not worker.parked
+                (landing,) = landings  # reserved (when the header came), then given back
+                assert landing is not None and landing.written <= 5  # verified blocks only
+                return
+            await send
+            (landing,) = landings
+            parked = await worker.attach("t5")
+            table = engine.requests[parked.engine_id].sequences[0].block_table[:7]
+            assert landing.written == 7 and table == landing.landing.blocks
+            sink = Collect()
+            parked.sink.forward_to(sink)
+            await asyncio.wait_for(sink.finished.wait(), 10)
+            assert handoff.token_ids[100:] + tuple(sink.tokens) == tuple(expected)
+
+    asyncio.run(_with_decode_worker(tiny_model, body))
