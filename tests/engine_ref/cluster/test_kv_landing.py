@@ -31,6 +31,14 @@ def _reserve(engine, handoff: KVHandoff):
     )  # fmt: skip
 
 
+def _handed_off(engine, prompt: list[int]):
+    """The prompt prefilled on `engine`: its first token and its handoff (released there)."""
+    exporter = HandoffExporter(engine)
+    first, handoff = prefill(exporter, "r", prompt, GREEDY)
+    exporter.release("r")
+    return first, handoff
+
+
 def _land(landing, handoff: KVHandoff, count: int) -> None:
     if count:
         landing.write(0, [(b.kv, b.scales) for b in handoff.blocks[:count]])
@@ -42,9 +50,7 @@ def test_a_landed_install_equals_the_single_engine(engines, length, landed):
     single, a, b = engines
     prompt = prompt_of(length)
     expected = run_single(single, prompt, GREEDY)
-    exporter = HandoffExporter(a)
-    first, handoff = prefill(exporter, "r", prompt, GREEDY)
-    exporter.release("r")
+    first, handoff = _handed_off(a, prompt)
     landing = _reserve(b, handoff)
     count = {"none": 0, "some": len(handoff.blocks) // 2, "all": len(handoff.blocks)}[landed]
     _land(landing, handoff, count)
@@ -64,9 +70,7 @@ def test_reserved_blocks_are_never_taken_by_other_requests(tiny_model, engines):
     b = make(tiny_model, num_blocks=12)
     prompt = prompt_of(100)  # 7 blocks
     expected = run_single(single, prompt, GREEDY)
-    exporter = HandoffExporter(a)
-    first, handoff = prefill(exporter, "r", prompt, GREEDY)
-    exporter.release("r")
+    first, handoff = _handed_off(a, prompt)
     landing = _reserve(b, handoff)
     _land(landing, handoff, len(handoff.blocks))
     landed = [p.clone() for p in b.model_runner.kv_caches]
@@ -89,9 +93,7 @@ def test_reserved_blocks_are_never_taken_by_other_requests(tiny_model, engines):
 
 def test_release_and_refused_installs_give_every_block_back(engines):
     _, a, b = engines
-    exporter = HandoffExporter(a)
-    _, handoff = prefill(exporter, "r", prompt_of(40), GREEDY)
-    exporter.release("r")
+    _, handoff = _handed_off(a, prompt_of(40))
     landing = _reserve(b, handoff)
     assert b.stats().num_blocks_used == 3
     landing.release(b.block_manager)
@@ -119,9 +121,7 @@ def test_release_and_refused_installs_give_every_block_back(engines):
 
 def test_blocks_land_in_order_only(engines):
     _, a, b = engines
-    exporter = HandoffExporter(a)
-    _, handoff = prefill(exporter, "r", prompt_of(40), GREEDY)
-    exporter.release("r")
+    _, handoff = _handed_off(a, prompt_of(40))
     landing = _reserve(b, handoff)
     blocks = [(x.kv, x.scales) for x in handoff.blocks]
     with pytest.raises(ValueError, match="expected block 0, got 1"):
@@ -137,9 +137,7 @@ def test_blocks_land_in_order_only(engines):
 
 def test_another_layout_or_too_few_blocks_reserves_nothing(tiny_model, engines):
     _, a, b = engines
-    exporter = HandoffExporter(a)
-    _, handoff = prefill(exporter, "r", prompt_of(40), GREEDY)
-    exporter.release("r")
+    _, handoff = _handed_off(a, prompt_of(40))
     for engine in (make(tiny_model, block_size=8), make(tiny_model, kv_cache_dtype="bf16")):
         assert _reserve(engine, handoff) is None
         assert_idle(engine)
