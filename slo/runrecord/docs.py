@@ -93,7 +93,7 @@ MEANINGS = {
     RequestColumn.KV_PREFILL_MS: "`usage.kv_transfer.prefill_ms` (a P/D cluster's extension, `engine_ref.cluster.pd`): the prefill worker's time from the request's arrival to its first token, ms; null: the target moved no KV for it (every single server)",
     RequestColumn.KV_TRANSFER_BYTES: "`usage.kv_transfer.bytes`: bytes the prefill worker sent on the KV link for the handoff, framing included (for a failed one, those sent before it failed); null as above",
     RequestColumn.KV_TRANSFER_MS: "`usage.kv_transfer.transfer_ms`: the handoff's export, send and the receiver's install, as the target reports it, ms; null as above",
-    RequestColumn.KV_INSTALL_MS: "`usage.kv_transfer.install_ms`: the decode worker's install of the handed-off blocks on its own, ms, where the target reports it apart; null: not reported",
+    RequestColumn.KV_INSTALL_MS: "`usage.kv_transfer.install_ms`: the decode worker's install of the handed-off blocks on its own (after the last block arrived; blocks written while the transfer ran are not in it), ms, where the target reports it apart; null: not reported",
     RequestColumn.KV_TRANSFER_OK: "`usage.kv_transfer.ok`: the handoff arrived, passed its checksums and was installed; null as above",
     RequestColumn.KV_TRANSFER_RETRIED: "`usage.kv_transfer.retried`: how a failed handoff was retried (`recompute`: another decode worker prefilled again); null: not retried",
     RequestColumn.SERVED_BY: "the worker that served the request: `usage.kv_transfer.decode_worker`, else the answer's `x-bench-worker` header (a cluster's router), else `usage.kv_transfer.worker`; null: the target does not say",
