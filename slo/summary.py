@@ -36,6 +36,7 @@ from slo.runrecord import (
     RunTables,
     float_column,
     open_run,
+    release_free_memory,
 )
 from slo.saturation import saturation_summary
 from slo.server_metrics import server_metrics_summary
@@ -417,8 +418,10 @@ def digest_options(tables: RunTables, spec: SLOSpec | None, conventions: str | N
     conventions read, the ok requests (tokens per chunk), the ITL limits the SLO counts gaps
     over, and the token-bearing rows when the peak in-flight KV bound needs them."""
     requests = attempted_requests(tables.requests)
-    status = requests[RequestColumn.STATUS].to_pylist() if requests.num_rows else []
-    ids = requests[RequestColumn.REQUEST_ID].to_pylist() if requests.num_rows else []
+    ok_ids: set[str] = set()
+    if requests.num_rows:  # the ok rows' ids alone as Python strings, not every row's
+        ok = pc.fill_null(pc.equal(requests[RequestColumn.STATUS], RequestStatus.OK.value), False)
+        ok_ids = set(requests[RequestColumn.REQUEST_ID].filter(ok).to_pylist())
     target = (tables.manifest.target if tables.manifest else None) or {}
     kinds = (CONTENT,)
     if conventions == "all" and Endpoint.CHAT.value in str(target.get("endpoint") or ""):
@@ -426,7 +429,7 @@ def digest_options(tables: RunTables, spec: SLOSpec | None, conventions: str | N
     thresholds = tuple(p.max_ms for p in (spec.percentiles if spec else ()) if p.metric == "itl_ms")
     return {
         "kinds": kinds,
-        "ok_ids": {r for r, s in zip(ids, status, strict=True) if s == RequestStatus.OK.value},
+        "ok_ids": ok_ids,
         "thresholds": thresholds,
         "keep_token_rows": KVGeometry.of(target)[0] is not None and is_streamed(tables.manifest),
     }
@@ -478,6 +481,9 @@ def summarize(
             budget_bytes=memory_budget_bytes(memory_budget_mb, tables.manifest),
             **digest_options(tables, spec, conventions),
         )
+        # The pass freed its batches and, past the budget, the exact gaps it sketched: given
+        # back, the blocks below grow from what the digest holds, not from its high-water mark.
+        release_free_memory(collect=False)
     except RunRecordError as exc:
         raise SLOError(str(exc)) from exc
     return summarize_tables(
