@@ -70,7 +70,7 @@ class KVChecksumError(KVLinkError):
     """A block (or the header: `block_index` None) whose bytes fail their checksum."""
 
     def __init__(self, block_index: int | None) -> None:
-        where = "the header" if block_index is None else f"block {block_index}"
+        where = "header" if block_index is None else f"block {block_index}"
         super().__init__(f"The KV transfer's {where} failed its CRC-32C checksum.")
         self.block_index = block_index
 
@@ -196,7 +196,8 @@ class HandoffDecoder:
         try:
             if self._stage == "blocks":
                 self._verify_blocks()
-            elif self._filled == len(self._buf):
+            # (a loop: an empty header is complete, and checked, as soon as its prefix is)
+            while self._stage in ("prefix", "header") and self._filled == len(self._buf):
                 self._advance()
         except KVLinkError:
             self._stage = "failed"

@@ -160,7 +160,7 @@ def test_a_flipped_bit_is_caught_and_names_its_block(three_blocks, frame, offset
     with pytest.raises(KVChecksumError) as caught:
         decoder.feed(corrupt[: end if frame != "header" else at["block 0"]])
     assert caught.value.block_index == block_index
-    where = "the header" if block_index is None else f"block {block_index}"
+    where = "header" if block_index is None else f"block {block_index}"
     assert str(caught.value) == f"The KV transfer's {where} failed its CRC-32C checksum."
     with pytest.raises(KVLinkError, match="already failed"):
         decoder.feed(b"x")

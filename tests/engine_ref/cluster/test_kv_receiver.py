@@ -11,6 +11,7 @@ import json
 import socket
 import struct
 
+import crc32c
 import pytest
 import torch
 from pd_util import GREEDY, make, prefill, prompt_of
@@ -154,3 +155,27 @@ def test_a_sender_reset_mid_block_is_a_cut_without_a_reply(handoff):
     assert isinstance(error, KVLinkCut) and error.received_bytes == cut
     assert "in the middle of block 1" in str(error)
     assert spy.handoffs == [] and len(staging._idle) == 1
+
+
+@pytest.mark.parametrize(
+    ("crc", "kind", "message"),
+    [
+        (1, "KVChecksumError", "The KV transfer's header failed its CRC-32C checksum."),
+        (crc32c.crc32c(b""), "KVLinkError", "header is not a version-1 handoff"),  # 0
+    ],
+)
+def test_an_empty_header_is_refused_not_waited_for(crc, kind, message):
+    """A prefix announcing a header of 0 bytes: checked at once (its checksum, then its
+    JSON), in memory and over TCP, where the reply says why."""
+    stream = struct.pack("<4sII", b"KVH1", 0, crc)
+    with pytest.raises(KVLinkError, match=message.replace("(", r"\(")):
+        kv_link.decode([stream])
+    spy = Spy()
+
+    async def go():
+        async with KVReceiver(spy.on_handoff, on_error=spy.errors.append) as receiver:
+            return await _send_pieces(receiver.port, stream, [])
+
+    reply = asyncio.run(go())
+    assert reply["ok"] is False and reply["kind"] == kind and message in reply["error"]
+    assert spy.handoffs == [] and len(spy.errors) == 1
