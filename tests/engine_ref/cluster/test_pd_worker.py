@@ -235,10 +235,14 @@ def test_over_tcp_blocks_land_before_the_install_or_go_back(
                 (landing,) = landings  # reserved (when the header came), then given back
                 assert landing is not None and landing.written <= 5  # verified blocks only
                 return
+            worker.engine_loop.set_step_delay(0.2)  # 5 tokens to decode: over a second
             await send
             (landing,) = landings
             parked = await worker.attach("t5")
-            table = engine.requests[parked.engine_id].sequences[0].block_table[:7]
+            table = await worker.engine_loop.call(  # read between steps, on the engine thread
+                lambda e: e.requests[parked.engine_id].sequences[0].block_table[:7]
+            )
+            worker.engine_loop.set_step_delay(0)
             assert landing.written == 7 and table == landing.landing.blocks
             sink = Collect()
             parked.sink.forward_to(sink)
