@@ -473,17 +473,22 @@ def summarize(
     pooled figure says which, with its relative-error bound).
     """
     try:
-        # The chunks are read a row batch at a time, never as a table (`slo.chunk_digest`).
-        tables = open_run(run_dir, chunks=False)
-        spec = _resolve_spec(slo_spec, tables.manifest)
+        # The chunks are read a row batch at a time, never as a table (`slo.chunk_digest`),
+        # with only the requests' ids and statuses beside them: the whole requests table is
+        # read after the pass, once the heap it freed (its batches and, past the budget, the
+        # exact gaps it sketched) is given back, so neither adds to the other's high-water mark.
+        narrow = open_run(
+            run_dir, chunks=False, columns=[RequestColumn.REQUEST_ID, RequestColumn.STATUS]
+        )
+        spec = _resolve_spec(slo_spec, narrow.manifest)
         digest = read_digest(
             run_dir,
-            budget_bytes=memory_budget_bytes(memory_budget_mb, tables.manifest),
-            **digest_options(tables, spec, conventions),
+            budget_bytes=memory_budget_bytes(memory_budget_mb, narrow.manifest),
+            **digest_options(narrow, spec, conventions),
         )
-        # The pass freed its batches and, past the budget, the exact gaps it sketched: given
-        # back, the blocks below grow from what the digest holds, not from its high-water mark.
+        del narrow
         release_free_memory(collect=False)
+        tables = open_run(run_dir, chunks=False)
     except RunRecordError as exc:
         raise SLOError(str(exc)) from exc
     return summarize_tables(

@@ -54,11 +54,14 @@ def part_paths(run_dir: Path, name: str) -> list[Path]:
     return sorted((Path(run_dir) / PARTS_DIR).glob(f"{stem}-*.parquet"))
 
 
-def _read_table(path: Path, empty: pa.Schema | None) -> pa.Table:
+def _read_table(path: Path, empty: pa.Schema | None, columns: list[str] | None = None) -> pa.Table:
+    """The table at `path` (or its writer's parts); with `columns`, those of them it has."""
     parts = part_paths(path.parent, path.name)
     if parts:  # the writer has not closed (still running, or it died): read what it wrote
         try:
-            tables = [pq.read_table(p, use_threads=False) for p in parts]
+            tables = [
+                pq.read_table(p, use_threads=False, columns=_present(p, columns)) for p in parts
+            ]
         except (OSError, pa.ArrowException) as exc:
             raise RunRecordError(f"{parts[0].parent} holds an unreadable part ({exc}).") from exc
         return pa.concat_tables(tables)
@@ -76,10 +79,23 @@ def _read_table(path: Path, empty: pa.Schema | None) -> pa.Table:
         # A row group at a time: `read_table` peaked at 44 MB above the start for the 12 MB
         # requests table of 30,000 requests (30 MB for 15,000), this at 25 (19).
         with pq.ParquetFile(path) as file:
-            groups = [file.read_row_group(i, use_threads=False) for i in range(file.num_row_groups)]
+            names = (
+                None if columns is None else [c for c in columns if c in file.schema_arrow.names]
+            )
+            groups = [
+                file.read_row_group(i, columns=names, use_threads=False)
+                for i in range(file.num_row_groups)
+            ]
             return pa.concat_tables(groups) if groups else file.schema_arrow.empty_table()
     except (OSError, pa.ArrowException) as exc:
         raise RunRecordError(f"{path} is not a readable parquet file ({exc}).") from exc
+
+
+def _present(path: Path, columns: list[str] | None) -> list[str] | None:
+    if columns is None:
+        return None
+    names = pq.read_schema(path).names
+    return [c for c in columns if c in names]
 
 
 def table_files(run_dir: Path | str, name: str) -> list[Path]:
@@ -92,16 +108,22 @@ def table_files(run_dir: Path | str, name: str) -> list[Path]:
     return [path] if path.is_file() else []
 
 
-def open_run(run_dir: Path | str, *, chunks: bool = True) -> RunTables:
+def open_run(
+    run_dir: Path | str, *, chunks: bool = True, columns: list[str] | None = None
+) -> RunTables:
     """Read a run directory written by `RunWriter`; with `chunks=False` its chunks table is
-    left on disk (an empty table stands for it: see `slo.metrics.ChunkOrder.read`).
+    left on disk (an empty table stands for it: see `slo.metrics.ChunkOrder.read`). With
+    `columns`, `requests` holds only those of its columns (the ones the file has).
 
     Raises `RunRecordError` when the directory or its `requests.parquet` is missing or
     unreadable, or its manifest has an unknown schema version. Warm-up rows (`is_warmup` true),
     if a writer left any in `requests.parquet`, are dropped.
     """
     run_dir = Path(run_dir)
-    requests = _read_table(run_dir / REQUESTS_FILE, None)
+    if columns is not None:  # what identifying and filtering the rows takes, too
+        extra = [RequestColumn.REQUEST_ID.value, RequestColumn.IS_WARMUP.value]
+        columns = list(dict.fromkeys(str(c) for c in [*columns, *extra]))
+    requests = _read_table(run_dir / REQUESTS_FILE, None, columns)
     if RequestColumn.REQUEST_ID not in requests.column_names:
         raise RunRecordError(
             f"{run_dir / REQUESTS_FILE} has no {RequestColumn.REQUEST_ID.value} column; "
