@@ -57,6 +57,7 @@ from slo.summary import summarize_tables
 CONFIDENCE = 0.95
 N_RESAMPLES = 1000
 DIRECT_LIMIT = 5_000_000  # values x resamples above which a rate's interval is approximated
+WEIGHT_CELLS = 8_000_000  # resamples x gaps weighed at once by the ITL interval (64 MB)
 SEED = 0
 _Z_975 = 1.959963984540054
 KEY_FIELDS = (
@@ -293,8 +294,11 @@ def _itl_interval(rm: RequestMetrics, percentile: int, rng) -> tuple[float, floa
     n_resamples = int(min(N_RESAMPLES, max(100, DIRECT_LIMIT // values.size)))
     statistic = Statistic("quantile", percentile / 100)
     estimates = []
-    for start in range(0, n_resamples, 64):
-        size = min(64, n_resamples - start)
+    # At most WEIGHT_CELLS weights at once: 64 resamples of 30 million gaps were 15 GB
+    # (a 30,000-request run of 1,024-token streams; `bench history add` was killed for it).
+    batch = max(1, min(64, WEIGHT_CELLS // values.size))
+    for start in range(0, n_resamples, batch):
+        size = min(batch, n_resamples - start)
         draws = rng.integers(0, len(gaps), size=(size, len(gaps)))
         offsets = (np.arange(size) * len(gaps))[:, None]
         times = np.bincount((draws + offsets).ravel(), minlength=size * len(gaps))

@@ -391,3 +391,30 @@ def test_the_api_a_run_used_is_part_of_its_series(tmp_path, config, target_endpo
     db = tmp_path / "h.duckdb"
     HistoryStore(db).add([read_run(base), read_run(other)])
     assert len({r.key.series_id for r in HistoryStore(db).runs()}) == (1 if same else 2)
+
+
+def test_the_itl_interval_weighs_a_bounded_number_of_gaps_at_once(tmp_path, monkeypatch):
+    """A long run's pooled-gap bootstrap weighs at most WEIGHT_CELLS resampled gaps at a time
+    (64 resamples of 30 million gaps were 15 GB, and `bench history add` was killed), and one
+    resample at a time below that; the interval still holds the figure. Negative control: with
+    the batch fixed at 64 again, the first bound fails."""
+    from reports.history import record
+
+    run = write_run(tmp_path / "run", SyntheticRun(n_requests=60))
+    shapes: list[tuple[int, int]] = []
+    weighted = record.weighted_statistic
+
+    def spy(statistic, values, weights, *args):
+        shapes.append(weights.shape)  # [resamples, gaps]
+        return weighted(statistic, values, weights, *args)
+
+    monkeypatch.setattr(record, "weighted_statistic", spy)
+    gaps = None
+    for cells in (3_000, 1):
+        monkeypatch.setattr(record, "WEIGHT_CELLS", cells)
+        shapes.clear()
+        point = read_run(run).metrics["itl_p99_ms"]
+        assert point.ci_low <= point.value <= point.ci_high
+        gaps = shapes[0][1]
+        assert 1_000 < gaps <= 3_000  # the run's gaps: one resample fits the first bound
+        assert all(rows * n <= max(cells, n) for rows, n in shapes), (cells, shapes)
