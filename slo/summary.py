@@ -473,20 +473,14 @@ def summarize(
     pooled figure says which, with its relative-error bound).
     """
     try:
-        # The chunks are read a row batch at a time, never as a table (`slo.chunk_digest`),
-        # with only the requests' ids and statuses beside them: the whole requests table is
-        # read after the pass, once the heap it freed (its batches and, past the budget, the
-        # exact gaps it sketched) is given back, so neither adds to the other's high-water mark.
-        narrow = open_run(
-            run_dir, chunks=False, columns=[RequestColumn.REQUEST_ID, RequestColumn.STATUS]
-        )
-        spec = _resolve_spec(slo_spec, narrow.manifest)
-        digest = read_digest(
-            run_dir,
-            budget_bytes=memory_budget_bytes(memory_budget_mb, narrow.manifest),
-            **digest_options(narrow, spec, conventions),
-        )
-        del narrow
+        # The chunks are read a row batch at a time (`slo.chunk_digest`) beside the requests'
+        # ids and statuses alone; the whole requests table after the pass, once the heap it
+        # freed is given back: neither adds to the other's high-water mark.
+        ids = open_run(run_dir, chunks=False, columns=[RequestColumn.STATUS])
+        spec = _resolve_spec(slo_spec, ids.manifest)
+        budget = memory_budget_bytes(memory_budget_mb, ids.manifest)
+        digest = read_digest(run_dir, budget_bytes=budget, **digest_options(ids, spec, conventions))
+        del ids
         release_free_memory(collect=False)
         tables = open_run(run_dir, chunks=False)
     except RunRecordError as exc:
