@@ -17,10 +17,10 @@ so a block out of place fails like a block with a flipped bit.
 complete (`KVChecksumError` names it) and returns the handoff only when every block has passed;
 a stream that ends early is `KVLinkCut`. Once the header has given every block's size, the rest
 of the stream lands in one area laid out as on the wire (records and payloads), so a socket can
-receive into it directly (`writable`, `wrote`) and the blocks are views of it. Transports: TCP (`cluster.kv_tcp`: `send_handoff` and
-`KVReceiver`) and shared memory (`write_shm` / `read_shm`: the same frames in a
-`multiprocessing.shared_memory` segment that the reader unlinks after reading, on success and on
-error alike).
+receive into it directly (`writable`, `wrote`) and the blocks are views of it. Transports: TCP
+(`cluster.kv_tcp`: `send_handoff` and `KVReceiver`) and shared memory (`write_shm` /
+`read_shm`: the same frames in a `multiprocessing.shared_memory` segment that the reader unlinks
+after reading, on success and on error alike).
 """
 
 from __future__ import annotations

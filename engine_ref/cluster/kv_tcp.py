@@ -38,15 +38,6 @@ LAND_BATCH = 16  # verified blocks written to a landing at a time (16 SmolLM2 bl
 _READ_CHUNK = 1 << 16  # reads dropped after the end or a failure
 
 
-async def _close(writer: asyncio.StreamWriter) -> None:
-    """Close a connection; a peer already gone (reset) is not an error here."""
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except OSError:
-        pass
-
-
 class Landing(Protocol):
     """Where a receiver writes verified blocks before the install (`KVReceiver.on_header`)."""
 

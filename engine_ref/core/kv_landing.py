@@ -6,8 +6,9 @@ On the engine thread, between steps: `reserve` takes the blocks a handoff of tha
 (its header says how many) out of the free list, held by no sequence, so no step reads them
 and no allocation hands them out; it returns None when the handoff's layout is not this
 engine's (another block size, KV dtype or model shape: the install converts, or refuses, at
-the end) or the blocks are not free (the install then waits for them, bounded, as before). On any thread, while steps run: `Landing.write` copies
-verified blocks into their reserved slots: memory no step touches. The request enters the
+the end) or the blocks are not free (the install then waits for them, bounded, as before).
+On any thread, while steps run: `Landing.write` copies verified blocks into their reserved
+slots: memory no step touches. The request enters the
 scheduler only in `install`, after every block has passed and been written; until then a
 failed transfer gives the blocks back with `release` (engine thread; idempotent), and nothing
 of it was ever visible to a step.
@@ -26,11 +27,10 @@ __all__ = ["Landing", "reserve"]
 
 @dataclass
 class Landing:
-    """`blocks` reserved on an engine for a handoff of `num_tokens` tokens with KV; the
-    first `written` of them hold their verified KV."""
+    """`blocks` reserved on an engine for a handoff (one per block of its KV); the first
+    `written` of them hold their verified KV."""
 
     blocks: list[int]
-    num_tokens: int
     pools: list = field(repr=False)
     written: int = 0
     released: bool = False
@@ -75,4 +75,4 @@ def reserve(
     if needed > bm.num_free_blocks:
         return None
     blocks = [bm._allocate() for _ in range(needed)]
-    return Landing(blocks, num_tokens, list(runner.kv_caches))
+    return Landing(blocks, list(runner.kv_caches))

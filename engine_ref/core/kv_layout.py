@@ -180,7 +180,8 @@ def write_blocks(pools: Sequence[KVPool], table: list[int], blocks: Blocks) -> N
     if run is not None:
         n = run.shape[0]
         runs = slot_runs(table[:n])
-        index = torch.tensor(table[:n], dtype=torch.long, device=pools[0].device)
+        if runs is None:
+            index = torch.tensor(table[:n], dtype=torch.long, device=pools[0].device)
         for layer, pool in enumerate(pools):
             source = raw(run[:, layer]).transpose(0, 1).to(pool.device)  # [2 * kvh, n, bs, hd]
             if runs is None:

@@ -60,7 +60,10 @@ def _read_table(path: Path, empty: pa.Schema | None, columns: list[str] | None =
     if parts:  # the writer has not closed (still running, or it died): read what it wrote
         try:
             tables = [
-                pq.read_table(p, use_threads=False, columns=_present(p, columns)) for p in parts
+                pq.read_table(
+                    p, use_threads=False, columns=_present(pq.read_schema(p).names, columns)
+                )
+                for p in parts
             ]
         except (OSError, pa.ArrowException) as exc:
             raise RunRecordError(f"{parts[0].parent} holds an unreadable part ({exc}).") from exc
@@ -79,9 +82,7 @@ def _read_table(path: Path, empty: pa.Schema | None, columns: list[str] | None =
         # A row group at a time: `read_table` peaked at 44 MB above the start for the 12 MB
         # requests table of 30,000 requests (30 MB for 15,000), this at 25 (19).
         with pq.ParquetFile(path) as file:
-            names = (
-                None if columns is None else [c for c in columns if c in file.schema_arrow.names]
-            )
+            names = _present(file.schema_arrow.names, columns)
             groups = [
                 file.read_row_group(i, columns=names, use_threads=False)
                 for i in range(file.num_row_groups)
@@ -91,11 +92,9 @@ def _read_table(path: Path, empty: pa.Schema | None, columns: list[str] | None =
         raise RunRecordError(f"{path} is not a readable parquet file ({exc}).") from exc
 
 
-def _present(path: Path, columns: list[str] | None) -> list[str] | None:
-    if columns is None:
-        return None
-    names = pq.read_schema(path).names
-    return [c for c in columns if c in names]
+def _present(names: list[str], columns: list[str] | None) -> list[str] | None:
+    """The `columns` a table with these column `names` has (None: all of them)."""
+    return None if columns is None else [c for c in columns if c in names]
 
 
 def table_files(run_dir: Path | str, name: str) -> list[Path]:
