@@ -11,7 +11,9 @@ p90, p99), else a seeded bootstrap over the run's requests:
   the report card does; for ITL, whose pooled gaps come in runs of one request's gaps,
   requests are resampled with all their gaps (resampling gaps alone would call a request's
   many equal gaps independent and give an interval far too narrow). The summary's ITL
-  interval is not used for that reason;
+  interval is not used for that reason. The gaps are read as the summary reads them
+  (`slo.chunk_digest`, a row batch at a time): exact while they fit the run's memory budget,
+  else a sketch per request whose buckets are resampled with their counts;
 - rates: requests are resampled and the rate recomputed (sum over the window); the interval
   is applied as a ratio to slo's figure, so it brackets the figure the summary states. Above
   `DIRECT_LIMIT` values x resamples the normal approximation of a sum is used instead;
@@ -36,6 +38,7 @@ import numpy as np
 
 from reports.errors import ReportError
 from reports.history.catalogue import HISTORY_METRICS, HistoryMetric
+from slo.chunk_digest import read_digest
 from slo.comparison import Statistic, weighted_statistic
 from slo.errors import SLOError
 from slo.frame import RequestMetrics
@@ -45,14 +48,14 @@ from slo.runrecord import (
     RunManifest,
     RunRecordError,
     RunSummary,
-    RunTables,
     open_run,
     read_summary,
 )
 from slo.runrecord.reader import SUMMARY_FILE
+from slo.sketch import bucket_value
 from slo.spec import as_spec
 from slo.stats import bootstrap_ci, bootstrap_proportion_ci, bootstrap_quantile_ci
-from slo.summary import summarize_tables
+from slo.summary import memory_budget_bytes, summarize
 
 CONFIDENCE = 0.95
 N_RESAMPLES = 1000
@@ -210,11 +213,10 @@ def run_identity(manifest: RunManifest) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _summary(run_dir: Path, tables: RunTables) -> RunSummary:
+def _summary(run_dir: Path) -> RunSummary:
     if (run_dir / SUMMARY_FILE).is_file():
         return read_summary(run_dir)
-    manifest_slo = tables.manifest.slo if tables.manifest else None
-    return RunSummary.from_dict(summarize_tables(tables, manifest_slo))
+    return RunSummary.from_dict(summarize(run_dir))
 
 
 def _headline(summary: RunSummary, metric: HistoryMetric):
@@ -281,16 +283,49 @@ def _rate_values(rm: RequestMetrics, key: str, good: np.ndarray | None) -> np.nd
     return None
 
 
-def _itl_interval(rm: RequestMetrics, percentile: int, rng) -> tuple[float, float] | None:
-    """Bootstrap interval of a pooled-gap percentile, resampling ok requests with their gaps."""
-    gaps = [rm.itl_by_request.get(r, np.empty(0)) for r in rm.request_id[rm.is_ok]]
-    gaps = [np.asarray(g, float) for g in gaps if len(g)]
-    if not gaps:
+def _itl_entries(rm: RequestMetrics) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The ok requests' gaps as (values, request group, count) entries: each gap once from an
+    exact pool, each (bucket, count) of a request's sketch read back (within the sketch's
+    relative error, clamped to that request's exact min and max) from a sketched one."""
+    ok = rm.is_ok
+    pool = rm.itl_pool
+    if pool is None:  # built from a chunks table: the gaps by request
+        gaps = [rm.itl_by_request.get(r, np.empty(0)) for r in rm.request_id[ok]]
+        gaps = [np.asarray(g, float) for g in gaps if len(g)]
+        if not gaps:
+            return None
+        sizes = np.array([g.size for g in gaps])
+        groups = np.repeat(np.arange(len(gaps)), sizes)
+        return np.concatenate(gaps), groups, np.ones(groups.size, np.int64)
+    codes = rm.itl_codes[ok]
+    codes = codes[codes >= 0]
+    codes = codes[pool.count[codes] > 0]
+    if codes.size == 0:
         return None
-    values = np.concatenate(gaps)
-    groups = np.repeat(np.arange(len(gaps)), [g.size for g in gaps])
+    starts = pool.offsets[codes]
+    sizes = pool.offsets[codes + 1] - starts
+    groups = np.repeat(np.arange(codes.size), sizes)
+    index = np.arange(groups.size) + np.repeat(starts - np.cumsum(sizes) + sizes, sizes)
+    if pool.method == "exact":
+        return pool.values[index], groups, np.ones(index.size, np.int64)
+    values = np.clip(
+        bucket_value(pool.buckets[index]),
+        np.repeat(pool.low[codes], sizes),
+        np.repeat(pool.high[codes], sizes),
+    )
+    return values, groups, pool.counts[index].astype(np.int64)
+
+
+def _itl_interval(rm: RequestMetrics, percentile: int, rng) -> tuple[float, float] | None:
+    """Bootstrap interval of a pooled-gap percentile, resampling ok requests with their gaps
+    (from a sketch: with their buckets' counts)."""
+    entries = _itl_entries(rm)
+    if entries is None:
+        return None
+    values, groups, counts = entries
+    n_groups = int(groups[-1]) + 1
     order = np.argsort(values, kind="stable")
-    sorted_values, sorted_groups = values[order], groups[order]
+    sorted_values, sorted_groups, sorted_counts = values[order], groups[order], counts[order]
     n_resamples = int(min(N_RESAMPLES, max(100, DIRECT_LIMIT // values.size)))
     statistic = Statistic("quantile", percentile / 100)
     estimates = []
@@ -299,10 +334,10 @@ def _itl_interval(rm: RequestMetrics, percentile: int, rng) -> tuple[float, floa
     batch = max(1, min(64, WEIGHT_CELLS // values.size))
     for start in range(0, n_resamples, batch):
         size = min(batch, n_resamples - start)
-        draws = rng.integers(0, len(gaps), size=(size, len(gaps)))
-        offsets = (np.arange(size) * len(gaps))[:, None]
-        times = np.bincount((draws + offsets).ravel(), minlength=size * len(gaps))
-        weights = times.reshape(size, len(gaps))[:, sorted_groups]  # [size, n_values]
+        draws = rng.integers(0, n_groups, size=(size, n_groups))
+        offsets = (np.arange(size) * n_groups)[:, None]
+        times = np.bincount((draws + offsets).ravel(), minlength=size * n_groups)
+        weights = times.reshape(size, n_groups)[:, sorted_groups] * sorted_counts
         estimates.append(weighted_statistic(statistic, sorted_values, weights, 1.0))
     alpha = (1 - CONFIDENCE) / 2
     low, high = np.quantile(np.concatenate(estimates), [alpha, 1 - alpha])
@@ -348,15 +383,18 @@ def read_run(run_dir: Path | str) -> HistoryRun:
             f"{run_dir} is not a directory; pass a run directory written by bench run."
         )
     try:
-        tables = open_run(run_dir)
+        tables = open_run(run_dir, chunks=False)
         if tables.manifest is None:
             raise ReportError(
                 f"{run_dir} has no manifest.json, so its workload, target and hardware are "
                 "unknown; pass a run directory written by bench run."
             )
-        summary = _summary(run_dir, tables)
+        summary = _summary(run_dir)
         spec = as_spec(tables.manifest.slo) if tables.manifest.slo else None
-        rm = RequestMetrics.from_tables(tables.requests, tables.chunks)
+        # The chunks a row batch at a time, their gaps held within the run's memory budget
+        # (exact while they fit, a per-request sketch beyond), as the summary reads them.
+        budget = memory_budget_bytes(None, tables.manifest)
+        rm = RequestMetrics.from_tables(tables.requests, read_digest(run_dir, budget_bytes=budget))
         good = good_mask(rm, spec) if spec is not None else None
     except (RunRecordError, SLOError) as exc:
         raise ReportError(str(exc)) from exc

@@ -82,6 +82,8 @@ class SyntheticRun:
     # ok request i reports usage.kv_memory: peak (i + 1) x 4 KiB, half of it mean, a quarter
     # amortised, 100 bytes unused, 1,000 temporary; request 1 (when ok) had 16 tokens evicted.
     kv_memory: bool = False
+    # what the summary may hold of the chunks (`bench run --memory-budget-mb`); None: unrecorded
+    memory_budget_mb: float | None = None
 
 
 # The fixed run behind the golden files: every failure kind, a fault window, a capacity curve.
@@ -137,7 +139,8 @@ def _manifest(spec: SyntheticRun, run_id: str, duration_s: float) -> dict:
         "fault_plan": None if spec.fault_windows is None else {"windows": spec.fault_windows},
         "started_at": "2026-11-29T10:00:00+00:00",
         "t0_ns": 1_000_000_000_000,
-        "config": {"seed": spec.seed},
+        "config": {"seed": spec.seed}
+        | ({} if spec.memory_budget_mb is None else {"memory_budget_mb": spec.memory_budget_mb}),
     }
 
 

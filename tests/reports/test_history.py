@@ -418,3 +418,23 @@ def test_the_itl_interval_weighs_a_bounded_number_of_gaps_at_once(tmp_path, monk
         gaps = shapes[0][1]
         assert 1_000 < gaps <= 3_000  # the run's gaps: one resample fits the first bound
         assert all(rows * n <= max(cells, n) for rows, n in shapes), (cells, shapes)
+
+
+def test_a_sketched_run_s_itl_intervals_are_the_exact_ones_within_the_sketch_bound(tmp_path):
+    """A run whose gaps overflow its memory budget is read as the summary reads it: a sketch per
+    request, never the whole chunks table. Its ITL intervals resample requests with their
+    buckets' counts, so with the same draws each end is within the sketch's relative error of
+    the exact run's. Negative control: dropping the counts (each bucket weighed once) moves
+    them well past the bound."""
+    from slo.sketch import RELATIVE_ERROR
+
+    exact = write_run(tmp_path / "exact", SyntheticRun(n_requests=80))
+    sketched = write_run(tmp_path / "sketch", SyntheticRun(n_requests=80, memory_budget_mb=0.001))
+    summary = json.loads((sketched / "summary.json").read_text())
+    assert summary["latency_ms"]["itl"]["quantiles"] == "sketch"
+    a, b = read_run(exact).metrics, read_run(sketched).metrics
+    for key in ("itl_p50_ms", "itl_p90_ms", "itl_p99_ms"):
+        for end in ("ci_low", "ci_high"):
+            want, got = getattr(a[key], end), getattr(b[key], end)
+            assert got == pytest.approx(want, rel=RELATIVE_ERROR), (key, end)
+        assert b[key].ci_low <= b[key].value <= b[key].ci_high
