@@ -80,8 +80,12 @@ def report(
 
 
 @click.command("compare")
-@click.argument("baseline", type=_RUN_DIR)
-@click.argument("candidate", type=_RUN_DIR)
+@click.argument("baseline", type=_RUN_DIR, required=False)
+@click.argument("candidate", type=_RUN_DIR, required=False)
+@click.option("--history", "history_path", is_flag=False, flag_value="", default=None,
+              metavar="[FILE]", help="Judge the one run given against the recent comparable "
+              "runs of the run history (as bench history gate does); FILE: the history "
+              "database (default: history/history.duckdb under the cache root).")  # fmt: skip
 @click.option("--slo", "slo_name", help="SLO (file or built-in name) that defines goodput; "
               "default: the baseline's recorded SLO.")  # fmt: skip
 @click.option("--gate", is_flag=True, help="Exit 1 on a regression, 3 when inconclusive.")
@@ -93,8 +97,9 @@ def report(
 @click.option("--allow-mismatch", is_flag=True, help="Compare runs of different workloads.")
 @user_errors
 def compare(
-    baseline: Path,
-    candidate: Path,
+    baseline: Path | None,
+    candidate: Path | None,
+    history_path: str | None,
     slo_name,
     gate: bool,
     thresholds,
@@ -118,7 +123,24 @@ def compare(
       2  usage error (unreadable runs, different workloads, bad thresholds file)
       3  inconclusive (too few samples, or a change not told apart from noise)
     Without --gate the exit code is 0 whatever the verdict (2 on usage errors).
+
+    With --history, `bench compare RUN --history --gate` judges RUN against the run
+    history's recent comparable runs, with change-point detection (bench history gate).
     """
+    if history_path and baseline is None and Path(history_path).is_dir():
+        baseline, history_path = Path(history_path), ""  # `--history RUN`: the run, not a file
+    if history_path is not None:
+        two_run_options = {
+            "--slo": slo_name, "--thresholds": thresholds, "--markdown": markdown_path,
+            "--junit": junit_path, "--allow-mismatch": allow_mismatch,
+        }  # fmt: skip
+        used = [flag for flag, value in two_run_options.items() if value]
+        _compare_with_history(baseline, candidate, history_path, gate, json_path, used)
+        return
+    if baseline is None or candidate is None:
+        raise click.UsageError(
+            "bench compare needs a BASELINE and a CANDIDATE run, or one run with --history."
+        )
     config = load_gate_config(thresholds) if thresholds else GateConfig()
     spec = load_slo(slo_name) if slo_name else None
     result = run_gate(
@@ -133,3 +155,28 @@ def compare(
         write_output(json_path, json.dumps(to_dict(result), indent=2) + "\n")
     if gate:
         raise SystemExit(result.exit_code)
+
+
+def _compare_with_history(run: Path | None, extra: Path | None, history_path: str, gate: bool,
+                          json_path, used: list[str]) -> None:  # fmt: skip
+    """`bench compare RUN --history [FILE] [--gate]`: the history's trend gate on RUN.
+    `used`: the two-run options given, refused here."""
+    from reports.history.cli import judge
+    from reports.history.trend import DEFAULT_WINDOW
+
+    if run is None:
+        raise click.UsageError("bench compare --history needs the run to judge.")
+    if extra is not None:
+        raise click.UsageError(
+            "with --history, bench compare takes one run (judged against the history's runs), "
+            f"not two; drop {extra} or --history."
+        )
+    if used:
+        raise click.UsageError(
+            f"{', '.join(used)} compare two runs and do not apply with --history; use bench "
+            "history gate's options instead."
+        )
+    history = Path(history_path) if history_path else None
+    code = judge(str(run), DEFAULT_WINDOW, (), False, json_path, history)
+    if gate:
+        raise SystemExit(code)

@@ -179,6 +179,12 @@ def gate(run: str, window: int, metrics, add_run: bool, json_path, history_path)
       2  usage error (not a run, unknown metric, unreadable history)
       3  inconclusive (no comparable runs, or this run alone is beyond the recent ones)
     """
+    raise SystemExit(judge(run, window, metrics, add_run, json_path, history_path))
+
+
+def judge(run: str, window: int, metrics, add_run: bool, json_path, history_path) -> int:
+    """`bench history gate` (and `bench compare --history`): print the verdict on `run`
+    against the history's recent comparable runs and return the gate's exit code."""
     from reports.history.trend import trend_gate
     from reports.history.views import gate_dict, gate_table
 
@@ -202,4 +208,4 @@ def gate(run: str, window: int, metrics, add_run: bool, json_path, history_path)
         write_output(json_path, json.dumps(gate_dict(result), indent=2) + "\n")
     if add_run:
         store.add([candidate])
-    raise SystemExit(result.exit_code)
+    return result.exit_code

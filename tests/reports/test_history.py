@@ -103,6 +103,52 @@ def test_the_gate_flags_the_step_at_run_20(nightly, tmp_path):
     assert ttft["verdict"] == "regressed" and ttft["shift_run_id"] == "run-20"
 
 
+def test_bench_compare_history_gate_is_the_trend_gate(nightly, tmp_path):
+    """`bench compare RUN --history FILE --gate` (the issue's spelling) judges RUN as `bench
+    history gate` does, exit codes included: pass at run 19, inconclusive at 20, regressed at
+    22; `--history RUN` with no file is the run against the default history. Without --gate
+    the exit code is 0, as for two runs."""
+    db, runs = nightly
+    for k, want in ((19, 0), (20, 3), (22, 1)):
+        run = str(runs[k - 1])
+        out = tmp_path / f"cmp-{k}.json"
+        args = ["compare", run, "--history", str(db), "--gate", "--json", str(out)]
+        result = CliRunner().invoke(bench, args, catch_exceptions=False)
+        code, direct = gate_json(db, run, tmp_path)
+        assert result.exit_code == code == want, result.output
+        assert json.loads(out.read_text()) == direct
+    ungated = CliRunner().invoke(bench, ["compare", str(runs[21]), "--history", str(db)])
+    assert ungated.exit_code == 0 and "regressed" in ungated.output
+    cache = tmp_path / "cache"
+    (cache / "history").mkdir(parents=True)
+    shutil.copy(db, cache / "history" / "history.duckdb")
+    result = CliRunner(env={"BENCH_CACHE_DIR": str(cache)}).invoke(
+        bench, ["compare", "--history", str(runs[21]), "--gate"]
+    )
+    assert result.exit_code == 1, result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["RUN2"], "takes one run"),
+        (["--slo", "p99"], "--slo compare two runs"),
+        (["--markdown", "m.md", "--allow-mismatch"], "--markdown, --allow-mismatch compare two"),
+    ],
+)
+def test_bench_compare_history_refuses_what_only_two_runs_take(nightly, tmp_path, extra, said):
+    db, runs = nightly
+    extra = [str(runs[1]) if e == "RUN2" else e for e in extra]
+    args = ["compare", str(runs[0]), *extra, "--history", str(db), "--gate"]
+    result = CliRunner().invoke(bench, args)
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+
+
+def test_bench_compare_still_needs_two_runs_without_history(nightly):
+    result = CliRunner().invoke(bench, ["compare", str(nightly[1][0])])
+    assert result.exit_code == 2 and "or one run with --history" in result.output
+
+
 def test_the_new_level_becomes_the_baseline(nightly, tmp_path):
     db, _ = nightly
     code, late = gate_json(db, "run-30", tmp_path)
