@@ -7,6 +7,7 @@ refusals of a P/D layout it cannot start."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -18,6 +19,7 @@ from engine_ref.cluster.kv_link import KVTransferRejected
 from engine_ref.cluster.kv_tcp import KVReceiver, send_handoff
 from engine_ref.cluster.pd_worker import HandoffEngine, PDWorker, params_to_json
 from engine_ref.core.kv_handoff import HandoffExporter, KVHandoffError, NoFreeBlocks
+from engine_ref.serving import engine_thread
 from engine_ref.serving.engine_thread import ThreadEngineLoop
 from engine_ref.serving.errors import ApiError
 from engine_ref.serving.server import ServerConfig
@@ -89,6 +91,50 @@ def test_a_call_is_answered_before_the_step_after_it(tiny_model):
         worker.engine_loop.set_step_delay(0.0)
 
     asyncio.run(_with_decode_worker(tiny_model, body))
+
+
+def test_the_step_after_a_call_waits_until_the_loop_took_the_answer(tiny_model, monkeypatch):
+    """On a worker pinned to one core, the step after an install kept the core and its caller
+    (the reply to the KV sender) saw the answer 2-4 ms later. So the engine thread first waits
+    until the loop has resumed the task the answer woke: with requests running, every step
+    after a call starts only once its caller has gone on (the wait raised from its 5 ms here, so
+    a loaded machine cannot time it out). Negative control, by hand (a race, so not in CI):
+    with ANSWER_WAIT_S = 0, 6 of 6 steps started first on a quiet machine."""
+    monkeypatch.setattr(engine_thread, "ANSWER_WAIT_S", 2.0)
+    engine = make(tiny_model)
+    state = {"pending": False, "resumed": False}
+    seen: list[bool] = []
+    step = engine.step
+
+    def observed_step():
+        if state["pending"]:  # the first step after a call
+            seen.append(state["resumed"])
+            state["pending"] = False
+        return step()
+
+    monkeypatch.setattr(engine, "step", observed_step)
+
+    def mark(_engine) -> None:
+        state["pending"], state["resumed"] = True, False
+
+    async def body() -> None:
+        loop = ThreadEngineLoop(engine)
+        await loop.start()
+        try:
+            await loop.call(
+                lambda e: e.add_request(
+                    "r", prompt_of(20), dataclasses.replace(GREEDY, max_tokens=200)
+                )
+            )
+            for _ in range(6):
+                await loop.call(mark)
+                state["resumed"] = True
+                await asyncio.sleep(0.01)  # steps run meanwhile
+        finally:
+            await loop.close()
+
+    asyncio.run(body())
+    assert seen == [True] * 6
 
 
 def test_an_installed_handoff_decodes_and_its_outputs_wait_for_the_attaching_caller(tiny_model):
@@ -203,7 +249,7 @@ def test_over_tcp_blocks_land_before_the_install_or_go_back(
     adopts them; a transfer that fails gives them back and installs nothing."""
     _, handoff = _handoff(tiny_model, length=100)  # 7 blocks
     expected = run_single(make(tiny_model), prompt_of(100), PARAMS).tokens
-    monkeypatch.setattr(kv_tcp, "LAND_BATCH", batch)  # 100: all land just before the install
+    monkeypatch.setattr(kv_tcp, "LAND_BATCH", batch)  # 2: pairs, then one by one; 100: one by one
     landings = []
     reserve = pd_landing.reserve
 
