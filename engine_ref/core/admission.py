@@ -19,8 +19,10 @@ def check_prompt(
 ) -> list[int]:
     """The prompt as plain ints; raises EngineError when it is empty, holds a non-integer or an
     id outside [0, vocab_size), or leaves no room for one output token."""
-    try:
-        prompt = [_token_id(t) for t in prompt_token_ids]
+    try:  # plain ints (bools are not: their type is bool) need no conversion
+        prompt = list(prompt_token_ids)
+        if not all(type(t) is int for t in prompt):
+            prompt = [_token_id(t) for t in prompt]
     except TypeError:
         raise EngineError("Prompt token ids must be integers.") from None
     if not prompt:

@@ -254,3 +254,53 @@ def test_stop_token_id_limit(tiny_model, baseline, count):
     accepted, results = serve_beside_greedy(tiny_model, params, {})
     assert accepted
     check(results, baseline, accepted=True)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([True, 5], "must be integers"),  # a bool is not a token id (its type is not int)
+        ([5.0, 6], "must be integers"),
+        (["5"], "must be integers"),
+        (5, "must be integers"),  # not a sequence
+        ([], "has no tokens"),
+        ([-1, 5], f"in [0, {VOCAB})"),
+        ([VOCAB], f"in [0, {VOCAB})"),
+        (list(range(MAX_MODEL_LEN)), "at most 47"),  # no room for an output token
+    ],
+)
+def test_a_prompt_of_anything_but_token_ids_is_refused_in_one_sentence(tiny_model, prompt,
+                                                                       message):  # fmt: skip
+    engine = make(tiny_model)
+    with pytest.raises(EngineError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        engine.add_request("bad", prompt, GREEDY)
+    assert not engine.has_unfinished()
+
+
+SAME_PROMPTS = {  # the same token ids, each as a caller may hold them
+    "numpy int64": lambda: np.array(PROMPT, dtype=np.int64),
+    "numpy int32": lambda: np.array(PROMPT, dtype=np.int32),
+    "an iterator": lambda: iter(PROMPT),
+    "a tuple": lambda: tuple(PROMPT),
+}
+
+
+@pytest.mark.parametrize("kind", list(SAME_PROMPTS))
+def test_token_ids_of_any_integer_type_are_served_as_plain_ints(tiny_model, baseline, kind):
+    """The prompt check takes plain ints as they are (their type is int) and converts any
+    other integer (numpy's); all serve the plain list's tokens."""
+    engine = make(tiny_model)
+    engine.add_request("r", SAME_PROMPTS[kind](), GREEDY)
+    stored = engine.requests["r"].prompt_token_ids
+    assert list(stored) == PROMPT and all(type(t) is int for t in stored)
+    results = drain(engine)["r"]
+    assert results["error"] is None and results["tokens"] == baseline
+
+
+@pytest.mark.parametrize(
+    "prompt", [[VOCAB - 1, 0], list(range(MAX_MODEL_LEN - 1))], ids=["ids at both ends", "longest"]
+)
+def test_prompts_at_the_limits_are_served(tiny_model, prompt):
+    engine = make(tiny_model)
+    engine.add_request("r", prompt, SamplingParams(max_tokens=1, temperature=0))
+    assert drain(engine)["r"]["error"] is None
