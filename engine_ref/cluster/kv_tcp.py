@@ -34,7 +34,10 @@ from engine_ref.cluster.kv_link import (
 # (KVHandoff and StagingBuffers via kv_link: the cluster reaches the core through it alone.)
 __all__ = ["FrameTransform", "KVReceiver", "Landing", "send_handoff"]
 
-LAND_BATCH = 16  # verified blocks written to a landing at a time (16 SmolLM2 blocks: 5.9 MB)
+# Verified blocks written to a landing at a time (16 SmolLM2 blocks: 5.9 MB), and one at a
+# time for the last LAND_BATCH: whatever is not landed when the last byte arrives is copied
+# before the reply.
+LAND_BATCH = 16
 _READ_CHUNK = 1 << 16  # reads dropped after the end or a failure
 
 
@@ -221,7 +224,7 @@ class _Transfer(asyncio.BufferedProtocol):
             decoder = self.decoder
             self._landing_task = self.loop.create_task(on_header(decoder.header, decoder.extra))
             self._landing_task.add_done_callback(self._landing_ready)
-        self._land(LAND_BATCH)
+        self._land(self._batch())
         if self.decoder.done:
             self.state = "installing"
             task = self.loop.create_task(self._install())
@@ -252,7 +255,13 @@ class _Transfer(asyncio.BufferedProtocol):
         if self.state == "failed":
             self._release_landing()
         else:
-            self._land(LAND_BATCH)
+            self._land(self._batch())
+
+    def _batch(self) -> int:
+        """Blocks to gather before a landing write: LAND_BATCH, then 1 for the last ones."""
+        header = self.decoder.header
+        left = len(header["block_nbytes"]) - len(self.decoder.verified_blocks) if header else 0
+        return 1 if left <= LAND_BATCH else LAND_BATCH
 
     def _land(self, at_least: int) -> None:
         """Write the verified blocks not landed yet, when there are `at_least` of them."""

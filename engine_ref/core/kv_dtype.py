@@ -45,6 +45,7 @@ __all__ = [
     "KVPool",
     "QuantizedKVPool",
     "allocate_pool",
+    "allocate_pools",
     "copy_blocks",
     "copy_slots",
     "dequantize_rows",
@@ -140,6 +141,19 @@ def allocate_pool(fmt: KVFormat, shape: tuple[int, ...], device: torch.device) -
     if not fmt.scaled:
         return values
     return QuantizedKVPool(values, torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device))
+
+
+def allocate_pools(
+    fmt: KVFormat, shape: tuple[int, ...], device: torch.device, num_layers: int
+) -> list[KVPool]:
+    """`num_layers` zeroed pools of `shape` (as `allocate_pool`), views of one allocation
+    layer after layer, so a copy into the same blocks of every layer can be one copy
+    (`kv_layout.write_blocks`); each layer's pool is contiguous on its own as before."""
+    values = torch.zeros((num_layers, *shape), dtype=fmt.storage, device=device)
+    if not fmt.scaled:
+        return list(values.unbind(0))
+    scales = torch.zeros((num_layers, *shape[:-1]), dtype=SCALE_DTYPE, device=device)
+    return [QuantizedKVPool(v, s) for v, s in zip(values.unbind(0), scales.unbind(0), strict=True)]
 
 
 def pool_nbytes(pool: KVPool) -> int:

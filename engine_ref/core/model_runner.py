@@ -24,7 +24,7 @@ from engine_ref.core.attention import AttentionMetadata, build_attention_metadat
 from engine_ref.core.config import ModelConfig
 from engine_ref.core.engine_config import EngineConfig
 from engine_ref.core.kv_accounting import KVGeometry
-from engine_ref.core.kv_dtype import KVPool, allocate_pool, resolve_kv_format
+from engine_ref.core.kv_dtype import KVPool, allocate_pools, resolve_kv_format
 from engine_ref.core.model import LlamaModel
 from engine_ref.core.quant import QuantizationError, weight_bytes_by_kind
 from engine_ref.core.sequence import Sequence
@@ -120,10 +120,9 @@ class ModelRunner:
         self.max_model_len = min(max_len, self.num_blocks * bs)
         # One pool per layer, head-major (see attention.py), zeroed.
         pool_shape = kv_pool_shape(self.num_blocks, bs, mc.num_key_value_heads, mc.head_dim)
-        self.kv_caches: list[KVPool] = [
-            allocate_pool(self.kv_format, pool_shape, self.device)
-            for _ in range(mc.num_hidden_layers)
-        ]
+        self.kv_caches: list[KVPool] = allocate_pools(
+            self.kv_format, pool_shape, self.device, mc.num_hidden_layers
+        )
         # What a block's KV depends on beyond its tokens and the model: the dtype it was
         # computed in and the one it is stored in (the prefix cache's salt binds both).
         self.kv_cache_key = f"{self.dtype}|kv={self.kv_format.name}"

@@ -10,17 +10,20 @@ import pytest
 import torch
 
 from engine_ref.core import kv_layout
-from engine_ref.core.kv_dtype import KVFormat, QuantizedKVPool, allocate_pool
+from engine_ref.core.kv_dtype import KVFormat, QuantizedKVPool, allocate_pool, allocate_pools
 
 LAYERS, HEADS, NUM_BLOCKS, BS, HD = 3, 4, 12, 4, 8
 STORAGES = [torch.float32, torch.bfloat16, torch.int8]
 
 
-def _random_pools(storage: torch.dtype, seed: int = 0) -> list:
+def _random_pools(storage: torch.dtype, seed: int = 0, stacked: bool = False) -> list:
+    """Random pools, each its own allocation, or (`stacked`) views of one as the engine's are."""
     gen = torch.Generator().manual_seed(seed)
-    fmt = KVFormat(storage)
-    pools = [allocate_pool(fmt, (HEADS, NUM_BLOCKS, BS, HD), torch.device("cpu"))
-             for _ in range(LAYERS)]  # fmt: skip
+    fmt, shape, cpu = KVFormat(storage), (HEADS, NUM_BLOCKS, BS, HD), torch.device("cpu")
+    pools = (
+        allocate_pools(fmt, shape, cpu, LAYERS) if stacked
+        else [allocate_pool(fmt, shape, cpu) for _ in range(LAYERS)]
+    )  # fmt: skip
     for pool in pools:
         if isinstance(pool, QuantizedKVPool):
             pool.values.copy_(torch.randint(-127, 128, pool.values.shape, generator=gen))
@@ -90,21 +93,43 @@ def test_gather_equals_a_block_by_block_copy(storage, num_tokens, table):
         assert scales is None or torch.equal(scales, ref_scales)
 
 
+@pytest.mark.parametrize("stacked", [False, True], ids=["own allocations", "one allocation"])
 @pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize("table", list(TABLES))
-def test_write_blocks_lands_each_block_in_its_slot(storage, table):
-    """Received blocks (one buffer) written to every kind of table, read back block by block."""
+def test_write_blocks_lands_each_block_in_its_slot(storage, table, stacked):
+    """Received blocks (one buffer) written to every kind of table, read back block by block,
+    into pools of their own and into the engine's pools (one allocation: a copy per run for
+    every layer at once); blocks outside the table keep what they held."""
     source, fmt = _random_pools(storage, seed=4), KVFormat(storage)
     num_tokens = 9 * BS - 3  # 8 full blocks (their runs as in the table's name), a partial one
     blocks = kv_layout.gather(source, fmt, TABLES["one run"], num_tokens, BS)
     slots = TABLES[table]
-    pools = _random_pools(storage, seed=5)
+    pools = _random_pools(storage, seed=5, stacked=stacked)
+    before = _random_pools(storage, seed=5)
     kv_layout.write_blocks(pools, slots, blocks)
     for (kv, scales), (got, got_scales) in zip(
         blocks, _reference_gather(pools, num_tokens, slots), strict=True
     ):
         assert torch.equal(kv_layout.raw(kv), got)
         assert scales is None or torch.equal(scales, got_scales)
+    others = [i for i in range(NUM_BLOCKS) if i not in slots[: len(blocks)]]
+    for x, y in zip(pools, before, strict=True):
+        xv, yv = (x.values, y.values) if isinstance(x, QuantizedKVPool) else (x, y)
+        assert torch.equal(xv[:, others], yv[:, others])
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_only_pools_laid_out_in_one_allocation_are_written_as_one(storage):
+    stacked = kv_layout._stacked(_random_pools(storage, stacked=True))
+    assert (stacked is None) == KVFormat(storage).scaled  # int8 pools carry scales: per layer
+    assert kv_layout._stacked(_random_pools(storage)) is None  # own allocations
+    if stacked is not None:
+        pools = _random_pools(storage, stacked=True)
+        view = kv_layout._stacked(pools)
+        assert view.shape == (LAYERS, HEADS, NUM_BLOCKS, BS, HD)
+        assert all(torch.equal(view[i], kv_layout.raw(p)) for i, p in enumerate(pools))
+        assert kv_layout._stacked(pools[::-1]) is None  # out of order
+        assert kv_layout._stacked(pools[1:]) is not None and kv_layout._stacked(pools[::2]) is None
 
 
 @pytest.mark.parametrize("storage", STORAGES)

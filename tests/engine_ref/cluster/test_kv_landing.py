@@ -13,7 +13,7 @@ import pytest
 import torch
 from pd_util import GREEDY, assert_idle, make, prefill, prompt_of, run_single, run_to_end
 
-from engine_ref.core import kv_handoff, kv_landing
+from engine_ref.core import kv_handoff, kv_landing, kv_layout
 from engine_ref.core.kv_handoff import HandoffExporter, KVHandoff, KVHandoffError
 
 
@@ -52,6 +52,7 @@ def test_a_landed_install_equals_the_single_engine(engines, length, landed):
     expected = run_single(single, prompt, GREEDY)
     first, handoff = _handed_off(a, prompt)
     landing = _reserve(b, handoff)
+    assert kv_layout._stacked(b.model_runner.kv_caches) is not None  # a copy a run, all layers
     count = {"none": 0, "some": len(handoff.blocks) // 2, "all": len(handoff.blocks)}[landed]
     _land(landing, handoff, count)
     assert b.stats().num_blocks_used == len(handoff.blocks)  # reserved, no request yet

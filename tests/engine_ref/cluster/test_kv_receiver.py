@@ -10,13 +10,14 @@ import asyncio
 import json
 import socket
 import struct
+from types import SimpleNamespace
 
 import crc32c
 import pytest
 import torch
 from pd_util import GREEDY, make, prefill, prompt_of
 
-from engine_ref.cluster import kv_link
+from engine_ref.cluster import kv_link, kv_tcp
 from engine_ref.cluster.kv_link import KVLinkCut, KVLinkError, StagingBuffers
 from engine_ref.cluster.kv_tcp import KVReceiver, send_handoff
 from engine_ref.core.kv_handoff import HandoffExporter, KVHandoff
@@ -179,3 +180,16 @@ def test_an_empty_header_is_refused_not_waited_for(crc, kind, message):
     reply = asyncio.run(go())
     assert reply["ok"] is False and reply["kind"] == kind and message in reply["error"]
     assert spy.handoffs == [] and len(spy.errors) == 1
+
+
+@pytest.mark.parametrize(("verified", "batch"), [(0, 4), (5, 4), (6, 1), (9, 1), (10, 1)])
+def test_the_last_land_batch_blocks_land_as_each_is_verified(monkeypatch, verified, batch):
+    """Blocks land LAND_BATCH at a time while more than LAND_BATCH are still to come, then one
+    at a time, so the install after the last byte copies at most one block (it copied up to
+    16, 0.6-1.0 ms of a 2,048-token SmolLM2 transfer). 10 blocks, LAND_BATCH 4: at 6 verified
+    (4 to come) the batch is 1."""
+    monkeypatch.setattr(kv_tcp, "LAND_BATCH", 4)
+    transfer = kv_tcp._Transfer.__new__(kv_tcp._Transfer)
+    transfer.decoder = SimpleNamespace(header={"block_nbytes": [8] * 10},
+                                       verified_blocks=[None] * verified)  # fmt: skip
+    assert transfer._batch() == batch
