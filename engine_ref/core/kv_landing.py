@@ -74,5 +74,8 @@ def reserve(
     needed = -(-num_tokens // block_size)
     if needed > bm.num_free_blocks:
         return None
-    blocks = [bm._allocate() for _ in range(needed)]
+    # Ascending, so they form runs (`kv_layout.slot_runs`: a copy a run for every layer): the
+    # free list hands out cached blocks last-freed first, in descending runs once the prefix
+    # cache fills, and a landing in those took 1.4 ms per 16 SmolLM2 blocks instead of 0.4.
+    blocks = sorted(bm._allocate() for _ in range(needed))
     return Landing(blocks, list(runner.kv_caches))

@@ -149,3 +149,20 @@ def test_another_layout_or_too_few_blocks_reserves_nothing(tiny_model, engines):
     assert _reserve(make(tiny_model, num_blocks=3), longer) is None
     assert _reserve(b, dataclasses.replace(handoff, num_computed_tokens=0)) is None
     assert_idle(b)
+
+
+def test_blocks_reserved_from_the_prefix_cache_come_in_ascending_runs(tiny_model, engines):
+    """The free list hands out cached blocks last freed first: once the prefix cache holds a
+    request's blocks, a reservation that takes them got them in descending order, one slot
+    run each, and every landing write went through a copy per layer. Reserved blocks are
+    sorted, so they form runs. Negative control: unsorted, the table descends."""
+    _, a, _ = engines
+    b = make(tiny_model, num_blocks=8)
+    run_single(b, prompt_of(100), GREEDY)  # its 7 full blocks stay cached, freed in reverse
+    _, handoff = _handed_off(a, prompt_of(8 * 16 - 4, seed=1))  # needs all 8 blocks
+    landing = _reserve(b, handoff)
+    assert landing is not None and len(landing.blocks) == 8
+    assert landing.blocks == sorted(landing.blocks) == list(range(8))
+    assert kv_layout.slot_runs(landing.blocks) == [(0, 0, 8)]
+    landing.release(b.block_manager)
+    assert_idle(b)
