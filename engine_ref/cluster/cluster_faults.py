@@ -64,7 +64,7 @@ class LinkFaults:
     async def start_cutters(self, decode_workers: list) -> None:
         for worker in decode_workers:
             if worker.index not in self.cutters and worker.kv_port is not None:
-                handler = _cutter(self, worker.kv_port)
+                handler = _cutter(self, worker.kv_host, worker.kv_port)
                 server = await asyncio.start_server(handler, "127.0.0.1", 0)
                 self.cutters[worker.index] = (server, server.sockets[0].getsockname()[1])
 
@@ -76,12 +76,12 @@ class LinkFaults:
         self.cutters.clear()
 
 
-def _cutter(faults: LinkFaults, kv_port: int):
+def _cutter(faults: LinkFaults, kv_host: str, kv_port: int):
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         faults.cut_connections += 1
         upstream = None
         try:
-            _, upstream = await asyncio.open_connection("127.0.0.1", kv_port)
+            _, upstream = await asyncio.open_connection(kv_host, kv_port)
             passed = 0
             while passed < CUT_AFTER_BYTES:
                 data = await reader.read(CUT_AFTER_BYTES - passed)
@@ -149,7 +149,7 @@ async def _apply(cluster: Any, body: dict) -> dict:
             which = "" if index is None else f" {index}"
             raise ApiError(409, f"No live {pool[0].role} worker{which} to kill.")
         victim = live[0]
-        victim.process.kill()
+        victim.kill()  # its process (here, or on its Ray node)
         # Reaped here, on the loop's thread, as the router's exit watch reaps (never both at
         # once from two threads: the loser would read a reaped process as running).
         deadline = asyncio.get_running_loop().time() + _KILL_WAIT_S

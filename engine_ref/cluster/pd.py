@@ -49,8 +49,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from engine_ref.cluster.pd_procs import PDProcess, start_pd_workers
-from engine_ref.cluster.replicas import stop_workers
+from engine_ref.cluster.pd_procs import PDProcess, start_pd_workers, stop_pd_workers
 from engine_ref.cluster.router import (
     WORKER_HEADER,
     Cluster,
@@ -200,7 +199,7 @@ class _Legs:
 
     async def run(self) -> web.StreamResponse:
         kv = {"do_remote_decode": True, "transfer_id": self.transfer_id,
-              "decode_kv": f"127.0.0.1:{self.decode.kv_port}"}  # fmt: skip
+              "decode_kv": f"{self.decode.kv_host}:{self.decode.kv_port}"}  # fmt: skip
         if self.fault is not None:
             kv["fault"] = self.fault
         if (link := getattr(self.routing, "link_faults", None)) is not None:  # cluster_faults
@@ -481,13 +480,14 @@ async def serve_pd_cluster(
     stop: asyncio.Event | None = None,
     park_timeout_s: float = 30.0,
     install_wait_s: float = 10.0,
+    ray_address: str | None = None,
 ) -> None:
-    """Start the P/D workers, serve the router in P/D mode on `config`'s host and port until
-    `stop` is set, then stop every worker (on every exit path)."""
+    """Start the P/D workers (as Ray actors with `ray_address`), serve the router in P/D mode
+    on `config`'s host and port until `stop` is set, then stop every worker (on every exit)."""
     loop = asyncio.get_running_loop()
     start = functools.partial(
         start_pd_workers, config, prefill_workers, decode_workers, log_level=log_level,
-        park_timeout_s=park_timeout_s, install_wait_s=install_wait_s,
+        park_timeout_s=park_timeout_s, install_wait_s=install_wait_s, ray_address=ray_address,
     )  # fmt: skip
     workers = await loop.run_in_executor(None, start)
     try:
@@ -496,4 +496,4 @@ async def serve_pd_cluster(
         what = f"routing to {len(workers)} P/D workers"
         await serve_app(create_router_app(cluster), config, on_listening, stop, what)
     finally:
-        await loop.run_in_executor(None, stop_workers, workers)
+        await loop.run_in_executor(None, stop_pd_workers, workers)

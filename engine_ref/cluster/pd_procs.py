@@ -12,17 +12,20 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from multiprocessing.process import BaseProcess
+from urllib.parse import urlsplit
 
 from engine_ref.cluster.pd_worker import serve_worker
-from engine_ref.cluster.replicas import LocalWorker, spawn_workers
+from engine_ref.cluster.ray_placement import RayWorker, start_ray_workers, stop_ray_workers
+from engine_ref.cluster.replicas import LocalWorker, spawn_workers, stop_workers
 from engine_ref.serving.server import ServerConfig
 
-__all__ = ["PDProcess", "start_pd_workers"]
+__all__ = ["PDProcess", "RayPDWorker", "start_pd_workers", "stop_pd_workers"]
 
 
 class PDProcess(LocalWorker):
     """A P/D worker process: `role` "prefill" or "decode", `kv_port` its KV receiver's port
-    (decode workers only), `name` its role and index within the role (`decode-0`)."""
+    (decode workers only) on `kv_host` (its server's host), `name` its role and index within
+    the role (`decode-0`)."""
 
     def __init__(
         self, index: int, url: str, process: BaseProcess, role: str, kv_port: int | None,
@@ -30,6 +33,18 @@ class PDProcess(LocalWorker):
     ) -> None:  # fmt: skip
         super().__init__(index, url, process)
         self.role, self.kv_port, self.name = role, kv_port, name
+        self.kv_host = urlsplit(url).hostname
+
+
+class RayPDWorker(RayWorker):
+    """A P/D worker placed by Ray (`ray_placement`): `PDProcess`'s role, name and KV address
+    over a `RayWorker`; its KV receiver listens on its node's address, as its server does."""
+
+    def __init__(self, worker: RayWorker, role: str, name: str) -> None:
+        super().__init__(worker.index, worker.url, worker.node, worker.actor, worker.reported)
+        self.role, self.name = role, name
+        self.kv_port = worker.reported[1] if isinstance(worker.reported, tuple) else None
+        self.kv_host = urlsplit(worker.url).hostname
 
 
 def start_pd_workers(
@@ -41,9 +56,11 @@ def start_pd_workers(
     startup_timeout_s: float = 600.0,
     park_timeout_s: float = 30.0,
     install_wait_s: float = 10.0,
-) -> list[PDProcess]:
+    ray_address: str | None = None,
+) -> list[PDProcess] | list[RayPDWorker]:
     """Start `prefill` prefill and `decode` decode workers (indices in that order) and return
-    them once each answers /health; on any failure every one started is stopped."""
+    them once each answers /health; on any failure every one started is stopped. With
+    `ray_address` they are Ray actors spread over that cluster (`ray_placement`)."""
     roles = ["prefill"] * prefill + ["decode"] * decode
     names = [f"prefill-{i}" for i in range(prefill)] + [f"decode-{i}" for i in range(decode)]
     servings = [
@@ -56,6 +73,12 @@ def start_pd_workers(
         )  # fmt: skip
         for index, role in enumerate(roles)
     ]
+    if ray_address is not None:
+        placed = start_ray_workers(
+            config, len(servings), ray_address, log_level=log_level,
+            startup_timeout_s=startup_timeout_s, servings=servings,
+        )  # fmt: skip
+        return [RayPDWorker(worker, roles[i], names[i]) for i, worker in enumerate(placed)]
     spawned = spawn_workers(
         config, servings, log_level=log_level, startup_timeout_s=startup_timeout_s
     )
@@ -63,6 +86,14 @@ def start_pd_workers(
         PDProcess(index, url, process, roles[index], kv_port, names[index])
         for index, (process, (url, kv_port)) in enumerate(spawned)
     ]
+
+
+def stop_pd_workers(workers: list) -> None:
+    """Stop what `start_pd_workers` started, here or on Ray."""
+    if workers and isinstance(workers[0], RayWorker):
+        stop_ray_workers(workers)
+    else:
+        stop_workers(workers)
 
 
 def _serve_role(

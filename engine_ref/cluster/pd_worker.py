@@ -474,9 +474,10 @@ async def serve_worker(
     )  # fmt: skip
     receiver = None
     if role == "decode":
-        receiver = KVReceiver(
-            worker.on_handoff, with_extra=True, staging=worker.staging, on_header=worker.on_header
-        )
+        receiver = KVReceiver(  # on the server's address: a Ray node's, or loopback
+            worker.on_handoff, host=config.host, with_extra=True, staging=worker.staging,
+            on_header=worker.on_header,
+        )  # fmt: skip
         await receiver.start()
     kv_port = None if receiver is None else receiver.port
     try:

@@ -1,4 +1,5 @@
-"""Workers placed as Ray actors (`bench serve --replicas N --ray ADDRESS`, issue 27 item 4).
+"""Workers placed as Ray actors (`bench serve --replicas N --ray ADDRESS`, and the P/D workers
+of `--prefill-workers P --decode-workers D --ray ADDRESS`: `pd_procs`; issue 27 item 4).
 
 The router, its policies and the KV links do not change: a worker is still the single server
 (`replicas.worker_main`) in a process of its own, reached over HTTP. What changes is where
@@ -30,9 +31,11 @@ from collections.abc import Callable
 
 from engine_ref.cluster.replicas import (
     STOP_GRACE_S,
+    Serving,
     await_health,
     await_url,
     describe_exit,
+    serve_single,
     worker_main,
 )
 from engine_ref.serving.server import ServerConfig, ServerError
@@ -80,7 +83,13 @@ class EngineWorkerActor:
         self._process = None
         self._exited = threading.Event()
 
-    def start(self, config: ServerConfig, index: int, log_level: str, timeout_s: float) -> dict:
+    def start(
+        self, config: ServerConfig, index: int, log_level: str, timeout_s: float,
+        serving: Serving = serve_single,
+    ) -> dict:  # fmt: skip
+        """Start the worker's server process (`serving`, as `replicas.spawn_workers` takes
+        it) on this node's address; what it reported once listening (its URL, or a tuple
+        starting with it: a P/D decode worker's adds its KV port) once it answers /health."""
         import ray
 
         host = ray.util.get_node_ip_address()
@@ -89,14 +98,15 @@ class EngineWorkerActor:
         reader, writer = context.Pipe(duplex=False)
         self._process = context.Process(
             target=worker_main,
-            args=(config, writer, log_level, None),
+            args=(config, writer, log_level, None, serving),
             name=f"engine-worker-{index}",
         )
         self._process.start()
         writer.close()
         try:
             deadline = time.monotonic() + timeout_s
-            url = await_url(index, self._process, reader, deadline)
+            reported = await_url(index, self._process, reader, deadline)
+            url = reported if isinstance(reported, str) else reported[0]
             await_health(index, url, deadline)
         except BaseException:
             self.stop()
@@ -105,9 +115,15 @@ class EngineWorkerActor:
             reader.close()
         return {
             "url": url,
+            "reported": reported,
             "node": ray.get_runtime_context().get_node_id(),
             "pid": self._process.pid,
         }
+
+    def kill(self) -> None:
+        """SIGKILL the server process (a fault plan's dead worker); `wait_exit` then returns."""
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
 
     def wait_exit(self) -> str:
         """Block until the server process ends; how it ended."""
@@ -131,8 +147,9 @@ class EngineWorkerActor:
 class RayWorker:
     """One worker placed by Ray: `replicas.LocalWorker`'s public face over an actor."""
 
-    def __init__(self, index: int, url: str, node: str, actor) -> None:
+    def __init__(self, index: int, url: str, node: str, actor, reported: object = None) -> None:
         self.index, self.url, self.node, self.actor = index, url, node, actor
+        self.reported = url if reported is None else reported  # what it said once listening
         self.pid = None  # on another node, possibly: not this host's to signal
         self._ended: str | None = None
         self._watch: asyncio.Task | None = None
@@ -165,6 +182,10 @@ class RayWorker:
             self._watch.cancel()
             self._watch = None
 
+    def kill(self) -> None:
+        """SIGKILL the server process on its node; `watch` reports the exit."""
+        self.actor.kill.remote()
+
     def stop(self) -> None:
         """Stop the server process and the actor (blocking up to the grace period)."""
         stop_actor(self.actor)
@@ -190,16 +211,20 @@ def start_ray_workers(
     *,
     log_level: str = "warning",
     startup_timeout_s: float = 600.0,
+    servings: list[Serving] | None = None,
 ) -> list[RayWorker]:
     """Start `replicas` workers as Ray actors spread over the cluster at `address` and return
     them once each answers /health; on any failure every one started is stopped and
-    ServerError says which failed and how."""
+    ServerError says which failed and how. `servings`: what each serves (as
+    `replicas.spawn_workers` takes them: the P/D workers' roles), default the single server."""
     ray = require_ray()
     connect(address)
+    servings = servings or [serve_single] * replicas
     actor_class = ray.remote(num_cpus=1, max_concurrency=4)(EngineWorkerActor)
-    actors = [actor_class.options(scheduling_strategy="SPREAD").remote() for _ in range(replicas)]
+    actors = [actor_class.options(scheduling_strategy="SPREAD").remote() for _ in servings]
     started = [
-        a.start.remote(config, i, log_level, startup_timeout_s) for i, a in enumerate(actors)
+        a.start.remote(config, i, log_level, startup_timeout_s, servings[i])
+        for i, a in enumerate(actors)
     ]
     workers: list[RayWorker] = []
     try:
@@ -209,7 +234,7 @@ def start_ray_workers(
             except Exception as exc:
                 cause = getattr(exc, "cause", None) or exc
                 raise ServerError(f"Worker {index} failed to start on Ray: {cause}") from None
-            workers.append(RayWorker(index, info["url"], info["node"], actor))
+            workers.append(RayWorker(index, info["url"], info["node"], actor, info["reported"]))
     except BaseException:
         for actor in actors:
             stop_actor(actor)

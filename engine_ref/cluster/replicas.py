@@ -86,6 +86,10 @@ class LocalWorker:
         if self.process.is_alive():
             self.process.terminate()
 
+    def kill(self) -> None:
+        """SIGKILL (a fault plan's dead worker)."""
+        self.process.kill()
+
 
 def describe_exit(code: int | None) -> str:
     """A process's end from its exit code, as a phrase ("exited with code 1", "was killed by

@@ -240,8 +240,8 @@ def _engine_options(command: Any) -> Any:
     "ray_address",
     default=None,
     metavar="ADDRESS",
-    help="With --replicas 2 or more: start the workers as Ray actors on the Ray cluster at "
-    "ADDRESS (`local` starts one here; needs the ray extra).",
+    help="With --replicas 2 or more, or P/D workers: start the workers as Ray actors on the "
+    "Ray cluster at ADDRESS, one CPU each (`local` starts one here; needs the ray extra).",
 )
 def serve(
     host: str,
@@ -302,10 +302,8 @@ def serve(
         raise click.UsageError("P/D workers run the engine in thread mode (--engine-loop thread).")
     if router is not None and replicas < 2:
         raise click.UsageError("--router needs --replicas 2 or more.")
-    if ray_address is not None and pd:
-        raise click.UsageError("--ray places --replicas workers; P/D workers run on this host.")
-    if ray_address is not None and replicas < 2:
-        raise click.UsageError("--ray needs --replicas 2 or more.")
+    if ray_address is not None and replicas < 2 and not pd:
+        raise click.UsageError("--ray needs --replicas 2 or more, or P/D workers.")
     if replicas >= 2:
         from engine_ref.cluster.routing import POLICIES  # the cluster loads only when used
 
@@ -324,7 +322,7 @@ def serve(
 
             await serve_pd_cluster(
                 config, prefill_workers=prefill_workers, decode_workers=decode_workers,
-                log_level=log_level, on_listening=announce, stop=stop,
+                log_level=log_level, on_listening=announce, stop=stop, ray_address=ray_address,
             )  # fmt: skip
             return
         if replicas >= 2:

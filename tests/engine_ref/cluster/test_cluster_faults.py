@@ -30,6 +30,10 @@ class _Process:
 class _Worker:
     def __init__(self, index: int, role: str, kv_port: int | None = None) -> None:
         self.index, self.role, self.kv_port, self.process = index, role, kv_port, _Process()
+        self.kv_host = "127.0.0.1"
+
+    def kill(self) -> None:
+        self.process.kill()
 
     @property
     def alive(self) -> bool:

@@ -2,7 +2,8 @@
 cluster: one worker per node, each serving the single server's greedy outputs over HTTP, a
 worker whose server dies reported once through `watch`, and nothing left after `stop`; the
 router over Ray-placed workers (`bench serve --replicas 2 --ray ADDRESS`) answers as a single
-engine, and `--ray` with P/D or alone is one sentence.
+engine, so does a P/D pair placed on the two nodes (its KV crossing between them), and `--ray`
+alone is one sentence.
 Without Ray installed the Ray tests skip with the allow-listed reason (CI installs the extra)."""
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def two_nodes():
         mp.undo()
 
 
-def _greedy(url: str) -> str:
+def _greedy(url: str, prompt: str = "a b c d e f") -> str:
     status, body = post_json(url, "/v1/completions", {
-        "model": "tiny-random", "prompt": "a b c d e f", "max_tokens": 6, "temperature": 0,
+        "model": "tiny-random", "prompt": prompt, "max_tokens": 6, "temperature": 0,
     })  # fmt: skip
     assert status == 200, body
     return body["choices"][0]["text"]
@@ -114,13 +115,57 @@ def test_the_router_serves_through_ray_placed_workers(two_nodes):
     assert len(set(info["cluster"]["workers"])) == 2
 
 
+def test_pd_workers_on_two_nodes_hand_the_kv_over_and_answer_as_a_single_engine(two_nodes):
+    """`bench serve --prefill-workers 1 --decode-workers 1 --ray ADDRESS`: the prefill worker on
+    one node, the decode worker on the other, each a Ray actor's server process; every request
+    hands its KV over the decode worker's KV link (on its node's address) and the greedy text
+    equals a single engine's; a killed decode worker (the fault plans' kill) is reported down;
+    nothing is left on this host after."""
+    import ray
+
+    from engine_ref.cluster.pd import serve_pd_cluster
+
+    config = ServerConfig(engine=ENGINE, port=0, enable_fault_injection=True)
+    serving = functools.partial(
+        serve_pd_cluster, config, prefill_workers=1, decode_workers=1,
+        ray_address=two_nodes.address,
+    )  # fmt: skip
+    with running_server(config) as single:
+        expected = [_greedy(single, prompt) for prompt in PROMPTS]
+    with running_router(serving, startup_timeout_s=120) as url:
+        assert worker_processes() == []  # both workers on Ray, none in this process tree
+        assert ray.available_resources().get("CPU", 0) == 0  # one actor on each node
+        answers = [_completion(url, prompt) for prompt in PROMPTS]
+        status, info = post_json(url, "/info", None)
+        assert status == 200, info
+        (decode,) = info["cluster"]["pd"]["decode_workers"]
+        assert decode["kv_port"] and decode["url"].startswith("http://127.0.0.1:")
+        status, killed = post_json(url, "/admin/cluster_fault", {"kind": "kill_decode_worker"})
+        health, said = post_json(url, "/health", None)
+    assert [a["choices"][0]["text"] for a in answers] == expected and all(expected)
+    for answer in answers:
+        kv = answer["usage"]["kv_transfer"]
+        assert kv["ok"] and kv["bytes"] > 0 and not kv["retried"], kv
+    assert status == 200 and killed == {"kind": "kill_decode_worker", "killed": 1}, killed
+    assert health == 200 and said["status"] == "degraded", said  # the dead one is down
+
+
+PROMPTS = ["a b c d e f", "one two three four five six seven eight nine ten eleven twelve"]
+
+
+def _completion(url: str, prompt: str) -> dict:
+    status, body = post_json(url, "/v1/completions", {
+        "model": "tiny-random", "prompt": prompt, "max_tokens": 6, "temperature": 0,
+    })  # fmt: skip
+    assert status == 200, body
+    return body
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--ray", "local"], "--ray needs --replicas 2 or more."),
-        (["--replicas", "1", "--ray", "local"], "--ray needs --replicas 2 or more."),
-        (["--prefill-workers", "1", "--decode-workers", "1", "--ray", "local"],
-         "--ray places --replicas workers; P/D workers run on this host."),
+        (["--ray", "local"], "--ray needs --replicas 2 or more, or P/D workers."),
+        (["--replicas", "1", "--ray", "local"], "--ray needs --replicas 2 or more, or P/D"),
     ],
 )  # fmt: skip
 def test_ray_without_replicas_is_one_sentence(args, says):
