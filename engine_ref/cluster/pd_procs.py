@@ -22,7 +22,19 @@ from engine_ref.serving.server import ServerConfig
 __all__ = ["PDProcess", "RayPDWorker", "start_pd_workers", "stop_pd_workers"]
 
 
-class PDProcess(LocalWorker):
+class _KVAddress:
+    """A P/D worker's KV receiver address: it listens on its server's host (`kv_port`: None
+    for a prefill worker)."""
+
+    url: str
+    kv_port: int | None
+
+    @property
+    def kv_host(self) -> str | None:
+        return urlsplit(self.url).hostname
+
+
+class PDProcess(_KVAddress, LocalWorker):
     """A P/D worker process: `role` "prefill" or "decode", `kv_port` its KV receiver's port
     (decode workers only) on `kv_host` (its server's host), `name` its role and index within
     the role (`decode-0`)."""
@@ -33,10 +45,9 @@ class PDProcess(LocalWorker):
     ) -> None:  # fmt: skip
         super().__init__(index, url, process)
         self.role, self.kv_port, self.name = role, kv_port, name
-        self.kv_host = urlsplit(url).hostname
 
 
-class RayPDWorker(RayWorker):
+class RayPDWorker(_KVAddress, RayWorker):
     """A P/D worker placed by Ray (`ray_placement`): `PDProcess`'s role, name and KV address
     over a `RayWorker`; its KV receiver listens on its node's address, as its server does."""
 
@@ -44,7 +55,6 @@ class RayPDWorker(RayWorker):
         super().__init__(worker.index, worker.url, worker.node, worker.actor, worker.reported)
         self.role, self.name = role, name
         self.kv_port = worker.reported[1] if isinstance(worker.reported, tuple) else None
-        self.kv_host = urlsplit(worker.url).hostname
 
 
 def start_pd_workers(

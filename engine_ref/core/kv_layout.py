@@ -219,22 +219,12 @@ def _stacked(pools: Sequence[KVPool]) -> torch.Tensor | None:
     as one [L, 2 * kvh, num_blocks, bs, hd] view (raw dtype), else None. A landing's write of
     16 SmolLM2 blocks took 0.25 ms as a copy per layer and 0.13 ms as one (1 block: 0.12 and
     0.01 ms), the copies' own cost gone."""
-    first = pools[0]
-    if not isinstance(first, torch.Tensor) or not first.is_contiguous():
+    if not all(isinstance(pool, torch.Tensor) for pool in pools):
         return None
-    step = first.numel()
-    for layer, pool in enumerate(pools):
-        if (
-            not isinstance(pool, torch.Tensor)
-            or pool.shape != first.shape
-            or pool.dtype != first.dtype
-            or not pool.is_contiguous()
-            or pool.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
-            or pool.storage_offset() != first.storage_offset() + layer * step
-        ):
-            return None
-    base = raw(first)
-    return base.as_strided((len(pools), *base.shape), (step, *base.stride()))
+    view = _equal_steps(list(pools))
+    if view is None or view.shape[0] < len(pools) or view.stride(0) != pools[0].numel():
+        return None  # not every layer, or not back to back
+    return raw(view)
 
 
 def slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
@@ -254,22 +244,29 @@ def slot_runs(slots: list[int]) -> list[tuple[int, int, int]] | None:
 def _evenly_spaced(blocks: Blocks) -> torch.Tensor | None:
     """The leading full, unscaled blocks as one [n, L, 2 * kvh, bs, hd] view when they lie at
     equal steps in one storage (else None): each contiguous, the same shape, dtype and step."""
-    if len(blocks) < 2 or blocks[0][1] is not None or not blocks[0][0].is_contiguous():
+    if len(blocks) < 2 or blocks[0][1] is not None:
         return None
-    first = blocks[0][0]
-    storage, step = first.untyped_storage().data_ptr(), None
+    view = _equal_steps([kv for kv, _ in blocks])
+    return None if view is None or view.shape[0] < 2 else view
+
+
+def _equal_steps(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The leading `tensors` that lie at equal steps in one storage, without overlapping, as
+    one [n, *shape] view (n >= 1; each contiguous, of the first's shape and dtype), or None
+    when the first is not contiguous."""
+    first = tensors[0]
+    if not first.is_contiguous():
+        return None
+    storage, step = first.untyped_storage().data_ptr(), first.numel()
     n = 1
-    for kv, _ in blocks[1:]:
-        if kv.shape != first.shape or kv.dtype != first.dtype or not kv.is_contiguous():
+    for t in tensors[1:]:
+        if t.shape != first.shape or t.dtype != first.dtype or not t.is_contiguous():
             break
-        if kv.untyped_storage().data_ptr() != storage:
+        if t.untyped_storage().data_ptr() != storage:
             break
-        gap = kv.storage_offset() - first.storage_offset()
-        if step is None:
-            step = gap
-        if step < first.numel() or gap != step * n:  # overlapping, or not the next step
+        gap = t.storage_offset() - first.storage_offset()
+        next_step = gap if n == 1 else step  # the second tensor sets the step
+        if next_step < first.numel() or gap != next_step * n:  # overlapping, or off the step
             break
-        n += 1
-    if n < 2 or step is None:
-        return None
+        step, n = next_step, n + 1
     return first.as_strided((n, *first.shape), (step, *first.stride()))

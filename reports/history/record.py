@@ -284,20 +284,12 @@ def _rate_values(rm: RequestMetrics, key: str, good: np.ndarray | None) -> np.nd
 
 
 def _itl_entries(rm: RequestMetrics) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The ok requests' gaps as (values, request group, count) entries: each gap once from an
-    exact pool, each (bucket, count) of a request's sketch read back (within the sketch's
-    relative error, clamped to that request's exact min and max) from a sketched one."""
-    ok = rm.is_ok
+    """The ok requests' gaps as (values, request group, count) entries from `rm`'s gap pool
+    (`read_run` builds it from the chunks' digest): each gap once from an exact pool, each
+    (bucket, count) of a request's sketch read back (within the sketch's relative error,
+    clamped to that request's exact min and max) from a sketched one."""
     pool = rm.itl_pool
-    if pool is None:  # built from a chunks table: the gaps by request
-        gaps = [rm.itl_by_request.get(r, np.empty(0)) for r in rm.request_id[ok]]
-        gaps = [np.asarray(g, float) for g in gaps if len(g)]
-        if not gaps:
-            return None
-        sizes = np.array([g.size for g in gaps])
-        groups = np.repeat(np.arange(len(gaps)), sizes)
-        return np.concatenate(gaps), groups, np.ones(groups.size, np.int64)
-    codes = rm.itl_codes[ok]
+    codes = rm.itl_codes[rm.is_ok]
     codes = codes[codes >= 0]
     codes = codes[pool.count[codes] > 0]
     if codes.size == 0:
