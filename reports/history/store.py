@@ -14,6 +14,7 @@ and a history written by a newer bench are refused with a sentence naming the fi
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Iterator
@@ -76,17 +77,38 @@ class HistoryStore:
             raise ReportError(
                 f"there is no history at {self.path} yet; add runs with `bench history add RUN`."
             )
-        if create:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ReportError(f"cannot create {self.path.parent} ({exc.strerror}).") from None
+        if create and not self.exists:
+            self._create(duckdb)
         con = self._open(duckdb)
         try:
             self._prepare(con, duckdb)
             yield con
         finally:
             con.close()
+
+    def _create(self, duckdb) -> None:
+        """A new, empty history at `path`, appearing there whole: built in a file of its own
+        and linked into place, so a second process creating it at the same moment never opens
+        a file the first has only begun to write (it read as "not a readable history
+        database" and its `add` failed). The one that links second keeps the first's."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = self.path.with_name(f".{self.path.name}.{os.getpid()}.new")
+            fresh.unlink(missing_ok=True)
+            con = duckdb.connect(str(fresh))
+            try:
+                self._apply(con, CREATE_CURRENT)
+            finally:
+                con.close()
+            try:
+                os.link(fresh, self.path)
+            except FileExistsError:
+                pass  # another process created it first: theirs is the history
+            finally:
+                fresh.unlink(missing_ok=True)
+        except (OSError, duckdb.Error) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise ReportError(f"cannot create {self.path} ({why}).") from None
 
     def _open(self, duckdb):
         deadline = time.monotonic() + self.lock_timeout_s

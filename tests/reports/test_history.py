@@ -254,6 +254,30 @@ def test_two_processes_adding_50_runs_each_leave_100(tmp_path):
     assert HistoryStore(db).count() == 100
 
 
+def test_a_new_history_appears_whole(tmp_path, monkeypatch):
+    """A new history is built in a file of its own and linked into place: DuckDB is never
+    asked to create the history's own path, so a second process can never open a file the
+    first has only begun to write. (It could: the 50 + 50 test above failed under load with
+    "exists, but it is not a valid DuckDB database file".) Negative control: connecting to
+    the missing path, as before, is caught by the spy."""
+    import duckdb
+
+    db = tmp_path / "h.duckdb"
+    created_in_place: list[str] = []
+    connect = duckdb.connect
+
+    def spy(path, *args, **kwargs):
+        if Path(path) == db and not db.exists():
+            created_in_place.append(str(path))
+        return connect(path, *args, **kwargs)
+
+    monkeypatch.setattr(duckdb, "connect", spy)
+    HistoryStore(db).add([])
+    assert created_in_place == []
+    assert HistoryStore(db).count() == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["h.duckdb"]  # the build file is gone
+
+
 @pytest.fixture
 def held_lock(tmp_path):
     """(database, release): another process holds the history open until `release()`."""
